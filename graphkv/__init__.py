@@ -1,0 +1,23 @@
+"""graphkv: plan, allocate and capture paged KV caches for hybrid models.
+
+spec (frozen descriptors) --compile--> Plan --allocate--> runtime buffers --capture--> graphs.
+Importing graphkv does not import torch; only the runtime does.
+"""
+
+from graphkv.errors import CapacityError, CaptureError, GraphkvError, PlanError, Problem, SpecError
+from graphkv.plan import Plan, compile_plan
+from graphkv.spec import (AUTO, BUILTIN_BACKENDS, Backend, Budget, CacheOrder, ChunkedLocalSpec, CudaGraphMode,
+                          CudaGraphSupport, DType, FullAttentionSpec, KVLayout, LayerDecl, LayerKind, Limits,
+                          MambaCacheMode, MambaSpec, MLASpec, ModelKV, MultipleOf, SlidingWindowSpec, StrideOrder,
+                          get_backend)
+
+compile = compile_plan  # noqa: A001 — the verb of the architecture: spec --compile--> plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTO", "BUILTIN_BACKENDS", "Backend", "Budget", "CacheOrder", "CapacityError", "CaptureError", "ChunkedLocalSpec",
+    "CudaGraphMode", "CudaGraphSupport", "DType", "FullAttentionSpec", "GraphkvError", "KVLayout", "LayerDecl",
+    "LayerKind", "Limits", "MLASpec", "MambaCacheMode", "MambaSpec", "ModelKV", "MultipleOf", "Plan", "PlanError",
+    "Problem", "SlidingWindowSpec", "SpecError", "StrideOrder", "compile", "compile_plan", "get_backend",
+]

@@ -1,0 +1,82 @@
+"""The one exception hierarchy of graphkv.
+
+Every user-facing error names the parameter (``field``), the value it got, the limit it
+broke and the fix. Spec validation collects every problem before raising, so a user sees all
+of them at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "CapacityError",
+    "CaptureError",
+    "GraphkvError",
+    "PlanError",
+    "Problem",
+    "SpecError",
+]
+
+
+@attrs.frozen(kw_only=True)
+class Problem:
+    """One thing wrong with the input: which field, what it got, what it must be, how to fix it."""
+
+    field: str
+    value: Any
+    limit: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.limit}; {self.fix}"
+
+
+class GraphkvError(Exception):
+    """Base of every error graphkv raises on purpose.
+
+    ``problems`` holds one or more :class:`Problem` records; the message is built from them.
+    """
+
+    def __init__(self, *problems: Problem) -> None:
+        assert problems, "a GraphkvError needs at least one Problem"
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        if len(problems) == 1:
+            message = str(problems[0])
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            message = f"{len(problems)} problems:\n{lines}"
+        super().__init__(message)
+
+    @property
+    def field(self) -> str:
+        """The field of the first problem."""
+        return self.problems[0].field
+
+    @property
+    def value(self) -> Any:
+        """The offending value of the first problem."""
+        return self.problems[0].value
+
+    @classmethod
+    def one(cls, field: str, value: Any, limit: str, fix: str) -> "GraphkvError":
+        """Build an error holding a single problem."""
+        return cls(Problem(field=field, value=value, limit=limit, fix=fix))
+
+
+class SpecError(GraphkvError, ValueError):
+    """A descriptor, limit, budget or config that is invalid on its own."""
+
+
+class PlanError(GraphkvError):
+    """Valid inputs that cannot be planned together (e.g. incompatible kernel block sizes)."""
+
+
+class CapacityError(PlanError):
+    """The KV pool cannot hold what the limits ask for."""
+
+
+class CaptureError(GraphkvError):
+    """A CUDA-graph capture that cannot be done as requested."""

@@ -1,0 +1,116 @@
+"""Step 1: choose the page size in tokens, aligning attention pages with Mamba states.
+
+In a hybrid model one page index must hold an attention page and a Mamba state in the same
+bytes, so the attention page is grown until it holds a whole state and the Mamba page is padded
+up to the attention page.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from graphkv.errors import PlanError, Problem
+from graphkv.plan.plan import BlockSizeChoice
+from graphkv.spec._checks import cdiv
+from graphkv.spec.layers import MambaCacheMode, MambaSpec
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import LayerDecl, ModelKV
+
+__all__ = ["choose_block_size", "pad_mamba_layers"]
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
+    """Pick ``block_size`` (and ``mamba_block_size`` for hybrid models) following DESIGN step 1.
+
+    Pure; raises :class:`PlanError` when a user-set ``mamba_block_size`` conflicts.
+    """
+    attention = [layer for layer in model.layers if not layer.spec.is_ssm]
+    mamba = [layer for layer in model.layers if layer.spec.is_ssm]
+
+    if limits.block_size is not None:
+        block_size, reason = limits.block_size, f"block_size={limits.block_size} set by the user"
+    elif attention:
+        backend = attention[0].backend
+        block_size = backend.preferred_block_size(DEFAULT_BLOCK_SIZE)
+        reason = (f"{backend.name} (first attention backend) prefers {block_size}"
+                  + ("" if block_size == DEFAULT_BLOCK_SIZE else f" ({DEFAULT_BLOCK_SIZE} unsupported)"))
+    else:
+        block_size, reason = DEFAULT_BLOCK_SIZE, f"no attention layers: default {DEFAULT_BLOCK_SIZE}"
+
+    if not mamba:
+        if limits.mamba_block_size is not None:
+            raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
+                                    limit="the model has no Mamba / state layers", fix="leave mamba_block_size unset"))
+        return BlockSizeChoice(block_size=block_size, mamba_block_size=None, reason=reason)
+
+    state_bytes = max(layer.spec.page_size_bytes(block_size) for layer in mamba)
+    if not attention:
+        mamba_bs = _mamba_block_size_without_attention(block_size, limits)
+        return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
+                               mamba_state_bytes=state_bytes, mamba_page_bytes=state_bytes)
+
+    bytes_per_token = max(layer.spec.bytes_per_token() for layer in attention)
+    kernel_min = max(layer.backend.smallest_kernel_block_size() for layer in attention)
+    align = max(kernel_min, block_size)
+    mode = limits.mamba_cache_mode
+    if mode is MambaCacheMode.ALL:
+        chunk = limits.mamba_block_size or max(layer.spec.chunk_size for layer in mamba if isinstance(layer.spec, MambaSpec))
+        step = math.lcm(chunk, align)
+        aligned = step * cdiv(cdiv(state_bytes, bytes_per_token), step)
+        if limits.mamba_block_size is not None and limits.mamba_block_size != aligned:
+            raise PlanError(Problem(
+                field="mamba_block_size", value=limits.mamba_block_size,
+                limit=(f"with mamba_cache_mode='all' one attention page must hold a whole Mamba state "
+                       f"({state_bytes} bytes = {cdiv(state_bytes, bytes_per_token)} tokens of attention) and be a "
+                       f"multiple of lcm(mamba_block_size, kernel alignment {align}) = {step}, which gives {aligned}"),
+                fix=f"set mamba_block_size={aligned} or leave it unset"))
+        mamba_bs = aligned
+        how = f"lcm(mamba chunk {chunk}, kernel alignment {align}) = {step}, times cdiv(state tokens, {step})"
+    else:
+        aligned = align * cdiv(state_bytes, align * bytes_per_token)
+        mamba_bs = None
+        how = f"kernel alignment {align} x cdiv({state_bytes} state bytes, {align} x {bytes_per_token} bytes/token)"
+
+    if aligned > block_size:
+        reason += f"; grown to {aligned} so one attention page holds one Mamba state ({how})"
+        block_size = aligned
+    else:
+        reason += f"; already holds one Mamba state ({how} = {aligned})"
+
+    if mode is MambaCacheMode.ALIGN:
+        if limits.mamba_block_size is not None and limits.mamba_block_size != block_size:
+            raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
+                                    limit=f"with mamba_cache_mode='align' it must equal block_size={block_size}",
+                                    fix=f"set mamba_block_size={block_size} or leave it unset"))
+        mamba_bs = block_size
+    elif mode is MambaCacheMode.NONE and limits.mamba_block_size is not None:
+        raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
+                                limit="mamba_cache_mode='none' keeps one state per request and uses no Mamba block size",
+                                fix="leave mamba_block_size unset, or use mamba_cache_mode='align' or 'all'"))
+    return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
+                           mamba_state_bytes=state_bytes, mamba_page_bytes=block_size * bytes_per_token)
+
+
+def _mamba_block_size_without_attention(block_size: int, limits: Limits) -> int | None:
+    if limits.mamba_cache_mode is MambaCacheMode.NONE:
+        if limits.mamba_block_size is not None:
+            raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
+                                    limit="mamba_cache_mode='none' uses no Mamba block size",
+                                    fix="leave mamba_block_size unset, or use mamba_cache_mode='align' or 'all'"))
+        return None
+    return limits.mamba_block_size or block_size
+
+
+def pad_mamba_layers(model: ModelKV, choice: BlockSizeChoice) -> tuple[LayerDecl, ...]:
+    """The model's layers with every Mamba page padded to ``choice.mamba_page_bytes``."""
+    if not choice.mamba_page_bytes:
+        return model.layers
+    return tuple(
+        attrs.evolve(layer, spec=attrs.evolve(layer.spec, page_size_padded=choice.mamba_page_bytes))
+        if layer.spec.is_ssm and layer.spec.page_size_bytes() != choice.mamba_page_bytes else layer
+        for layer in model.layers
+    )

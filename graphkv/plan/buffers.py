@@ -1,0 +1,67 @@
+"""Step 5: shapes and dtypes of the persistent static buffers a captured step reads.
+
+Sizes come from the step's token budget (``max_num_batched_tokens``) and request budget
+(``max_num_seqs``), never from a sequence length where a step size is meant: upstream's flex
+backend sized index rows from ``max_model_len`` and crashed whenever
+``max_num_batched_tokens > max_model_len``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from graphkv.plan.plan import BufferSpec, GroupPlan, StaticBuffers
+from graphkv.spec._checks import cdiv
+from graphkv.spec.dtypes import DType
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import ModelKV
+
+__all__ = ["flex_kv_indices_width", "plan_buffers"]
+
+
+def flex_kv_indices_width(*, q_tile_tokens: int, max_model_len: int, kernel_block_size: int, max_num_seqs: int,
+                          num_kernel_blocks: int) -> int:
+    """Kernel blocks one flex query tile may attend: the tile's tokens belong to at most
+    ``min(q_tile, max_num_seqs)`` requests of at most ``cdiv(max_model_len, kernel_block_size)``
+    kernel blocks each, and never more than the pool's distinct kernel blocks."""
+    per_request = cdiv(max_model_len, kernel_block_size)
+    return min(min(q_tile_tokens, max_num_seqs) * per_request, num_kernel_blocks)
+
+
+def plan_buffers(model: ModelKV, limits: Limits, groups: Sequence[GroupPlan], *, max_model_len: int,
+                 num_blocks: int) -> StaticBuffers:
+    """Every static buffer of the step: inputs, per-group block tables, slot mappings, flex masks."""
+    tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
+    per_step = f"max_num_batched_tokens={tokens}"
+    buffers = [
+        BufferSpec(name="input_ids", shape=(tokens,), dtype=DType.INT64, reason=f"one id per token of a step ({per_step})"),
+        BufferSpec(name="positions", shape=(tokens,), dtype=DType.INT64, reason=f"one position per token ({per_step})"),
+        BufferSpec(name="query_start_loc", shape=(seqs + 1,), dtype=DType.INT32,
+                   reason=f"cumulative query lengths, max_num_seqs={seqs} + 1"),
+        BufferSpec(name="seq_lens", shape=(seqs,), dtype=DType.INT32, reason=f"one length per request (max_num_seqs={seqs})"),
+        BufferSpec(name="idx_mapping", shape=(seqs,), dtype=DType.INT32,
+                   reason="batch row -> persistent request row, for gathering block tables"),
+    ]
+    for g in groups:
+        buffers.append(BufferSpec(
+            name=f"block_table.{g.index}", shape=(seqs, g.block_table_width), dtype=DType.INT32,
+            reason=f"group {g.index}: {g.pages_per_request} pages x bpk {g.bpk} kernel blocks per request row"))
+    buffers.append(BufferSpec(name="slot_mapping", shape=(len(groups), tokens), dtype=DType.INT64,
+                              reason=f"one slot per token per group ({len(groups)} groups, {per_step})"))
+    for g in groups:
+        tiles = [layer.backend.q_tile_tokens for layer in model.layers
+                 if layer.index in g.layers and layer.backend.q_tile_tokens is not None]
+        if not tiles:
+            continue
+        q_tile = max(tiles)
+        q_groups = cdiv(tokens, q_tile)
+        width = flex_kv_indices_width(q_tile_tokens=q_tile, max_model_len=max_model_len,
+                                      kernel_block_size=g.kernel_block_size, max_num_seqs=seqs,
+                                      num_kernel_blocks=num_blocks * g.bpk)
+        buffers.append(BufferSpec(name=f"flex.{g.index}.kv_num_blocks", shape=(q_groups,), dtype=DType.INT32,
+                                  reason=f"cdiv({per_step}, q_tile={q_tile}) query tiles"))
+        buffers.append(BufferSpec(
+            name=f"flex.{g.index}.kv_indices", shape=(q_groups, width), dtype=DType.INT32,
+            reason=(f"per query tile: min(min(q_tile {q_tile}, max_num_seqs {seqs}) x cdiv(max_model_len "
+                    f"{max_model_len}, kernel block {g.kernel_block_size}), pool kernel blocks {num_blocks * g.bpk})")))
+    return StaticBuffers(buffers=tuple(buffers))

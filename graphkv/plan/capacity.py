@@ -1,0 +1,151 @@
+"""Step 4: how many pages the pool holds, and the longest request it can serve.
+
+Page 0 is the null page (padding rows of block tables point at it), so ``num_blocks - 1`` pages
+are usable. A ``num_blocks_override`` replaces the memory budget for every check here — the
+upstream bug this prevents admitted requests the overridden pool could never hold, and the
+scheduler waited for pages forever.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from graphkv.errors import CapacityError, Problem
+from graphkv.plan.groups import GroupDraft
+from graphkv.spec.budget import Budget, format_bytes
+from graphkv.spec.layers import FullAttentionSpec, MLASpec, MambaCacheMode, PageDemand
+from graphkv.spec.limits import Limits
+
+__all__ = ["PageCounter", "fit_max_model_len", "plan_num_blocks"]
+
+
+@attrs.frozen(kw_only=True)
+class PageCounter:
+    """Counts the worst-case pages one request needs across all groups at a given length."""
+
+    groups: tuple[GroupDraft, ...]
+    max_num_batched_tokens: int
+    mamba_cache_mode: MambaCacheMode
+    num_speculative_blocks: int
+
+    @classmethod
+    def for_limits(cls, groups: Sequence[GroupDraft], limits: Limits) -> "PageCounter":
+        """A counter using the limits' step budget, Mamba mode and speculative tokens."""
+        return cls(groups=tuple(groups), max_num_batched_tokens=limits.max_num_batched_tokens,
+                   mamba_cache_mode=limits.mamba_cache_mode, num_speculative_blocks=limits.num_speculative_tokens)
+
+    def group_pages(self, group: GroupDraft, max_model_len: int) -> int:
+        """Worst-case pages of one group for a request of ``max_model_len`` tokens."""
+        return group.spec.max_pages(PageDemand(
+            block_size=group.block_size, max_model_len=max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens, mamba_cache_mode=self.mamba_cache_mode,
+            num_speculative_blocks=self.num_speculative_blocks))
+
+    def pages(self, max_model_len: int) -> int:
+        """Worst-case pages over all groups (what one request of that length must be able to get)."""
+        return sum(self.group_pages(g, max_model_len) for g in self.groups)
+
+    @property
+    def grows_without_bound(self) -> bool:
+        """Whether some group's need grows with the length (full attention, MLA, Mamba 'all')."""
+        return any(type(g.spec) in (FullAttentionSpec, MLASpec)
+                   or (g.spec.is_ssm and self.mamba_cache_mode is MambaCacheMode.ALL) for g in self.groups)
+
+
+def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block: int) -> tuple[int, str]:
+    """``num_blocks`` and the reason: the override exactly, else ``budget // pool_bytes_per_block``."""
+    if limits.num_blocks_override is not None:
+        n = limits.num_blocks_override
+        if budget is not None and n * pool_bytes_per_block > budget.kv_pool_bytes():
+            raise CapacityError(Problem(
+                field="num_blocks_override", value=n,
+                limit=f"needs {n} x {pool_bytes_per_block} = {format_bytes(n * pool_bytes_per_block)} but the KV budget "
+                      f"is {format_bytes(budget.kv_pool_bytes())}",
+                fix=f"lower num_blocks_override to <= {budget.kv_pool_bytes() // pool_bytes_per_block} or raise the budget"))
+        return n, f"num_blocks_override={n} (replaces the memory budget for every check)"
+    if budget is None:
+        raise CapacityError(Problem(field="budget", value=None, limit="a budget or num_blocks_override is required",
+                                    fix="pass Budget.kv_bytes(...) / Budget.for_gpu(...) or set num_blocks_override"))
+    kv = budget.kv_pool_bytes()
+    n = kv // pool_bytes_per_block
+    if n < 2:
+        raise CapacityError(Problem(
+            field="budget", value=format_bytes(kv),
+            limit=f"holds {n} page(s) of {pool_bytes_per_block} bytes across all slots; at least 2 are needed "
+                  f"(page 0 is the null page)",
+            fix=f"raise the KV budget to >= {format_bytes(2 * pool_bytes_per_block)}"))
+    return n, f"{format_bytes(kv)} budget // {pool_bytes_per_block} bytes per page index"
+
+
+def fit_max_model_len(counter: PageCounter, usable_pages: int, cap: int | None, *, pool_bytes_per_block: int,
+                      num_blocks_reason: str) -> int:
+    """The largest length whose worst-case need fits ``usable_pages`` (exact, by bisection), capped by ``cap``."""
+    if counter.pages(1) > usable_pages:
+        raise CapacityError(Problem(
+            field="max_model_len", value="auto",
+            limit=f"even a 1-token request needs {counter.pages(1)} pages but the pool has {usable_pages} usable pages "
+                  f"({num_blocks_reason}; page 0 is the null page)",
+            fix=f"raise the KV budget / num_blocks_override to >= {counter.pages(1) + 1} pages "
+                f"({format_bytes((counter.pages(1) + 1) * pool_bytes_per_block)}) or lower max_num_batched_tokens"))
+    if cap is not None:
+        hi = cap
+    elif counter.grows_without_bound:
+        hi = usable_pages * max(g.block_size for g in counter.groups) + 1
+    else:
+        raise CapacityError(Problem(
+            field="max_model_len", value="auto",
+            limit="no layer's need grows with length (only sliding / chunked / Mamba layers) and the model declares no "
+                  "max_position_embeddings, so 'auto' is unbounded",
+            fix="set max_model_len explicitly or declare max_position_embeddings on the model"))
+    if counter.pages(hi) <= usable_pages:
+        return hi
+    lo = 1  # invariant: pages(lo) fits, pages(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if counter.pages(mid) <= usable_pages:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_admission(counter: PageCounter, max_model_len: int, usable_pages: int, *, num_blocks: int,
+                    pool_bytes_per_block: int, num_blocks_reason: str, from_override: bool, cap: int | None) -> None:
+    """Raise :class:`CapacityError` unless one request of ``max_model_len`` fits the empty pool."""
+    need = counter.pages(max_model_len)
+    if need <= usable_pages:
+        return
+    try:
+        fits = fit_max_model_len(counter, usable_pages, cap, pool_bytes_per_block=pool_bytes_per_block,
+                                 num_blocks_reason=num_blocks_reason)
+        lower = f"lower max_model_len to <= {fits}"
+    except CapacityError:
+        lower = "no max_model_len fits"
+    knob = (f"raise num_blocks_override to >= {need + 1}" if from_override
+            else f"raise the KV budget to >= {format_bytes((need + 1) * pool_bytes_per_block)}")
+    raise CapacityError(Problem(
+        field="max_model_len", value=max_model_len,
+        limit=(f"max seq len {max_model_len} needs {need} pages ({format_bytes(need * pool_bytes_per_block)}) per request "
+               f"but the pool has {usable_pages} usable pages ({format_bytes(usable_pages * pool_bytes_per_block)}; "
+               f"num_blocks={num_blocks} from {num_blocks_reason}, page 0 is the null page)"),
+        fix=f"{lower}, or {knob}"))
+
+
+def check_mamba_seqs(groups: Sequence[GroupDraft], limits: Limits, usable_pages: int) -> None:
+    """Each running sequence holds a live state page in every Mamba group: ``max_num_seqs`` must fit."""
+    mamba_groups = [g for g in groups if g.spec.is_ssm]
+    if not mamba_groups:
+        return
+    per_seq = len(mamba_groups) * (1 + limits.num_speculative_tokens)
+    if limits.max_num_seqs * per_seq > usable_pages:
+        most = usable_pages // per_seq
+        raise CapacityError(Problem(
+            field="max_num_seqs", value=limits.max_num_seqs,
+            limit=(f"each running sequence holds {per_seq} Mamba state page(s) ({len(mamba_groups)} Mamba group(s) x "
+                   f"(1 + {limits.num_speculative_tokens} speculative)), so {limits.max_num_seqs} sequences need "
+                   f"{limits.max_num_seqs * per_seq} pages but the pool has {usable_pages} usable pages"),
+            fix=f"lower max_num_seqs to <= {most} or give the pool more pages"))
+
+

@@ -1,0 +1,118 @@
+"""The compiler pass: model + limits + budget -> one frozen :class:`Plan`.
+
+Pure and deterministic; touches no GPU and imports neither torch nor Triton, so an 80B hybrid
+model plans on a laptop in milliseconds, before any weight is loaded.
+"""
+
+from __future__ import annotations
+
+from graphkv.errors import Problem, SpecError
+from graphkv.plan.block_size import choose_block_size, pad_mamba_layers
+from graphkv.plan.buffers import plan_buffers
+from graphkv.plan.capacity import PageCounter, check_admission, check_mamba_seqs, fit_max_model_len, plan_num_blocks
+from graphkv.plan.cudagraph import plan_cudagraph
+from graphkv.plan.groups import build_groups
+from graphkv.plan.kernel_blocks import choose_kernel_block_size
+from graphkv.plan.ledger import build_ledger, estimate_graph_pool_bytes
+from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
+from graphkv.spec.budget import Budget
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import ModelKV
+
+__all__ = ["compile_plan"]
+
+
+def _check_inputs(model: ModelKV, limits: Limits, budget: Budget | None) -> None:
+    problems: list[Problem] = []
+    if not isinstance(model, ModelKV):
+        problems.append(Problem(field="model", value=type(model).__name__, limit="must be a ModelKV",
+                                fix="build it with ModelKV.from_hf_config(...) or ModelKV.from_specs(...)"))
+    if not isinstance(limits, Limits):
+        problems.append(Problem(field="limits", value=type(limits).__name__, limit="must be a Limits",
+                                fix="pass graphkv.Limits(...)"))
+    if budget is not None and not isinstance(budget, Budget):
+        problems.append(Problem(field="budget", value=type(budget).__name__, limit="must be a Budget or None",
+                                fix="pass Budget.kv_bytes(...) or Budget.for_gpu(...)"))
+    if problems:
+        raise SpecError(*problems)
+    tp = limits.tensor_parallel_size
+    if tp is not None and tp != model.tensor_parallel_size:
+        problems.append(Problem(field="tensor_parallel_size", value=tp,
+                                limit=f"the model's specs were built for tp={model.tensor_parallel_size}",
+                                fix=f"rebuild the model with from_hf_config(..., tp={tp}) or leave tensor_parallel_size unset"))
+    cap = model.max_position_embeddings
+    if not limits.is_auto_len and cap is not None and limits.max_model_len > cap:
+        problems.append(Problem(field="max_model_len", value=limits.max_model_len,
+                                limit=f"exceeds the model's max_position_embeddings={cap}",
+                                fix=f"lower max_model_len to <= {cap} or use 'auto'"))
+    if problems:
+        raise SpecError(*problems)
+
+
+def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None) -> Plan:
+    """Plan the KV cache and CUDA graphs of ``model`` under ``limits`` within ``budget``.
+
+    ``budget`` may be ``None`` only when ``limits.num_blocks_override`` is set. Raises
+    :class:`SpecError` for invalid inputs (all problems at once), :class:`PlanError` for inputs
+    that cannot be planned together and :class:`CapacityError` when the pool is too small.
+
+    >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
+    >>> spec = FullAttentionSpec(num_kv_heads=8, head_size=128)
+    >>> model = ModelKV.from_specs("tiny", [(spec, "flash_attn")] * 2)
+    >>> compile(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB")).num_blocks
+    4096
+    """
+    limits = Limits() if limits is None else limits
+    _check_inputs(model, limits, budget)
+
+    block = choose_block_size(model, limits)
+    layers = pad_mamba_layers(model, block)
+    grouping = build_groups(layers, block.block_size)
+    kernel_sizes = [
+        choose_kernel_block_size(d.block_size, [layer.backend for layer in d.layers], group=f"group {i}")
+        for i, d in enumerate(grouping.groups)
+    ]
+    slot_pages = grouping.slot_page_bytes
+    pool_bytes_per_block = sum(slot_pages)
+
+    num_blocks, blocks_reason = plan_num_blocks(budget, limits, pool_bytes_per_block)
+    from_override = limits.num_blocks_override is not None
+    usable = num_blocks - 1
+    counter = PageCounter.for_limits(grouping.groups, limits)
+    cap = model.max_position_embeddings
+    if limits.is_auto_len:
+        max_model_len = fit_max_model_len(counter, usable, cap, pool_bytes_per_block=pool_bytes_per_block,
+                                          num_blocks_reason=blocks_reason)
+        len_reason = (f"auto: the largest length whose {counter.pages(max_model_len)} pages per request fit "
+                      f"{usable} usable pages" + (f" (capped by max_position_embeddings={cap})"
+                                                  if max_model_len == cap else ""))
+    else:
+        max_model_len = int(limits.max_model_len)
+        check_admission(counter, max_model_len, usable, num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
+                        num_blocks_reason=blocks_reason, from_override=from_override, cap=cap)
+        len_reason = f"max_model_len={max_model_len} set by the user; fits {usable} usable pages"
+    check_mamba_seqs(grouping.groups, limits, usable)
+
+    groups = tuple(
+        GroupPlan(index=i, spec=d.spec, layers=tuple(layer.index for layer in d.layers),
+                  layer_names=tuple(layer.name for layer in d.layers),
+                  backends=tuple(dict.fromkeys(layer.backend.name for layer in d.layers)),
+                  block_size=d.block_size, kernel_block_size=kernel_sizes[i], page_size_bytes=d.page_size_bytes,
+                  real_page_size_bytes=d.spec.real_page_size_bytes(d.block_size),
+                  layer_real_page_bytes=tuple(layer.spec.real_page_size_bytes(d.block_size) for layer in d.layers),
+                  pages_per_request=counter.group_pages(d, max_model_len))
+        for i, d in enumerate(grouping.groups))
+    slots = tuple(SlotPlan(index=j, page_size_bytes=page,
+                           layers=tuple(g.layers[j] for g in groups if j < len(g.layers)))
+                  for j, page in enumerate(slot_pages))
+    capacity = Capacity(num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
+                        pages_per_request=counter.pages(max_model_len), max_model_len=max_model_len,
+                        max_model_len_reason=len_reason, num_blocks_reason=blocks_reason, from_override=from_override)
+    buffers = plan_buffers(model, limits, groups, max_model_len=max_model_len, num_blocks=num_blocks)
+    cudagraph = plan_cudagraph(groups, limits)
+    budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
+    ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots, buffers=buffers,
+                          graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
+    return Plan(model_name=model.name, limits=limits, block=block, groups=groups, slots=slots,
+                group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
+                ledger=ledger, notes=grouping.notes)

@@ -1,0 +1,79 @@
+"""Step 6: CUDA-graph support, the resolved capture mode and the capture sizes.
+
+Support is the minimum over groups: a mixed prefill+decode step can be captured whole only when
+every backend says ``ALWAYS``; uniform decode needs ``UNIFORM_SINGLE_TOKEN_DECODE``, or
+``UNIFORM_BATCH`` with speculative tokens (queries of ``1 + k`` tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from graphkv.errors import CaptureError, Problem
+from graphkv.plan.plan import CaptureSizes, CudaGraphPlan, GroupPlan
+from graphkv.spec.backends import CudaGraphSupport, get_backend
+from graphkv.spec.limits import CudaGraphMode, Limits
+
+__all__ = ["capture_ladder", "plan_cudagraph"]
+
+_FULL_DECODE = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
+_MIXED = (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL, CudaGraphMode.FULL_AND_PIECEWISE)
+
+
+def capture_ladder(maximum: int) -> tuple[int, ...]:
+    """1, 2, 4, then every 8 to 256, every 16 to 512, then powers of two — up to and always
+    including ``maximum``."""
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
+    p = 1024
+    while p < maximum:
+        sizes.append(p)
+        p *= 2
+    return tuple(sorted({s for s in sizes if s < maximum} | {maximum}))
+
+
+def _resolve(requested: CudaGraphMode, support: CudaGraphSupport, decode_ok: bool, why_not_decode: str,
+             limited_by: str) -> tuple[CudaGraphMode, list[str]]:
+    notes: list[str] = []
+    mode = requested
+    if mode is CudaGraphMode.FULL and support is not CudaGraphSupport.ALWAYS:
+        mode = CudaGraphMode.FULL_AND_PIECEWISE
+        notes.append(f"FULL -> FULL_AND_PIECEWISE: mixed steps need ALWAYS but {limited_by} supports {support.name}; "
+                     "mixed steps run piecewise")
+    if mode is CudaGraphMode.FULL_AND_PIECEWISE and not decode_ok:
+        mode = CudaGraphMode.PIECEWISE
+        notes.append(f"FULL_AND_PIECEWISE -> PIECEWISE: {why_not_decode}")
+    if mode is CudaGraphMode.FULL_DECODE_ONLY and not decode_ok:
+        raise CaptureError(Problem(field="cudagraph_mode", value=mode.value, limit=why_not_decode,
+                                   fix="use cudagraph_mode='PIECEWISE' or 'NONE', or a backend with higher support"))
+    return mode, notes
+
+
+def plan_cudagraph(groups: Sequence[GroupPlan], limits: Limits) -> CudaGraphPlan:
+    """Resolve the requested mode against the groups' support and list the capture sizes."""
+    support, limited_by = CudaGraphSupport.ALWAYS, "all groups"
+    for g in groups:
+        for name in g.backends:
+            level = get_backend(name).cudagraph_support
+            if level < support:
+                support, limited_by = level, f"group {g.index} ({name})"
+    k = limits.num_speculative_tokens
+    decode_needs = CudaGraphSupport.UNIFORM_BATCH if k else CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    decode_ok = support >= decode_needs
+    why = (f"full decode graphs need {decode_needs.name}"
+           + (f" (speculative decoding: queries of 1 + {k} tokens)" if k else "")
+           + f" but {limited_by} supports {support.name}")
+    mode, notes = _resolve(limits.cudagraph_mode, support, decode_ok, why, limited_by)
+
+    query_len = 1 + k
+    decode: tuple[int, ...] = ()
+    if mode in _FULL_DECODE:
+        max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len)
+        if max_reqs < limits.max_num_seqs:
+            notes.append(f"decode graphs stop at {max_reqs} requests: {max_reqs} x {query_len} tokens fill "
+                         f"max_num_batched_tokens={limits.max_num_batched_tokens}")
+        decode = tuple(r * query_len for r in capture_ladder(max_reqs))
+    mixed: tuple[int, ...] = ()
+    if mode in _MIXED:
+        mixed = capture_ladder(limits.max_num_batched_tokens)
+    return CudaGraphPlan(support=support, limited_by=limited_by, requested_mode=limits.cudagraph_mode, mode=mode,
+                         downgrades=tuple(notes), capture_sizes=CaptureSizes(decode=decode, mixed=mixed))

@@ -1,0 +1,293 @@
+"""The frozen output of :func:`graphkv.compile`: everything the runtime allocates, with reasons."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from graphkv.spec.backends import CudaGraphSupport
+from graphkv.spec.dtypes import DType
+from graphkv.spec.layers import LayerKind, LayerSpec
+from graphkv.spec.limits import CudaGraphMode, Limits
+
+__all__ = ["BlockSizeChoice", "BufferSpec", "Capacity", "CaptureSizes", "CudaGraphPlan", "GroupPlan", "Ledger",
+           "LedgerEntry", "Plan", "SlotPlan", "StaticBuffers"]
+
+
+@attrs.frozen(kw_only=True)
+class BlockSizeChoice:
+    """Step 1: the page size in tokens, and how hybrid alignment changed it."""
+
+    block_size: int
+    mamba_block_size: int | None
+    reason: str
+    mamba_state_bytes: int = 0  # real (unpadded) bytes of the largest Mamba state
+    mamba_page_bytes: int = 0  # bytes a Mamba page takes after padding to the attention page
+
+    @property
+    def mamba_page_padding_bytes(self) -> int:
+        """Bytes of padding at the end of every Mamba page."""
+        return self.mamba_page_bytes - self.mamba_state_bytes
+
+
+@attrs.frozen(kw_only=True)
+class GroupPlan:
+    """One KV-cache group: layers with one spec that share a block table."""
+
+    index: int
+    spec: LayerSpec
+    layers: tuple[int, ...]  # model layer indices, slot j holds layers[j]
+    layer_names: tuple[str, ...]
+    backends: tuple[str, ...]  # distinct backend names of the group's layers
+    block_size: int  # tokens per page for this group (scaled up when its page was smaller)
+    kernel_block_size: int
+    page_size_bytes: int  # bytes per page per layer, padded
+    real_page_size_bytes: int  # bytes per page of the group's spec actually holding data
+    layer_real_page_bytes: tuple[int, ...]  # real bytes per page of each layer (slot j holds layers[j])
+    pages_per_request: int  # at the plan's max_model_len
+
+    @property
+    def kind(self) -> LayerKind:
+        """The layer family of the group."""
+        return self.spec.kind
+
+    @property
+    def is_ssm(self) -> bool:
+        """Whether the group holds recurrent states."""
+        return self.spec.is_ssm
+
+    @property
+    def bpk(self) -> int:
+        """Kernel blocks per page."""
+        return self.block_size // self.kernel_block_size
+
+    @property
+    def block_table_width(self) -> int:
+        """Columns of this group's block table, in kernel blocks."""
+        return self.pages_per_request * self.bpk
+
+
+@attrs.frozen(kw_only=True)
+class SlotPlan:
+    """One raw byte tensor of the pool: ``num_blocks * page_size_bytes`` bytes, shared by the
+    ``j``-th layer of every group (``layers``, one per group that has a ``j``-th layer)."""
+
+    index: int
+    page_size_bytes: int
+    layers: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Capacity:
+    """Step 4: pool size in pages and the resulting max model length."""
+
+    num_blocks: int
+    pool_bytes_per_block: int
+    pages_per_request: int  # sum over groups, at max_model_len
+    max_model_len: int
+    max_model_len_reason: str
+    num_blocks_reason: str
+    from_override: bool
+
+    @property
+    def usable_pages(self) -> int:
+        """Pages a scheduler can hand out (page 0 is the null page)."""
+        return self.num_blocks - 1
+
+    @property
+    def max_concurrency(self) -> int:
+        """Requests of ``max_model_len`` tokens the pool holds at once."""
+        return self.usable_pages // self.pages_per_request
+
+
+@attrs.frozen(kw_only=True)
+class BufferSpec:
+    """A persistent static buffer to allocate once: its name, shape, dtype and why that size."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    reason: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@attrs.frozen(kw_only=True)
+class StaticBuffers:
+    """Step 5: every static input buffer a captured step reads."""
+
+    buffers: tuple[BufferSpec, ...]
+
+    def __getitem__(self, name: str) -> BufferSpec:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(b.name == name for b in self.buffers)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all static buffers together."""
+        return sum(b.nbytes for b in self.buffers)
+
+
+@attrs.frozen(kw_only=True)
+class CaptureSizes:
+    """Token counts to capture: uniform-decode graphs and mixed (prefill + decode) graphs."""
+
+    decode: tuple[int, ...]
+    mixed: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CudaGraphPlan:
+    """Step 6: what can be captured, what will be, and why."""
+
+    support: CudaGraphSupport
+    limited_by: str  # "group N (backend)" that set the minimum
+    requested_mode: CudaGraphMode
+    mode: CudaGraphMode
+    downgrades: tuple[str, ...]
+    capture_sizes: CaptureSizes
+
+
+@attrs.frozen(kw_only=True)
+class LedgerEntry:
+    """Bytes attributed to one purpose, with the reason for the number."""
+
+    name: str
+    nbytes: int
+    reason: str
+    in_kv_budget: bool  # True: part of the KV budget; False: allocated beside it
+
+
+@attrs.frozen(kw_only=True)
+class Ledger:
+    """Step 7: every byte of the KV budget attributed (``kv_entries`` sum to ``budget_bytes``),
+    plus what is allocated beside the pool (static buffers, estimated graph pool)."""
+
+    budget_bytes: int
+    entries: tuple[LedgerEntry, ...]
+
+    @property
+    def kv_entries(self) -> tuple[LedgerEntry, ...]:
+        """Entries that split the KV budget."""
+        return tuple(e for e in self.entries if e.in_kv_budget)
+
+    @property
+    def other_entries(self) -> tuple[LedgerEntry, ...]:
+        """Entries outside the KV budget."""
+        return tuple(e for e in self.entries if not e.in_kv_budget)
+
+    @property
+    def kv_total_bytes(self) -> int:
+        """Sum of the KV-budget entries (equals ``budget_bytes``)."""
+        return sum(e.nbytes for e in self.kv_entries)
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """Everything decided about a model's KV cache and CUDA graphs, before any weight is loaded."""
+
+    model_name: str
+    limits: Limits  # as given
+    block: BlockSizeChoice
+    groups: tuple[GroupPlan, ...]
+    slots: tuple[SlotPlan, ...]
+    group_size: int
+    capacity: Capacity
+    buffers: StaticBuffers
+    cudagraph: CudaGraphPlan
+    ledger: Ledger
+    notes: tuple[str, ...] = ()
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per page (the base block size; see each group's own)."""
+        return self.block.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Pages in the pool, the null page included."""
+        return self.capacity.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        """Resolved max tokens per request."""
+        return self.capacity.max_model_len
+
+    @property
+    def kernel_block_sizes(self) -> tuple[int, ...]:
+        """Kernel block size of each group, in group order."""
+        return tuple(g.kernel_block_size for g in self.groups)
+
+    @property
+    def pool_bytes_per_block(self) -> int:
+        """Bytes one page index takes across all slots."""
+        return self.capacity.pool_bytes_per_block
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of the whole pool."""
+        return self.num_blocks * self.pool_bytes_per_block
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``graphkv plan --json`` object)."""
+        return {
+            "model": self.model_name,
+            "block_size": self.block_size,
+            "block_size_reason": self.block.reason,
+            "mamba_block_size": self.block.mamba_block_size,
+            "kernel_block_sizes": list(self.kernel_block_sizes),
+            "num_blocks": self.num_blocks,
+            "num_blocks_reason": self.capacity.num_blocks_reason,
+            "usable_pages": self.capacity.usable_pages,
+            "max_model_len": self.max_model_len,
+            "max_model_len_reason": self.capacity.max_model_len_reason,
+            "pages_per_request": self.capacity.pages_per_request,
+            "max_concurrency": self.capacity.max_concurrency,
+            "group_size": self.group_size,
+            "groups": [
+                {
+                    "kind": g.kind.value,
+                    "spec": g.spec.describe(),
+                    "layers": list(g.layers),
+                    "backends": list(g.backends),
+                    "block_size": g.block_size,
+                    "kernel_block_size": g.kernel_block_size,
+                    "page_size_bytes": g.page_size_bytes,
+                    "real_page_size_bytes": g.real_page_size_bytes,
+                    "pages_per_request": g.pages_per_request,
+                    "block_table_width": g.block_table_width,
+                }
+                for g in self.groups
+            ],
+            "slots": [{"page_size_bytes": s.page_size_bytes, "layers": list(s.layers)} for s in self.slots],
+            "pool_bytes_per_block": self.pool_bytes_per_block,
+            "pool_bytes": self.pool_bytes,
+            "mamba_page_padding_bytes": self.block.mamba_page_padding_bytes,
+            "buffers": [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype.value, "bytes": b.nbytes,
+                         "reason": b.reason} for b in self.buffers.buffers],
+            "cudagraph": {
+                "support": self.cudagraph.support.name,
+                "limited_by": self.cudagraph.limited_by,
+                "requested_mode": self.cudagraph.requested_mode.value,
+                "mode": self.cudagraph.mode.value,
+                "downgrades": list(self.cudagraph.downgrades),
+                "capture_sizes": {"decode": list(self.cudagraph.capture_sizes.decode),
+                                  "mixed": list(self.cudagraph.capture_sizes.mixed)},
+            },
+            "ledger": {
+                "budget_bytes": self.ledger.budget_bytes,
+                "entries": [{"name": e.name, "bytes": e.nbytes, "reason": e.reason, "in_kv_budget": e.in_kv_budget}
+                            for e in self.ledger.entries],
+            },
+            "notes": list(self.notes),
+        }

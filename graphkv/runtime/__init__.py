@@ -1,0 +1,1 @@
+"""The runtime: allocate a Plan once, fill persistent buffers per step."""

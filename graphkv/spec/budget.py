@@ -1,0 +1,138 @@
+"""The memory budget for the KV pool: explicit bytes, or a GPU with a utilization fraction."""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import Mapping
+
+import attrs
+
+from graphkv.errors import Problem, SpecError
+from graphkv.spec._checks import Checker
+
+__all__ = ["GPU", "KNOWN_GPUS", "Budget", "format_bytes", "parse_bytes"]
+
+_MiB = 1 << 20
+
+
+@attrs.frozen(kw_only=True)
+class GPU:
+    """A GPU model: its name and the memory the driver reports as total."""
+
+    name: str
+    total_memory_bytes: int
+
+
+KNOWN_GPUS: Mapping[str, GPU] = types.MappingProxyType({
+    g.name.lower(): g
+    for g in (
+        GPU(name="H100", total_memory_bytes=81559 * _MiB),  # H100 SXM 80GB HBM3, as nvidia-smi reports
+        GPU(name="H200", total_memory_bytes=143771 * _MiB),
+        GPU(name="A100-80GB", total_memory_bytes=81920 * _MiB),
+        GPU(name="A100-40GB", total_memory_bytes=40960 * _MiB),
+        GPU(name="L40S", total_memory_bytes=46068 * _MiB),
+        GPU(name="RTX4090", total_memory_bytes=24564 * _MiB),
+    )
+})
+
+
+def get_gpu(name: str) -> GPU:
+    """Look up a known GPU by name (case-insensitive)."""
+    try:
+        return KNOWN_GPUS[name.strip().lower()]
+    except (KeyError, AttributeError):
+        raise SpecError(Problem(field="gpu", value=name, limit=f"must be one of {[g.name for g in KNOWN_GPUS.values()]}",
+                                fix="pick a known GPU or give the KV memory directly (e.g. kv_cache_bytes / --kv-memory 40GiB)")) from None
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
+    """Parse ``"40GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a plain integer into bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise SpecError(Problem(field=field, value=text, limit="must be a size like 40GiB, 512MiB, 1.5GB or a byte count",
+                                fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB"))
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(n: int) -> str:
+    """Human-readable binary size, e.g. ``1.50 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@attrs.frozen(kw_only=True)
+class Budget:
+    """Bytes the KV pool may take.
+
+    Either ``kv_cache_bytes`` directly, or ``gpu`` with ``utilization``: the pool gets
+    ``total * utilization - weights_bytes - activation_bytes - graph_reserve_bytes``.
+    Build with :meth:`kv_bytes` or :meth:`for_gpu`.
+    """
+
+    kv_cache_bytes: int | None = None
+    gpu: GPU | None = None
+    utilization: float = 0.9
+    weights_bytes: int = 0
+    activation_bytes: int = 0
+    graph_reserve_bytes: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        check = Checker("Budget")
+        if (self.kv_cache_bytes is None) == (self.gpu is None):
+            check.add("kv_cache_bytes", self.kv_cache_bytes, "give exactly one of kv_cache_bytes or gpu",
+                      "use Budget.kv_bytes(n) or Budget.for_gpu(gpu, utilization=...)")
+        if self.kv_cache_bytes is not None:
+            check.positive_int("kv_cache_bytes", self.kv_cache_bytes)
+        if isinstance(self.utilization, bool) or not isinstance(self.utilization, (int, float)) \
+                or not 0 < self.utilization <= 1:
+            check.add("utilization", self.utilization, "must be in (0, 1]", "use a fraction such as 0.9")
+        for field in ("weights_bytes", "activation_bytes", "graph_reserve_bytes"):
+            check.non_negative_int(field, getattr(self, field))
+        if not check.problems and self.gpu is not None and self.kv_pool_bytes() <= 0:
+            usable = int(self.gpu.total_memory_bytes * self.utilization)
+            check.add("weights_bytes", self.weights_bytes,
+                      f"weights + activations + graph reserve leave nothing of {format_bytes(usable)} "
+                      f"({self.gpu.name} x utilization {self.utilization})",
+                      "raise utilization, use more tensor parallelism or a larger GPU")
+        check.raise_if_any()
+
+    @classmethod
+    def kv_bytes(cls, n: "int | str") -> "Budget":
+        """A budget of exactly ``n`` bytes (``"40GiB"`` accepted) for the KV pool."""
+        return cls(kv_cache_bytes=parse_bytes(n, field="kv_cache_bytes"))
+
+    @classmethod
+    def for_gpu(cls, gpu: "GPU | str", *, utilization: float = 0.9, weights_bytes: int = 0,
+                activation_bytes: int = 0, graph_reserve_bytes: int = 0) -> "Budget":
+        """A budget of ``total * utilization`` minus weights, activations and graph reserve."""
+        return cls(gpu=get_gpu(gpu) if isinstance(gpu, str) else gpu, utilization=utilization,
+                   weights_bytes=weights_bytes, activation_bytes=activation_bytes,
+                   graph_reserve_bytes=graph_reserve_bytes)
+
+    def kv_pool_bytes(self) -> int:
+        """Bytes available to the KV pool."""
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        assert self.gpu is not None
+        return (int(self.gpu.total_memory_bytes * self.utilization) - self.weights_bytes
+                - self.activation_bytes - self.graph_reserve_bytes)
+
+    def describe(self) -> str:
+        """Where the KV bytes come from, in words."""
+        if self.kv_cache_bytes is not None:
+            return f"{format_bytes(self.kv_cache_bytes)} given for the KV pool"
+        assert self.gpu is not None
+        return (f"{self.gpu.name} {format_bytes(self.gpu.total_memory_bytes)} x {self.utilization} "
+                f"- weights {format_bytes(self.weights_bytes)} - activations {format_bytes(self.activation_bytes)} "
+                f"- graph reserve {format_bytes(self.graph_reserve_bytes)} = {format_bytes(self.kv_pool_bytes())}")

@@ -1,0 +1,102 @@
+"""Serving limits: how long, how many and how much per step the plan must support."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal, Union
+
+import attrs
+
+from graphkv.spec._checks import Checker
+from graphkv.spec.layers import MambaCacheMode
+
+__all__ = ["AUTO", "CudaGraphMode", "Limits", "MaxModelLen"]
+
+AUTO: Literal["auto"] = "auto"
+MaxModelLen = Union[int, Literal["auto"]]
+
+
+class CudaGraphMode(enum.Enum):
+    """Which steps are captured: nothing, the pieces between attention ops, whole steps, whole
+    decode steps only, or whole decode steps plus pieces for mixed steps."""
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+
+def _enum(kind: type[enum.Enum]) -> Any:
+    def convert(value: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        if isinstance(value, str):
+            for member in kind:
+                if member.value.lower() == value.strip().lower():
+                    return member
+        return value
+
+    return convert
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """What the plan must serve.
+
+    - ``max_model_len``: tokens per request (prompt + output), or ``"auto"`` for the longest the
+      pool can hold for one request;
+    - ``max_num_seqs``: running requests per step; ``max_num_batched_tokens``: tokens per step;
+    - ``num_blocks_override``: exact pool size in pages; it replaces the memory budget for every
+      check (page 0 is the null page, so ``num_blocks_override - 1`` pages are usable);
+    - ``mamba_cache_mode``, ``num_speculative_tokens``, ``tensor_parallel_size`` (``None``: the
+      model's), ``block_size`` / ``mamba_block_size`` (``None``: chosen by the planner),
+      ``cudagraph_mode``: the requested capture mode (downgraded, with a note, if unsupported).
+    """
+
+    max_model_len: MaxModelLen = AUTO
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_blocks_override: int | None = None
+    mamba_cache_mode: MambaCacheMode = attrs.field(default=MambaCacheMode.NONE, converter=_enum(MambaCacheMode))
+    num_speculative_tokens: int = 0
+    tensor_parallel_size: int | None = None
+    block_size: int | None = None
+    mamba_block_size: int | None = None
+    cudagraph_mode: CudaGraphMode = attrs.field(default=CudaGraphMode.FULL_AND_PIECEWISE,
+                                                converter=_enum(CudaGraphMode))
+
+    def __attrs_post_init__(self) -> None:
+        check = Checker("Limits")
+        if self.max_model_len != AUTO:
+            check.positive_int("max_model_len", self.max_model_len)
+        check.positive_int("max_num_seqs", self.max_num_seqs)
+        check.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.num_blocks_override is not None:
+            if check.positive_int("num_blocks_override", self.num_blocks_override) and self.num_blocks_override < 2:
+                check.add("num_blocks_override", self.num_blocks_override,
+                          "must be >= 2 (page 0 is the null page, so 1 leaves no usable page)",
+                          "raise num_blocks_override to at least 2")
+        if not isinstance(self.mamba_cache_mode, MambaCacheMode):
+            check.add("mamba_cache_mode", self.mamba_cache_mode, "must be 'none', 'align' or 'all'",
+                      "pick one of none / align / all")
+        check.non_negative_int("num_speculative_tokens", self.num_speculative_tokens)
+        if self.tensor_parallel_size is not None:
+            check.positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.block_size is not None:
+            check.positive_int("block_size", self.block_size)
+        if self.mamba_block_size is not None:
+            check.positive_int("mamba_block_size", self.mamba_block_size)
+        if not isinstance(self.cudagraph_mode, CudaGraphMode):
+            check.add("cudagraph_mode", self.cudagraph_mode, f"must be one of {[m.value for m in CudaGraphMode]}",
+                      "pick a CudaGraphMode")
+        if (not check.problems and self.max_num_batched_tokens < self.max_num_seqs):
+            check.add("max_num_batched_tokens", self.max_num_batched_tokens,
+                      f"must be >= max_num_seqs={self.max_num_seqs} (each running request decodes one token per step)",
+                      f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+        check.raise_if_any()
+
+    @property
+    def is_auto_len(self) -> bool:
+        """Whether ``max_model_len`` is to be fitted to the pool."""
+        return self.max_model_len == AUTO

@@ -1,0 +1,1 @@
+"""Triton kernels of graphkv, installed as ``graphkv.kernels``."""
