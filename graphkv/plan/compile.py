@@ -113,6 +113,6 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots, buffers=buffers,
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
-    return Plan(model_name=model.name, limits=limits, block=block, groups=groups, slots=slots,
+    return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
                 ledger=ledger, notes=grouping.notes)

@@ -11,6 +11,7 @@ from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
 from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.model import LayerDecl
 
 __all__ = ["BlockSizeChoice", "BufferSpec", "Capacity", "CaptureSizes", "CudaGraphPlan", "GroupPlan", "Ledger",
            "LedgerEntry", "Plan", "SlotPlan", "StaticBuffers"]
@@ -198,6 +199,7 @@ class Plan:
 
     model_name: str
     limits: Limits  # as given
+    layers: tuple[LayerDecl, ...]  # every KV layer, Mamba pages padded as planned
     block: BlockSizeChoice
     groups: tuple[GroupPlan, ...]
     slots: tuple[SlotPlan, ...]
@@ -207,6 +209,20 @@ class Plan:
     cudagraph: CudaGraphPlan
     ledger: Ledger
     notes: tuple[str, ...] = ()
+
+    def group_of(self, layer_index: int) -> GroupPlan:
+        """The group holding model layer ``layer_index``."""
+        for g in self.groups:
+            if layer_index in g.layers:
+                return g
+        raise KeyError(layer_index)
+
+    def slot_of(self, layer_index: int) -> SlotPlan:
+        """The pool slot holding model layer ``layer_index``."""
+        for s in self.slots:
+            if layer_index in s.layers:
+                return s
+        raise KeyError(layer_index)
 
     @property
     def block_size(self) -> int:
