@@ -1,0 +1,1 @@
+"""Small models that exercise graphkv end to end (random weights, no downloads)."""
