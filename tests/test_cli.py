@@ -1,0 +1,166 @@
+"""The ``graphkv`` command: default report, JSON output, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import graphkv
+from graphkv.cli import DEFAULT_KV_MEMORY, DEFAULT_PRESET, main
+from graphkv.presets import list_presets, preset_model
+
+LLAMA_2_LAYERS = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_hidden_layers": 2, "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+}
+
+REQUIRED_TYPES = {
+    "block_size": int, "kernel_block_sizes": list, "num_blocks": int, "max_model_len": int, "group_size": int,
+    "groups": list, "pool_bytes_per_block": int, "mamba_page_padding_bytes": int, "cudagraph": dict, "ledger": dict,
+}
+
+
+@pytest.fixture
+def llama_config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_2_LAYERS))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    assert err.startswith("graphkv: error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+
+
+def test_default_plan_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv plan` with no flags plans the embedded hybrid default and prints the report."""
+    code, out, err = run(capsys, "plan")
+    assert code == 0, err
+    assert "block size" in out and "max_model_len" in out
+    assert DEFAULT_PRESET in out
+    assert len(out.splitlines()) <= 60
+
+
+def test_json_has_every_required_key_with_its_type(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--json` prints one JSON object holding every required key with the right type."""
+    code, out, _ = run(capsys, "plan", "--json")
+    assert code == 0
+    data = json.loads(out)
+    for key, kind in REQUIRED_TYPES.items():
+        assert isinstance(data[key], kind), key
+    for group in data["groups"]:
+        assert isinstance(group["kind"], str) and isinstance(group["layers"], list)
+        assert isinstance(group["page_size_bytes"], int) and isinstance(group["pages_per_request"], int)
+    cudagraph = data["cudagraph"]
+    assert isinstance(cudagraph["support"], str) and isinstance(cudagraph["mode"], str)
+    assert all(isinstance(s, int) for s in cudagraph["capture_sizes"]["decode"] + cudagraph["capture_sizes"]["mixed"])
+    assert isinstance(data["ledger"]["entries"], list)
+    assert data["inputs"]["preset"] == DEFAULT_PRESET
+
+
+def test_json_equals_compile_on_the_same_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The `--json` numbers are exactly those of graphkv.compile on the same model, limits and budget."""
+    code, out, _ = run(capsys, "plan", "--preset", DEFAULT_PRESET, "--kv-memory", "24GiB", "--max-num-seqs", "128",
+                       "--mamba-cache-mode", "align", "--num-speculative-tokens", "2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    data.pop("inputs")
+    limits = graphkv.Limits(max_num_seqs=128, mamba_cache_mode="align", num_speculative_tokens=2,
+                            tensor_parallel_size=1)
+    expected = graphkv.compile(preset_model(DEFAULT_PRESET), limits, graphkv.Budget.kv_bytes("24GiB"))
+    assert data == json.loads(json.dumps(expected.to_dict()))
+
+
+def test_default_budget_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a budget flag the plan uses the documented default --kv-memory."""
+    code, out, _ = run(capsys, "plan", "--json")
+    assert code == 0
+    assert json.loads(out)["ledger"]["budget_bytes"] == graphkv.Budget.kv_bytes(DEFAULT_KV_MEMORY).kv_cache_bytes
+
+
+def test_override_too_small_for_max_model_len_exits_2(capsys: pytest.CaptureFixture[str], llama_config: Path) -> None:
+    """A 32-page override that cannot hold one 16384-token request is a one-line `max seq len` error."""
+    code, out, err = run(capsys, "plan", "--hf-config", str(llama_config), "--num-blocks-override", "32",
+                         "--max-model-len", "16384")
+    assert_one_error(code, err, "max seq len", "num_blocks_override")
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_preset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown --preset is an error naming the flag and the known presets."""
+    code, _, err = run(capsys, "plan", "--preset", "llama-9000")
+    assert_one_error(code, err, "--preset", "llama-9000", DEFAULT_PRESET)
+
+
+def test_bad_kv_memory_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unparsable --kv-memory is an error naming the flag and the accepted form."""
+    code, _, err = run(capsys, "plan", "--kv-memory", "lots")
+    assert_one_error(code, err, "--kv-memory", "GiB")
+
+
+def test_missing_hf_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A --hf-config path that does not exist is an error naming the flag and the path."""
+    missing = tmp_path / "nope.json"
+    code, _, err = run(capsys, "plan", "--hf-config", str(missing))
+    assert_one_error(code, err, "--hf-config", "no such file", str(missing))
+
+
+def test_malformed_hf_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A --hf-config file that is not JSON is an error naming the flag and the position."""
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_hidden_layers": 2,')
+    code, _, err = run(capsys, "plan", "--hf-config", str(bad))
+    assert_one_error(code, err, "--hf-config", "not valid JSON", "line 1")
+
+
+def test_incomplete_hf_config_lists_every_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A config missing several fields is one error listing each missing config field."""
+    partial = tmp_path / "config.json"
+    partial.write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    code, _, err = run(capsys, "plan", "--hf-config", str(partial))
+    assert_one_error(code, err, "problems:", "config.num_hidden_layers")
+
+
+def test_budget_flags_need_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """--weights-memory without --gpu is an error naming the flag, not silently ignored."""
+    code, _, err = run(capsys, "plan", "--weights-memory", "16GiB")
+    assert_one_error(code, err, "--weights-memory", "--gpu")
+
+
+def test_argparse_errors_keep_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed --max-model-len is argparse's usage error (exit 2)."""
+    with pytest.raises(SystemExit) as excinfo:
+        main(["plan", "--max-model-len", "long"])
+    assert excinfo.value.code == 2
+    assert "--max-model-len" in capsys.readouterr().err
+
+
+def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv presets` prints one row per preset with its architecture."""
+    code, out, _ = run(capsys, "presets")
+    assert code == 0
+    for name in list_presets():
+        assert name in out
+    assert "Qwen3NextForCausalLM" in out
+
+
+def test_module_entry_point_prints_json() -> None:
+    """`python -m graphkv.cli plan --json` runs in a fresh interpreter and prints the plan JSON."""
+    proc = subprocess.run([sys.executable, "-m", "graphkv.cli", "plan", "--json"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["block_size"] > 0
