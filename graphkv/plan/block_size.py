@@ -47,11 +47,13 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
                                     limit="the model has no Mamba / state layers", fix="leave mamba_block_size unset"))
         return BlockSizeChoice(block_size=block_size, mamba_block_size=None, reason=reason)
 
+    # M: what one page must hold (a user's page_size_padded counts); the record keeps the real bytes.
     state_bytes = max(layer.spec.page_size_bytes(block_size) for layer in mamba)
+    real_state_bytes = max(layer.spec.real_page_size_bytes() for layer in mamba)
     if not attention:
-        mamba_bs = _mamba_block_size_without_attention(block_size, limits)
+        block_size, mamba_bs, reason = _without_attention(block_size, reason, limits)
         return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
-                               mamba_state_bytes=state_bytes, mamba_page_bytes=state_bytes)
+                               mamba_state_bytes=real_state_bytes, mamba_page_bytes=state_bytes)
 
     bytes_per_token = max(layer.spec.bytes_per_token() for layer in attention)
     kernel_min = max(layer.backend.smallest_kernel_block_size() for layer in attention)
@@ -91,18 +93,36 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
         raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
                                 limit="mamba_cache_mode='none' keeps one state per request and uses no Mamba block size",
                                 fix="leave mamba_block_size unset, or use mamba_cache_mode='align' or 'all'"))
+    # The largest attention page is block_size * A1 unless a page_size_padded makes it larger;
+    # Mamba pages must equal it exactly so any page index holds either.
+    attention_page = max(layer.spec.page_size_bytes(block_size) for layer in attention)
     return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
-                           mamba_state_bytes=state_bytes, mamba_page_bytes=block_size * bytes_per_token)
+                           mamba_state_bytes=real_state_bytes, mamba_page_bytes=attention_page)
 
 
-def _mamba_block_size_without_attention(block_size: int, limits: Limits) -> int | None:
+def _without_attention(block_size: int, reason: str, limits: Limits) -> tuple[int, int | None, str]:
+    """Block size, Mamba block size and reason of a model with state layers only.
+
+    Without attention a page is one Mamba block, so a user's ``mamba_block_size`` (modes
+    ``align`` / ``all``) becomes the block size; it may not contradict a user ``block_size``.
+    """
     if limits.mamba_cache_mode is MambaCacheMode.NONE:
         if limits.mamba_block_size is not None:
             raise PlanError(Problem(field="mamba_block_size", value=limits.mamba_block_size,
                                     limit="mamba_cache_mode='none' uses no Mamba block size",
                                     fix="leave mamba_block_size unset, or use mamba_cache_mode='align' or 'all'"))
-        return None
-    return limits.mamba_block_size or block_size
+        return block_size, None, reason
+    if limits.mamba_block_size is None:
+        return block_size, block_size, reason
+    if limits.block_size is not None and limits.block_size != limits.mamba_block_size:
+        raise PlanError(Problem(
+            field="mamba_block_size", value=limits.mamba_block_size,
+            limit=(f"a model without attention layers pages by Mamba block, so it must equal "
+                   f"block_size={limits.block_size}"),
+            fix=f"set mamba_block_size={limits.block_size}, or leave one of block_size / mamba_block_size unset"))
+    reason = (f"mamba_block_size={limits.mamba_block_size} set by the user "
+              "(no attention layers: a page is one Mamba block)")
+    return limits.mamba_block_size, limits.mamba_block_size, reason
 
 
 def pad_mamba_layers(model: ModelKV, choice: BlockSizeChoice) -> tuple[LayerDecl, ...]:

@@ -133,19 +133,22 @@ def check_admission(counter: PageCounter, max_model_len: int, usable_pages: int,
         fix=f"{lower}, or {knob}"))
 
 
-def check_mamba_seqs(groups: Sequence[GroupDraft], limits: Limits, usable_pages: int) -> None:
-    """Each running sequence holds a live state page in every Mamba group: ``max_num_seqs`` must fit."""
-    mamba_groups = [g for g in groups if g.spec.is_ssm]
+def check_mamba_seqs(counter: PageCounter, limits: Limits, usable_pages: int) -> None:
+    """Every running sequence holds its live state pages in every Mamba group (1 per group in mode
+    ``none``/``all``, 2 in ``align``, plus one per speculative token): ``max_num_seqs`` must fit."""
+    mamba_groups = [g for g in counter.groups if g.spec.is_ssm]
     if not mamba_groups:
         return
-    per_seq = len(mamba_groups) * (1 + limits.num_speculative_tokens)
+    per_seq = sum(counter.group_pages(g, 1) for g in mamba_groups)
     if limits.max_num_seqs * per_seq > usable_pages:
         most = usable_pages // per_seq
+        fix = f"lower max_num_seqs to <= {most} or give the pool more pages"
+        if limits.num_speculative_tokens:
+            fix += f" or lower num_speculative_tokens={limits.num_speculative_tokens}"
         raise CapacityError(Problem(
             field="max_num_seqs", value=limits.max_num_seqs,
-            limit=(f"each running sequence holds {per_seq} Mamba state page(s) ({len(mamba_groups)} Mamba group(s) x "
-                   f"(1 + {limits.num_speculative_tokens} speculative)), so {limits.max_num_seqs} sequences need "
-                   f"{limits.max_num_seqs * per_seq} pages but the pool has {usable_pages} usable pages"),
-            fix=f"lower max_num_seqs to <= {most} or give the pool more pages"))
-
-
+            limit=(f"each running sequence holds {per_seq} Mamba state pages ({len(mamba_groups)} Mamba groups, "
+                   f"mamba_cache_mode={limits.mamba_cache_mode.value}, {limits.num_speculative_tokens} speculative "
+                   f"tokens), so {limits.max_num_seqs} sequences need {limits.max_num_seqs * per_seq} pages but the pool "
+                   f"has {usable_pages} usable pages"),
+            fix=fix))

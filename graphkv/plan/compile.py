@@ -60,7 +60,7 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     >>> spec = FullAttentionSpec(num_kv_heads=8, head_size=128)
     >>> model = ModelKV.from_specs("tiny", [(spec, "flash_attn")] * 2)
     >>> compile(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB")).num_blocks
-    4096
+    8192
     """
     limits = Limits() if limits is None else limits
     _check_inputs(model, limits, budget)
@@ -91,7 +91,7 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
         check_admission(counter, max_model_len, usable, num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
                         num_blocks_reason=blocks_reason, from_override=from_override, cap=cap)
         len_reason = f"max_model_len={max_model_len} set by the user; fits {usable} usable pages"
-    check_mamba_seqs(grouping.groups, limits, usable)
+    check_mamba_seqs(counter, limits, usable)
 
     groups = tuple(
         GroupPlan(index=i, spec=d.spec, layers=tuple(layer.index for layer in d.layers),
@@ -109,7 +109,7 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                         pages_per_request=counter.pages(max_model_len), max_model_len=max_model_len,
                         max_model_len_reason=len_reason, num_blocks_reason=blocks_reason, from_override=from_override)
     buffers = plan_buffers(model, limits, groups, max_model_len=max_model_len, num_blocks=num_blocks)
-    cudagraph = plan_cudagraph(groups, limits)
+    cudagraph = plan_cudagraph(groups, limits, layers)
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots, buffers=buffers,
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))

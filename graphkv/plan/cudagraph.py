@@ -11,8 +11,9 @@ from typing import Sequence
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.plan.plan import CaptureSizes, CudaGraphPlan, GroupPlan
-from graphkv.spec.backends import CudaGraphSupport, get_backend
+from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.model import LayerDecl
 
 __all__ = ["capture_ladder", "plan_cudagraph"]
 
@@ -48,14 +49,19 @@ def _resolve(requested: CudaGraphMode, support: CudaGraphSupport, decode_ok: boo
     return mode, notes
 
 
-def plan_cudagraph(groups: Sequence[GroupPlan], limits: Limits) -> CudaGraphPlan:
-    """Resolve the requested mode against the groups' support and list the capture sizes."""
+def plan_cudagraph(groups: Sequence[GroupPlan], limits: Limits, layers: Sequence[LayerDecl]) -> CudaGraphPlan:
+    """Resolve the requested mode against the groups' support and list the capture sizes.
+
+    Support is read from the layers' own :class:`Backend` descriptors (``layers``), so custom
+    backends that are not built in are planned like the built-in ones.
+    """
+    by_index = {layer.index: layer.backend for layer in layers}
     support, limited_by = CudaGraphSupport.ALWAYS, "all groups"
     for g in groups:
-        for name in g.backends:
-            level = get_backend(name).cudagraph_support
-            if level < support:
-                support, limited_by = level, f"group {g.index} ({name})"
+        for layer_index in g.layers:
+            backend = by_index[layer_index]
+            if backend.cudagraph_support < support:
+                support, limited_by = backend.cudagraph_support, f"group {g.index} ({backend.name})"
     k = limits.num_speculative_tokens
     decode_needs = CudaGraphSupport.UNIFORM_BATCH if k else CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
     decode_ok = support >= decode_needs

@@ -44,7 +44,7 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
         data = pages * sum(g.layer_real_page_bytes)
         padding = pages * sum(s.page_size_bytes - real for s, real in zip(slots, g.layer_real_page_bytes))
         empty = pages * sum(s.page_size_bytes for s in slots[n_layers:])
-        why = f"{conc} requests x {g.pages_per_request} pages x {n_layers} layers"
+        why = f"{conc} requests x {g.pages_per_request} page(s) x {n_layers} layer(s)"
         entries.append(LedgerEntry(name=f"group {g.index} {g.kind.value} KV", nbytes=data, in_kv_budget=True,
                                    reason=f"{why} x {g.real_page_size_bytes} B real page"))
         if padding:

@@ -39,7 +39,12 @@ __all__ = [
 class MultipleOf:
     """Any kernel block size that is a positive multiple of ``n``."""
 
-    n: int = attrs.field(validator=attrs.validators.and_(attrs.validators.instance_of(int), attrs.validators.gt(0)))
+    n: int
+
+    def __attrs_post_init__(self) -> None:
+        check = Checker("MultipleOf")
+        check.positive_int("n", self.n)
+        check.raise_if_any()
 
     def accepts(self, size: int) -> bool:
         """Whether ``size`` is a positive multiple of ``n``."""
@@ -83,6 +88,16 @@ class KVLayout:
 
     order: CacheOrder
     stride: StrideOrder = StrideOrder.NHD
+
+    def __attrs_post_init__(self) -> None:
+        check = Checker("KVLayout")
+        if not isinstance(self.order, CacheOrder):
+            check.add("order", self.order, f"must be a CacheOrder ({', '.join(o.name for o in CacheOrder)})",
+                      "pass e.g. order=CacheOrder.BLOCKS_FIRST")
+        if not isinstance(self.stride, StrideOrder):
+            check.add("stride", self.stride, "must be StrideOrder.NHD or StrideOrder.HND",
+                      "pass e.g. stride=StrideOrder.NHD")
+        check.raise_if_any()
 
     @property
     def block_dim(self) -> int:
@@ -140,6 +155,13 @@ class Backend:
                 if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
                     check.add("supported_kernel_block_sizes", s, "each entry must be an int > 0 or MultipleOf(n)",
                               "remove or fix that entry")
+        if not isinstance(self.cudagraph_support, CudaGraphSupport):
+            check.add("cudagraph_support", self.cudagraph_support,
+                      f"must be a CudaGraphSupport ({', '.join(m.name for m in CudaGraphSupport)})",
+                      "pass e.g. cudagraph_support=CudaGraphSupport.ALWAYS")
+        if not isinstance(self.kv_layout, KVLayout):
+            check.add("kv_layout", self.kv_layout, "must be a KVLayout",
+                      "pass e.g. kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST)")
         if self.q_tile_tokens is not None:
             check.positive_int("q_tile_tokens", self.q_tile_tokens)
         check.raise_if_any()

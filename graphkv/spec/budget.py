@@ -23,6 +23,11 @@ class GPU:
     name: str
     total_memory_bytes: int
 
+    def __attrs_post_init__(self) -> None:
+        check = Checker(f"GPU[{self.name}]")
+        check.positive_int("total_memory_bytes", self.total_memory_bytes)
+        check.raise_if_any()
+
 
 KNOWN_GPUS: Mapping[str, GPU] = types.MappingProxyType({
     g.name.lower(): g
@@ -44,6 +49,13 @@ def get_gpu(name: str) -> GPU:
     except (KeyError, AttributeError):
         raise SpecError(Problem(field="gpu", value=name, limit=f"must be one of {[g.name for g in KNOWN_GPUS.values()]}",
                                 fix="pick a known GPU or give the KV memory directly (e.g. kv_cache_bytes / --kv-memory 40GiB)")) from None
+
+
+def _gpu_or_raw(value: object) -> object:
+    """attrs converter: a known GPU name becomes its :class:`GPU`; anything else is kept for validation."""
+    if isinstance(value, str):
+        return KNOWN_GPUS.get(value.strip().lower(), value)
+    return value
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -81,7 +93,7 @@ class Budget:
     """
 
     kv_cache_bytes: int | None = None
-    gpu: GPU | None = None
+    gpu: GPU | None = attrs.field(default=None, converter=_gpu_or_raw)
     utilization: float = 0.9
     weights_bytes: int = 0
     activation_bytes: int = 0
@@ -94,6 +106,9 @@ class Budget:
                       "use Budget.kv_bytes(n) or Budget.for_gpu(gpu, utilization=...)")
         if self.kv_cache_bytes is not None:
             check.positive_int("kv_cache_bytes", self.kv_cache_bytes)
+        if self.gpu is not None and not isinstance(self.gpu, GPU):
+            check.add("gpu", self.gpu, f"must be a GPU or one of {[g.name for g in KNOWN_GPUS.values()]}",
+                      "pick a known GPU name, pass GPU(name=..., total_memory_bytes=...) or use Budget.kv_bytes(n)")
         if isinstance(self.utilization, bool) or not isinstance(self.utilization, (int, float)) \
                 or not 0 < self.utilization <= 1:
             check.add("utilization", self.utilization, "must be in (0, 1]", "use a fraction such as 0.9")

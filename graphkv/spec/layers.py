@@ -300,7 +300,9 @@ class MambaSpec:
             for i, dt in enumerate(self.dtypes):
                 _check_dtype(check, f"dtypes[{i}]", dt)
             if shapes_ok and len(self.dtypes) != len(self.shapes):
-                check.add("dtypes", self.dtypes, f"needs one dtype per shape ({len(self.shapes)})",
+                names = tuple(dt.value if isinstance(dt, DType) else dt for dt in self.dtypes)
+                check.add("dtypes", names,
+                          f"needs one dtype per shape ({len(self.shapes)} shapes, {len(names)} dtypes)",
                           "pass as many dtypes as shapes")
         check.positive_int("chunk_size", self.chunk_size)
         if self.page_size_padded is not None and check.positive_int("page_size_padded", self.page_size_padded):

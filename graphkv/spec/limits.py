@@ -94,6 +94,12 @@ class Limits:
             check.add("max_num_batched_tokens", self.max_num_batched_tokens,
                       f"must be >= max_num_seqs={self.max_num_seqs} (each running request decodes one token per step)",
                       f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+        if not check.problems and self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
+            check.add("max_num_batched_tokens", self.max_num_batched_tokens,
+                      f"must be >= 1 + num_speculative_tokens={1 + self.num_speculative_tokens} (one speculative "
+                      "decode step of one request)",
+                      f"raise max_num_batched_tokens to >= {1 + self.num_speculative_tokens} or lower "
+                      "num_speculative_tokens")
         check.raise_if_any()
 
     @property

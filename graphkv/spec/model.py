@@ -9,9 +9,11 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
 from graphkv.spec.backends import Backend, get_backend
-from graphkv.spec.layers import LayerSpec
+from graphkv.spec.layers import ChunkedLocalSpec, FullAttentionSpec, LayerSpec, MambaSpec, MLASpec, SlidingWindowSpec
 
 __all__ = ["LayerDecl", "ModelKV"]
+
+_LAYER_SPEC_TYPES = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, MambaSpec)
 
 
 @attrs.frozen(kw_only=True)
@@ -57,6 +59,17 @@ class ModelKV:
                 if not isinstance(layer, LayerDecl):
                     check.add(f"layers[{i}]", layer, "must be a LayerDecl", "wrap each layer in LayerDecl(...)")
                     continue
+                if not isinstance(layer.spec, _LAYER_SPEC_TYPES):
+                    check.add(f"layers[{i}].spec", layer.spec,
+                              f"must be one of {[t.__name__ for t in _LAYER_SPEC_TYPES]}",
+                              "build the layer's spec with FullAttentionSpec(...), MambaSpec(...), etc.")
+                    continue
+                if isinstance(layer.index, bool) or not isinstance(layer.index, int) or layer.index < 0:
+                    check.add(f"layers[{i}].index", layer.index, "must be an integer >= 0",
+                              "give each layer its position in the model")
+                if not isinstance(layer.name, str) or not layer.name:
+                    check.add(f"layers[{i}].name", layer.name, "must be a non-empty string",
+                              "name each layer, e.g. 'model.layers.0.self_attn'")
                 if layer.spec.is_ssm != layer.backend.is_ssm:
                     want = "a state backend such as 'mamba' or 'gdn'" if layer.spec.is_ssm else "an attention backend"
                     check.add(f"layers[{i}].backend", layer.backend.name,
@@ -65,9 +78,14 @@ class ModelKV:
                     check.add(f"layers[{i}].backend", layer.backend.name,
                               "MLA layers need an MLA backend and other attention layers a non-MLA one",
                               "use 'flashmla' / 'triton_mla' for MLA layers")
-            names = [layer.name for layer in self.layers if isinstance(layer, LayerDecl)]
-            if len(set(names)) != len(names):
-                check.add("layers", names, "layer names must be unique", "give every layer its own name")
+            decls = [layer for layer in self.layers if isinstance(layer, LayerDecl)]
+            names = [x.name for x in decls if isinstance(x.name, str)]
+            indices = [x.index for x in decls if isinstance(x.index, int)]
+            for what, values in (("name", names), ("index", indices)):
+                repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+                if repeated:
+                    check.add("layers", repeated, f"layer {what}s must be unique; these repeat",
+                              f"give every layer its own {what}")
         if self.max_position_embeddings is not None:
             check.positive_int("max_position_embeddings", self.max_position_embeddings)
         check.positive_int("tensor_parallel_size", self.tensor_parallel_size)

@@ -1,0 +1,222 @@
+"""Step 1: block size selection and Mamba page padding, with hand-computed expected numbers.
+
+The hybrid model used throughout (numbers from DESIGN step 1):
+
+- attention: FullAttentionSpec(2 KV heads, head_size 64, bf16)
+  A1 = 2 heads * (64 + 64) * 2 bytes = 512 bytes per token;
+- Mamba: conv (3, 1024) bf16 = 6144 B + ssm (8, 64, 64) fp32 = 131072 B, so M = 137216 bytes;
+- layers: [attn, mamba, mamba, mamba, attn, mamba, mamba, mamba], attention on flash_attn
+  (MultipleOf(16): preferred 16, smallest kernel size 16).
+"""
+
+import pytest
+
+from graphkv import (Backend, CapacityError, Budget, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, MambaSpec,
+                     MLASpec, ModelKV, MultipleOf, PlanError, compile_plan)
+from graphkv.plan.block_size import choose_block_size
+
+ATTN = FullAttentionSpec(num_kv_heads=2, head_size=64, dtype="bfloat16")
+MAMBA = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=("bfloat16", "float32"))
+PATTERN = "AMMMAMMM"
+
+
+def hybrid(attn=ATTN, mamba=MAMBA, backend="flash_attn", **kwargs) -> ModelKV:
+    """The 8-layer hybrid model of this module."""
+    return ModelKV.from_specs("hybrid", [(attn, backend) if c == "A" else (mamba, "mamba") for c in PATTERN], **kwargs)
+
+
+def limits(**kwargs) -> Limits:
+    """Limits small enough that 3 Mamba groups x 32 sequences fit 99 usable pages."""
+    kwargs.setdefault("max_num_seqs", 32)
+    kwargs.setdefault("max_num_batched_tokens", 2048)
+    return Limits(**kwargs)
+
+
+def test_hybrid_none_mode_auto_fit_is_exact():
+    """Mode 'none': B = K * cdiv(M, K * A1), the Mamba page is padded to B * A1 and auto max_model_len is exact."""
+    # K = max(16, 16) = 16; B = 16 * cdiv(137216, 16 * 512 = 8192) = 16 * 17 = 272.
+    # Attention page = 272 * 512 = 139264 B; Mamba padding = 139264 - 137216 = 2048 B.
+    # Buckets: attention 2 layers, Mamba 6 -> gs = 2 (6 >= 1.5 * 2); pool bytes per block = 2 * 139264 = 278528.
+    # Budget 100 * 278528 + 12345 -> num_blocks = 100, usable 99.
+    # Need per request: cdiv(L, 272) attention pages + 3 Mamba groups x 1 page <= 99 -> L <= 96 * 272 = 26112.
+    budget = Budget.kv_bytes(100 * 278528 + 12345)
+    plan = compile_plan(hybrid(), limits(), budget)
+    assert plan.block_size == 272
+    assert plan.block.mamba_block_size is None
+    assert plan.block.mamba_state_bytes == 137216
+    assert plan.block.mamba_page_bytes == 139264
+    assert plan.block.mamba_page_padding_bytes == 2048
+    assert plan.group_size == 2
+    assert plan.pool_bytes_per_block == 278528
+    assert plan.num_blocks == 100
+    assert plan.max_model_len == 26112
+    assert plan.capacity.pages_per_request == 99
+    assert [layer.spec.page_size_bytes() for layer in plan.layers if layer.spec.is_ssm] == [139264] * 6
+    assert [g.page_size_bytes for g in plan.groups] == [139264] * 4
+
+
+def test_hybrid_auto_length_request_fits_and_one_more_token_does_not():
+    """A fixed max_model_len equal to the auto-fit length compiles; one token more is a CapacityError."""
+    # From the test above: 26112 needs 96 + 3 = 99 pages (fits 99); 26113 needs 97 + 3 = 100.
+    budget = Budget.kv_bytes(100 * 278528 + 12345)
+    assert compile_plan(hybrid(), limits(max_model_len=26112), budget).capacity.pages_per_request == 99
+    with pytest.raises(PlanError, match="max seq len 26113 needs 100 pages"):
+        compile_plan(hybrid(), limits(max_model_len=26113), budget)
+
+
+def test_hybrid_align_mode_sets_mamba_block_size_to_block_size():
+    """Mode 'align': same B as 'none', mamba_block_size == block_size and 2 Mamba pages per group."""
+    # B = 272 as in 'none'. Need: cdiv(L, 272) + 3 groups x 2 pages <= 99 -> L <= 93 * 272 = 25296.
+    # 16 sequences x 3 groups x 2 live pages = 96 <= 99 usable pages.
+    plan = compile_plan(hybrid(), limits(mamba_cache_mode="align", max_num_seqs=16), Budget.kv_bytes(100 * 278528))
+    assert plan.block_size == 272
+    assert plan.block.mamba_block_size == 272
+    assert plan.max_model_len == 25296
+
+
+def test_hybrid_all_mode_uses_lcm_of_chunk_and_kernel_alignment():
+    """Mode 'all': C = lcm(chunk, K), B = C * cdiv(cdiv(M, A1), C) and mamba_block_size == B."""
+    # chunk_size 256, K = 16: C = lcm(256, 16) = 256; cdiv(137216, 512) = 268; B = 256 * cdiv(268, 256) = 512.
+    # Page = 512 * 512 = 262144 B; padding = 262144 - 137216 = 124928 B; pool bytes per block = 2 * 262144.
+    # Override 100 (usable 99); need: cdiv(L, 512) attention + 3 groups x cdiv(L, 512) = 4 * cdiv(L, 512) <= 99
+    # -> cdiv(L, 512) <= 24 -> L = 24 * 512 = 12288.
+    plan = compile_plan(hybrid(), limits(mamba_cache_mode="all", num_blocks_override=100))
+    assert plan.block_size == 512
+    assert plan.block.mamba_block_size == 512
+    assert plan.block.mamba_page_bytes == 262144
+    assert plan.block.mamba_page_padding_bytes == 124928
+    assert plan.pool_bytes_per_block == 524288
+    assert plan.max_model_len == 12288
+
+
+def test_all_mode_user_mamba_block_size_conflict_names_value_to_set():
+    """Mode 'all' with a user mamba_block_size that is not B raises PlanError naming the value to set."""
+    # C = lcm(128, 16) = 128; B = 128 * cdiv(268, 128) = 128 * 3 = 384 != 128.
+    with pytest.raises(PlanError, match="set mamba_block_size=384") as info:
+        compile_plan(hybrid(), limits(mamba_cache_mode="all", mamba_block_size=128), Budget.kv_bytes("1GiB"))
+    assert info.value.field == "mamba_block_size"
+    assert info.value.value == 128
+
+
+def test_all_mode_user_mamba_block_size_equal_to_b_is_kept():
+    """Mode 'all' with mamba_block_size set to the value the error suggested plans with it."""
+    # C = lcm(384, 16) = 384; B = 384 * cdiv(268, 384) = 384.
+    plan = compile_plan(hybrid(), limits(mamba_cache_mode="all", mamba_block_size=384), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 384
+    assert plan.block.mamba_block_size == 384
+
+
+def test_align_mode_user_mamba_block_size_conflict_names_value_to_set():
+    """Mode 'align' with mamba_block_size != block_size raises PlanError naming block_size."""
+    with pytest.raises(PlanError, match="set mamba_block_size=272 or leave it unset") as info:
+        compile_plan(hybrid(), limits(mamba_cache_mode="align", mamba_block_size=100), Budget.kv_bytes("1GiB"))
+    assert info.value.value == 100
+
+
+def test_none_mode_rejects_user_mamba_block_size():
+    """Mode 'none' with a mamba_block_size set raises PlanError: it would be silently ignored."""
+    with pytest.raises(PlanError, match="leave mamba_block_size unset"):
+        compile_plan(hybrid(), limits(mamba_block_size=64), Budget.kv_bytes("1GiB"))
+
+
+def test_mamba_block_size_without_mamba_layers_is_an_error():
+    """A mamba_block_size on a model without state layers raises PlanError."""
+    model = ModelKV.from_specs("attn", [(ATTN, "flash_attn")])
+    with pytest.raises(PlanError, match="no Mamba"):
+        compile_plan(model, Limits(mamba_block_size=64), Budget.kv_bytes("1GiB"))
+
+
+def test_user_block_size_larger_than_needed_is_kept():
+    """A user block_size above B is kept and the Mamba page is padded to it."""
+    # K = max(16, 512) = 512; B = 512 * cdiv(137216, 512 * 512) = 512 -> block 512, page 512 * 512 = 262144.
+    plan = compile_plan(hybrid(), limits(block_size=512), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 512
+    assert plan.block.mamba_page_bytes == 262144
+
+
+def test_user_block_size_smaller_than_needed_grows_in_its_own_multiples():
+    """A user block_size below B grows to K * cdiv(M, K * A1) with K = the user's size."""
+    # K = max(16, 32) = 32; B = 32 * cdiv(137216, 16384) = 32 * 9 = 288 (not 272: K is 32 now).
+    plan = compile_plan(hybrid(), limits(block_size=32), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 288
+
+
+def test_kernel_minimum_of_the_attention_backend_sets_the_alignment():
+    """K is at least the smallest kernel block size of the attention backend."""
+    wide = Backend(name="wide", supported_kernel_block_sizes=(MultipleOf(64),),
+                   cudagraph_support=CudaGraphSupport.ALWAYS, kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    # preferred: 16 unsupported -> 64; K = 64; B = 64 * cdiv(137216, 64 * 512 = 32768) = 64 * 5 = 320.
+    plan = compile_plan(hybrid(backend=wide), limits(), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 320
+    assert plan.kernel_block_sizes[0] == 320  # 320 = 5 * 64 is itself a MultipleOf(64)
+
+
+def test_user_padded_mamba_page_counts_in_alignment_but_not_as_state():
+    """A user page_size_padded on the Mamba spec is what must fit; the real state bytes are recorded."""
+    padded = MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, page_size_padded=140000)
+    # M = 140000 -> B = 16 * cdiv(140000, 8192) = 16 * 18 = 288; page 288 * 512 = 147456;
+    # padding recorded against the real 137216 B: 147456 - 137216 = 10240.
+    plan = compile_plan(hybrid(mamba=padded), limits(), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 288
+    assert plan.block.mamba_state_bytes == 137216
+    assert plan.block.mamba_page_padding_bytes == 10240
+
+
+def test_padded_attention_page_sets_the_mamba_page():
+    """With a padded attention page the Mamba page is padded to that page, not to block_size * A1."""
+    attn = FullAttentionSpec(num_kv_heads=2, head_size=64, page_size_padded=150000)
+    # B = 272 as without padding; attention page = max(272 * 512 = 139264, 150000) = 150000.
+    plan = compile_plan(hybrid(attn=attn), limits(), Budget.kv_bytes("1GiB"))
+    assert plan.block_size == 272
+    assert plan.block.mamba_page_bytes == 150000
+    assert plan.pool_bytes_per_block == 2 * 150000
+
+
+def test_attention_only_block_size_is_first_backend_preference():
+    """Without Mamba layers the block size is the first attention backend's preferred size."""
+    # flashinfer supports 16 -> 16; a MultipleOf(64) backend does not -> its smallest, 64; flashmla only 64.
+    wide = Backend(name="wide", supported_kernel_block_sizes=(MultipleOf(64),),
+                   cudagraph_support=CudaGraphSupport.ALWAYS, kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    mla = MLASpec(kv_lora_rank=512, rope_dim=64)
+    assert choose_block_size(ModelKV.from_specs("a", [(ATTN, "flashinfer")]), Limits()).block_size == 16
+    assert choose_block_size(ModelKV.from_specs("b", [(ATTN, wide)]), Limits()).block_size == 64
+    assert choose_block_size(ModelKV.from_specs("c", [(mla, "flashmla")]), Limits()).block_size == 64
+
+
+def test_mamba_only_pages_are_padded_to_the_largest_state():
+    """Without attention every Mamba page is padded to the largest state and the block size stays 16."""
+    small = MambaSpec(shapes=((3, 512), (4, 64, 64)), dtypes=("bfloat16", "float32"))
+    # small: 3 * 512 * 2 + 4 * 64 * 64 * 4 = 3072 + 65536 = 68608 B, padded to MAMBA's 137216 B.
+    model = ModelKV.from_specs("ssm", [(MAMBA, "mamba"), (small, "gdn")], max_position_embeddings=4096)
+    plan = compile_plan(model, Limits(max_num_seqs=4, max_num_batched_tokens=64), Budget.kv_bytes(10 * 137216))
+    assert plan.block_size == 16
+    assert plan.block.mamba_page_bytes == 137216
+    assert plan.block.mamba_page_padding_bytes == 0
+    assert [layer.spec.page_size_bytes() for layer in plan.layers] == [137216, 137216]
+    assert plan.layers[1].spec.real_page_size_bytes() == 68608
+
+
+def test_mamba_only_user_mamba_block_size_becomes_the_page():
+    """Without attention a page is one Mamba block: mamba_block_size=64 in 'all' mode sets block_size 64."""
+    model = ModelKV.from_specs("ssm", [(MAMBA, "mamba")], max_position_embeddings=4096)
+    plan = compile_plan(model, Limits(mamba_cache_mode="all", mamba_block_size=64, max_num_seqs=4,
+                                      max_num_batched_tokens=64), Budget.kv_bytes(200 * 137216))
+    # 'all': cdiv(4096, 64) = 64 state pages per request (not cdiv(4096, 16) = 256); 199 usable fit it.
+    assert (plan.block_size, plan.block.mamba_block_size) == (64, 64)
+    assert plan.max_model_len == 4096
+    assert plan.capacity.pages_per_request == 64
+
+
+def test_mamba_only_align_mode_defaults_mamba_block_size_to_block_size():
+    """Without attention and without a user value, 'align' uses mamba_block_size == block_size == 16."""
+    model = ModelKV.from_specs("ssm", [(MAMBA, "mamba")], max_position_embeddings=4096)
+    plan = compile_plan(model, Limits(mamba_cache_mode="align", max_num_seqs=4, max_num_batched_tokens=64),
+                        Budget.kv_bytes(10 * 137216))
+    assert (plan.block_size, plan.block.mamba_block_size) == (16, 16)
+
+
+def test_align_mode_counts_two_live_state_pages_per_sequence():
+    """Mode 'align' holds 2 state pages per sequence per Mamba group, so 17 sequences (102 pages) exceed 99."""
+    # 17 x 3 groups x 2 = 102 > 99 usable pages -> at most 99 // 6 = 16 sequences.
+    with pytest.raises(CapacityError, match=r"max_num_seqs=17.*102 pages.*99 usable.*<= 16"):
+        compile_plan(hybrid(), limits(mamba_cache_mode="align", max_num_seqs=17), Budget.kv_bytes(100 * 278528))

@@ -1,0 +1,129 @@
+"""Step 6: CUDA-graph support, the resolved capture mode and the capture sizes."""
+
+import pytest
+
+from graphkv import (Backend, Budget, CacheOrder, CaptureError, CudaGraphMode, CudaGraphSupport, FullAttentionSpec,
+                     KVLayout, Limits, MambaSpec, ModelKV, Plan, SlidingWindowSpec, compile_plan)
+from graphkv.plan.cudagraph import capture_ladder
+
+FULL = FullAttentionSpec(num_kv_heads=8, head_size=128)
+SLIDING = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=512)
+LADDER_2048 = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), 1024, 2048)
+
+
+def fa_plus_flashinfer(**limits) -> Plan:
+    """Group 0 full attention on flash_attn (ALWAYS), group 1 sliding on flashinfer (single-token decode)."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (SLIDING, "flashinfer")])
+    limits.setdefault("max_model_len", 4096)
+    return compile_plan(model, Limits(**limits), Budget.kv_bytes("1GiB"))
+
+
+def test_capture_ladder():
+    """The ladder is 1, 2, 4, every 8 to 256, every 16 to 512, powers of two, ending at the maximum."""
+    assert capture_ladder(1) == (1,)
+    assert capture_ladder(3) == (1, 2, 3)
+    assert capture_ladder(20) == (1, 2, 4, 8, 16, 20)
+    assert capture_ladder(2048) == LADDER_2048
+    assert capture_ladder(5000)[-4:] == (1024, 2048, 4096, 5000)
+
+
+def test_support_is_the_minimum_and_names_the_backend():
+    """flash_attn (ALWAYS) + flashinfer (UNIFORM_SINGLE_TOKEN_DECODE): support is the latter, from flashinfer."""
+    cg = fa_plus_flashinfer().cudagraph
+    assert cg.support is CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert cg.limited_by == "group 1 (flashinfer)"
+    assert cg.mode is CudaGraphMode.FULL_AND_PIECEWISE  # the default request; decode graphs are possible
+    assert cg.downgrades == ()
+
+
+def test_full_on_non_always_downgrades_with_a_note():
+    """FULL requested with a non-ALWAYS backend becomes FULL_AND_PIECEWISE and says why."""
+    cg = fa_plus_flashinfer(cudagraph_mode="FULL").cudagraph
+    assert cg.requested_mode is CudaGraphMode.FULL
+    assert cg.mode is CudaGraphMode.FULL_AND_PIECEWISE
+    assert len(cg.downgrades) == 1
+    assert cg.downgrades[0].startswith("FULL -> FULL_AND_PIECEWISE")
+    assert "group 1 (flashinfer) supports UNIFORM_SINGLE_TOKEN_DECODE" in cg.downgrades[0]
+
+
+def test_full_on_always_backends_is_kept():
+    """FULL on ALWAYS backends only stays FULL and captures both decode and mixed sizes."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (SLIDING, "triton_paged")])
+    plan = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=20, max_num_batched_tokens=2048,
+                                      cudagraph_mode="FULL"), Budget.kv_bytes("1GiB"))
+    cg = plan.cudagraph
+    assert cg.support is CudaGraphSupport.ALWAYS
+    assert cg.mode is CudaGraphMode.FULL
+    assert cg.capture_sizes.decode == (1, 2, 4, 8, 16, 20)
+    assert cg.capture_sizes.mixed == LADDER_2048
+
+
+def test_speculative_tokens_with_single_token_decode_backend_fall_back_to_piecewise():
+    """num_speculative_tokens=2 needs UNIFORM_BATCH: with flashinfer the mode becomes PIECEWISE."""
+    cg = fa_plus_flashinfer(num_speculative_tokens=2, max_num_batched_tokens=2048).cudagraph
+    assert cg.mode is CudaGraphMode.PIECEWISE
+    assert cg.downgrades[0].startswith("FULL_AND_PIECEWISE -> PIECEWISE")
+    assert "speculative decoding: queries of 1 + 2 tokens" in cg.downgrades[0]
+    assert cg.capture_sizes.decode == ()
+    assert cg.capture_sizes.mixed == LADDER_2048
+
+
+def test_full_decode_only_impossible_is_a_capture_error():
+    """FULL_DECODE_ONLY with speculative tokens on flashinfer raises CaptureError naming cudagraph_mode."""
+    with pytest.raises(CaptureError, match="full decode graphs need UNIFORM_BATCH") as info:
+        fa_plus_flashinfer(num_speculative_tokens=1, cudagraph_mode="FULL_DECODE_ONLY")
+    assert info.value.field == "cudagraph_mode"
+    assert info.value.value == "FULL_DECODE_ONLY"
+
+
+def test_full_decode_only_with_a_never_backend_is_a_capture_error():
+    """A backend that never captures makes FULL_DECODE_ONLY impossible even without speculation."""
+    never = Backend(name="eager_only", supported_kernel_block_sizes=(16,), cudagraph_support=CudaGraphSupport.NEVER,
+                    kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    model = ModelKV.from_specs("m", [(FULL, never)])
+    with pytest.raises(CaptureError, match=r"group 0 \(eager_only\) supports NEVER"):
+        compile_plan(model, Limits(max_model_len=1024, cudagraph_mode="FULL_DECODE_ONLY"), Budget.kv_bytes("1GiB"))
+    # PIECEWISE does not capture attention, so it stays possible.
+    plan = compile_plan(model, Limits(max_model_len=1024, cudagraph_mode="PIECEWISE"), Budget.kv_bytes("1GiB"))
+    assert plan.cudagraph.mode is CudaGraphMode.PIECEWISE
+
+
+def test_decode_sizes_are_multiples_of_one_plus_k_and_include_the_maximum():
+    """With k=2 and a UNIFORM_BATCH Mamba group, decode sizes are 3 x ladder(20), ending at 20 * 3 = 60."""
+    attn = FullAttentionSpec(num_kv_heads=2, head_size=64)
+    mamba = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=("bfloat16", "float32"))
+    model = ModelKV.from_specs("h", [(attn, "flash_attn"), (mamba, "mamba")])
+    plan = compile_plan(model, Limits(max_model_len=2720, max_num_seqs=20, max_num_batched_tokens=512,
+                                      num_speculative_tokens=2), Budget.kv_bytes("1GiB"))
+    cg = plan.cudagraph
+    assert cg.support is CudaGraphSupport.UNIFORM_BATCH
+    assert cg.limited_by == "group 1 (mamba)"
+    assert cg.mode is CudaGraphMode.FULL_AND_PIECEWISE
+    # min(20, 512 // 3 = 170) = 20 requests; ladder(20) = 1, 2, 4, 8, 16, 20.
+    assert cg.capture_sizes.decode == (3, 6, 12, 24, 48, 60)
+    assert cg.capture_sizes.mixed[-1] == 512
+
+
+def test_decode_sizes_stop_where_the_token_budget_is_full():
+    """100 sequences x 3 tokens exceed 150 tokens per step: decode graphs stop at 50 requests (150 tokens)."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    plan = compile_plan(model, Limits(max_model_len=1024, max_num_seqs=100, max_num_batched_tokens=150,
+                                      num_speculative_tokens=2), Budget.kv_bytes("1GiB"))
+    cg = plan.cudagraph
+    assert cg.capture_sizes.decode[-1] == 150
+    assert all(size % 3 == 0 for size in cg.capture_sizes.decode)
+    assert "decode graphs stop at 50 requests" in cg.downgrades[0]
+    assert cg.capture_sizes.mixed[-1] == 150
+
+
+def test_mode_none_and_piecewise_capture_sizes():
+    """NONE captures nothing; PIECEWISE only mixed sizes; FULL_DECODE_ONLY only decode sizes."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+
+    def sizes(mode):
+        limits = Limits(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=64, cudagraph_mode=mode)
+        return compile_plan(model, limits, Budget.kv_bytes("1GiB")).cudagraph.capture_sizes
+
+    assert (sizes("NONE").decode, sizes("NONE").mixed) == ((), ())
+    assert (sizes("PIECEWISE").decode, sizes("PIECEWISE").mixed) == ((), (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64))
+    assert (sizes("FULL_DECODE_ONLY").decode, sizes("FULL_DECODE_ONLY").mixed) == ((1, 2, 4, 8), ())

@@ -1,0 +1,16 @@
+"""The examples in the planning and spec docstrings run and print what they claim."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["graphkv.plan.compile", "graphkv.plan.kernel_blocks", "graphkv.spec.layers", "graphkv.spec.backends"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    """Every docstring example of the module passes."""
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0
+    assert result.failed == 0

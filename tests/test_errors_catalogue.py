@@ -1,0 +1,293 @@
+"""Every user-facing error names the field, the value it got, the limit and a fix.
+
+Each case is an invalid input across descriptors, limits, budget, compile and (when present)
+the Hugging Face import and presets. The case builds the input inside ``pytest.raises`` with the
+expected GraphkvError subclass, so any other exception (AssertionError, KeyError,
+ZeroDivisionError, TypeError, AttributeError…) escaping fails the test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import attrs
+import pytest
+
+from graphkv import (Backend, Budget, CacheOrder, CapacityError, CaptureError, ChunkedLocalSpec, CudaGraphSupport,
+                     FullAttentionSpec, GraphkvError, KVLayout, LayerDecl, Limits, MambaSpec, MLASpec, ModelKV,
+                     MultipleOf, PlanError, SlidingWindowSpec, SpecError, compile_plan, get_backend)
+from graphkv.spec.budget import GPU, get_gpu, parse_bytes
+from graphkv.spec.dtypes import parse_dtype
+
+FULL = FullAttentionSpec(num_kv_heads=8, head_size=128)
+SMALL_ATTN = FullAttentionSpec(num_kv_heads=2, head_size=64)  # A1 = 512 B/token
+MAMBA = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=("bfloat16", "float32"))  # 137216 B -> block 272
+LAYOUT = KVLayout(order=CacheOrder.BLOCKS_FIRST)
+GIB = Budget.kv_bytes("1GiB")
+
+
+def custom(name: str, *sizes, support=CudaGraphSupport.ALWAYS) -> Backend:
+    """A custom attention backend."""
+    return Backend(name=name, supported_kernel_block_sizes=sizes, cudagraph_support=support, kv_layout=LAYOUT)
+
+
+def two_full() -> ModelKV:
+    """Two full-attention layers (131072 B per page index at block 16)."""
+    return ModelKV.from_specs("two-full", [(FULL, "flash_attn")] * 2)
+
+
+def hybrid(**kwargs) -> ModelKV:
+    """1 attention + 3 Mamba layers: block 272, 3 Mamba groups."""
+    return ModelKV.from_specs("h", [(SMALL_ATTN, "flash_attn")] + [(MAMBA, "mamba")] * 3, **kwargs)
+
+
+@attrs.frozen
+class Case:
+    """One invalid input: how to build it, the error class, and what the message must name."""
+
+    id: str
+    build: Callable[[], Any]
+    error: type[GraphkvError]
+    field: str  # the parameter the message names
+    value: Any  # str(value) must appear in the message
+    fix: str  # a piece of the fix hint
+
+
+CASES = [
+    # --- layer specs
+    Case("negative-heads", lambda: FullAttentionSpec(num_kv_heads=-1, head_size=128), SpecError,
+         "num_kv_heads", -1, "set num_kv_heads to a positive integer"),
+    Case("zero-head-size", lambda: FullAttentionSpec(num_kv_heads=8, head_size=0), SpecError,
+         "head_size", 0, "set head_size to a positive integer"),
+    Case("string-heads", lambda: FullAttentionSpec(num_kv_heads="8", head_size=128), SpecError,
+         "num_kv_heads", "8", "positive integer"),
+    Case("unknown-dtype", lambda: FullAttentionSpec(num_kv_heads=8, head_size=128, dtype="fp7"), SpecError,
+         "dtype", "fp7", "use e.g. 'bfloat16'"),
+    Case("window-0", lambda: SlidingWindowSpec(num_kv_heads=8, head_size=128, window=0), SpecError,
+         "window", 0, "set window to a positive integer"),
+    Case("chunk-0", lambda: ChunkedLocalSpec(num_kv_heads=8, head_size=128, chunk=0), SpecError,
+         "chunk", 0, "set chunk to a positive integer"),
+    Case("mla-rank-0", lambda: MLASpec(kv_lora_rank=0, rope_dim=64), SpecError,
+         "kv_lora_rank", 0, "set kv_lora_rank to a positive integer"),
+    Case("mamba-empty-shapes", lambda: MambaSpec(shapes=(), dtypes=()), SpecError,
+         "shapes", (), "pass e.g. shapes="),
+    Case("mamba-zero-dim", lambda: MambaSpec(shapes=((3, 0),), dtypes=("bfloat16",)), SpecError,
+         "shapes[0]", (3, 0), "positive config sizes"),
+    Case("mamba-dtype-count", lambda: MambaSpec(shapes=((3, 64), (4, 16, 16)), dtypes=("bfloat16",)), SpecError,
+         "dtypes", ("bfloat16",), "pass as many dtypes as shapes"),
+    Case("mamba-unknown-dtype", lambda: MambaSpec(shapes=((4, 16, 16),), dtypes=("int3",)), SpecError,
+         "dtypes[0]", "int3", "use e.g. 'bfloat16'"),
+    Case("mamba-padded-below-state",
+         lambda: MambaSpec(shapes=((4, 16, 16),), dtypes=("float32",), page_size_padded=100),
+         SpecError, "page_size_padded", 100, "must be >= the real state size 4096 bytes"),
+    Case("mamba-chunk-0", lambda: MambaSpec(shapes=((4, 16, 16),), dtypes=("float32",), chunk_size=0), SpecError,
+         "chunk_size", 0, "set chunk_size to a positive integer"),
+    Case("parse-dtype", lambda: parse_dtype("complex32", field="kv_cache_dtype"), SpecError,
+         "kv_cache_dtype", "complex32", "pass a supported dtype name"),
+    # --- backends
+    Case("multiple-of-0", lambda: MultipleOf(0), SpecError, "MultipleOf.n", 0, "set n to a positive integer"),
+    Case("backend-no-sizes", lambda: custom("empty"), SpecError,
+         "supported_kernel_block_sizes", (), "give exact ints and/or MultipleOf(n)"),
+    Case("backend-negative-size", lambda: custom("neg", -16), SpecError,
+         "supported_kernel_block_sizes", -16, "remove or fix that entry"),
+    Case("backend-support-not-enum", lambda: custom("int", 16, support=3), SpecError,
+         "cudagraph_support", 3, "CudaGraphSupport.ALWAYS"),
+    Case("kv-layout-order-not-enum", lambda: KVLayout(order="kv_first"), SpecError,
+         "KVLayout.order", "kv_first", "order=CacheOrder.BLOCKS_FIRST"),
+    Case("unknown-backend", lambda: LayerDecl(index=0, name="l0", spec=FULL, backend="flash_attn4"), SpecError,
+         "backend", "flash_attn4", "pick a built-in backend name"),
+    Case("get-backend", lambda: get_backend("nope"), SpecError, "backend", "nope", "pass a Backend descriptor"),
+    Case("kernel-sizes-cannot-divide",
+         lambda: compile_plan(ModelKV.from_specs("m", [(FULL, custom("fixed64", 64)),
+                                                       (FULL, custom("m16", MultipleOf(16)))]),
+                              Limits(block_size=48, max_model_len=480), GIB),
+         PlanError, "block_size", 48, "choose a block_size that is a multiple of a size every backend supports"),
+    # --- model declaration
+    Case("ssm-layer-attention-backend", lambda: ModelKV.from_specs("m", [(MAMBA, "flash_attn")]), SpecError,
+         "layers[0].backend", "flash_attn", "pick a backend that matches the layer kind"),
+    Case("attention-layer-state-backend", lambda: ModelKV.from_specs("m", [(FULL, "mamba")]), SpecError,
+         "layers[0].backend", "mamba", "pick a backend that matches the layer kind"),
+    Case("mla-layer-non-mla-backend",
+         lambda: ModelKV.from_specs("m", [(MLASpec(kv_lora_rank=512, rope_dim=64), "flash_attn")]),
+         SpecError, "layers[0].backend", "flash_attn", "use 'flashmla' / 'triton_mla'"),
+    Case("duplicate-layer-names",
+         lambda: ModelKV(name="m", layers=[LayerDecl(index=0, name="attn", spec=FULL, backend="flash_attn"),
+                                           LayerDecl(index=1, name="attn", spec=FULL, backend="flash_attn")]),
+         SpecError, "layers", ["attn"], "give every layer its own name"),
+    Case("duplicate-layer-indices",
+         lambda: ModelKV(name="m", layers=[LayerDecl(index=3, name="a", spec=FULL, backend="flash_attn"),
+                                           LayerDecl(index=3, name="b", spec=FULL, backend="flash_attn")]),
+         SpecError, "layers", [3], "give every layer its own index"),
+    Case("no-layers", lambda: ModelKV(name="m", layers=()), SpecError, "layers", (), "add LayerDecl entries"),
+    Case("layer-spec-not-a-spec", lambda: ModelKV(name="m", layers=[LayerDecl(index=0, name="a", spec="full",
+                                                                            backend="flash_attn")]),
+         SpecError, "layers[0].spec", "full", "FullAttentionSpec(...)"),
+    Case("layer-name-not-a-string",
+         lambda: ModelKV(name="m", layers=[LayerDecl(index=0, name=None, spec=FULL, backend="flash_attn")]),
+         SpecError, "layers[0].name", None, "name each layer"),
+    Case("negative-layer-index",
+         lambda: ModelKV(name="m", layers=[LayerDecl(index=-1, name="a", spec=FULL, backend="flash_attn")]),
+         SpecError, "layers[0].index", -1, "give each layer its position in the model"),
+    Case("unknown-layer-name", lambda: two_full().layer("layers.9"), SpecError, "layer", "layers.9", "use one of"),
+    # --- limits
+    Case("max-model-len-0", lambda: Limits(max_model_len=0), SpecError,
+         "max_model_len", 0, "set max_model_len to a positive integer"),
+    Case("override-0", lambda: Limits(num_blocks_override=0), SpecError,
+         "num_blocks_override", 0, "set num_blocks_override to a positive integer"),
+    Case("override-1", lambda: Limits(num_blocks_override=1), SpecError,
+         "num_blocks_override", 1, "raise num_blocks_override to at least 2"),
+    Case("tokens-below-seqs", lambda: Limits(max_num_seqs=64, max_num_batched_tokens=32), SpecError,
+         "max_num_batched_tokens", 32, "raise max_num_batched_tokens to >= 64"),
+    Case("tokens-below-speculative-step",
+         lambda: Limits(max_num_seqs=1, max_num_batched_tokens=2, num_speculative_tokens=3),
+         SpecError, "max_num_batched_tokens", 2, "raise max_num_batched_tokens to >= 4"),
+    Case("negative-speculative", lambda: Limits(num_speculative_tokens=-1), SpecError,
+         "num_speculative_tokens", -1, "set num_speculative_tokens to 0 or a positive integer"),
+    Case("unknown-mamba-mode", lambda: Limits(mamba_cache_mode="sometimes"), SpecError,
+         "mamba_cache_mode", "sometimes", "pick one of none / align / all"),
+    Case("unknown-cudagraph-mode", lambda: Limits(cudagraph_mode="MOSTLY"), SpecError,
+         "cudagraph_mode", "MOSTLY", "pick a CudaGraphMode"),
+    # --- budget
+    Case("utilization-0", lambda: Budget.for_gpu("H100", utilization=0), SpecError,
+         "utilization", 0, "use a fraction such as 0.9"),
+    Case("utilization-1.5", lambda: Budget.for_gpu("H100", utilization=1.5), SpecError,
+         "utilization", 1.5, "use a fraction such as 0.9"),
+    Case("budget-both-kinds", lambda: Budget(kv_cache_bytes=1 << 30, gpu=get_gpu("H100")), SpecError,
+         "kv_cache_bytes", 1 << 30, "use Budget.kv_bytes(n) or Budget.for_gpu"),
+    Case("budget-neither-kind", lambda: Budget(), SpecError,
+         "kv_cache_bytes", None, "use Budget.kv_bytes(n) or Budget.for_gpu"),
+    Case("weights-bigger-than-gpu", lambda: Budget.for_gpu("H100", weights_bytes=100 << 30), SpecError,
+         "weights_bytes", 100 << 30, "raise utilization, use more tensor parallelism or a larger GPU"),
+    Case("unknown-gpu", lambda: Budget.for_gpu("H900"), SpecError, "gpu", "H900", "pick a known GPU"),
+    Case("unknown-gpu-name-in-budget", lambda: Budget(gpu="B300"), SpecError, "gpu", "B300", "pick a known GPU name"),
+    Case("gpu-memory-not-int", lambda: Budget.for_gpu(GPU(name="X1", total_memory_bytes="80GB")), SpecError,
+         "total_memory_bytes", "80GB", "set total_memory_bytes to a positive integer"),
+    Case("bad-byte-string", lambda: Budget.kv_bytes("40 gigs"), SpecError,
+         "kv_cache_bytes", "40 gigs", "write a number followed by B, KiB, MiB, GiB"),
+    Case("negative-bytes", lambda: parse_bytes("-5GiB", field="kv_memory"), SpecError,
+         "kv_memory", "-5GiB", "write a number followed by"),
+    Case("zero-kv-bytes", lambda: Budget.kv_bytes(0), SpecError,
+         "kv_cache_bytes", 0, "set kv_cache_bytes to a positive integer"),
+    # --- compile
+    Case("max-model-len-larger-than-pool",
+         lambda: compile_plan(two_full(), Limits(max_model_len=16384, num_blocks_override=32),
+                              Budget.kv_bytes("80GiB")),
+         CapacityError, "max_model_len", 16384,
+         "lower max_model_len to <= 496, or raise num_blocks_override to >= 1025"),
+    Case("max-model-len-above-position-cap",
+         lambda: compile_plan(hybrid(max_position_embeddings=4096), Limits(max_model_len=5000, max_num_seqs=8), GIB),
+         SpecError, "max_model_len", 5000, "lower max_model_len to <= 4096 or use 'auto'"),
+    Case("max-num-seqs-above-mamba-pages",
+         lambda: compile_plan(hybrid(), Limits(max_model_len=272, max_num_seqs=34, max_num_batched_tokens=2048,
+                                              num_blocks_override=100)),
+         CapacityError, "max_num_seqs", 34, "lower max_num_seqs to <= 33"),
+    Case("tp-mismatch", lambda: compile_plan(hybrid(), Limits(tensor_parallel_size=2, max_num_seqs=8), GIB), SpecError,
+         "tensor_parallel_size", 2, "rebuild the model with from_hf_config(..., tp=2)"),
+    Case("mamba-block-size-all-conflict",
+         lambda: compile_plan(hybrid(), Limits(mamba_cache_mode="all", mamba_block_size=128, max_num_seqs=8), GIB),
+         PlanError, "mamba_block_size", 128, "set mamba_block_size=384 or leave it unset"),
+    Case("mamba-block-size-align-conflict",
+         lambda: compile_plan(hybrid(), Limits(mamba_cache_mode="align", mamba_block_size=100, max_num_seqs=8), GIB),
+         PlanError, "mamba_block_size", 100, "set mamba_block_size=272 or leave it unset"),
+    Case("mamba-block-size-none-mode",
+         lambda: compile_plan(hybrid(), Limits(mamba_block_size=64, max_num_seqs=8), GIB),
+         PlanError, "mamba_block_size", 64, "leave mamba_block_size unset"),
+    Case("mamba-block-size-without-mamba",
+         lambda: compile_plan(two_full(), Limits(mamba_block_size=64), GIB),
+         PlanError, "mamba_block_size", 64, "leave mamba_block_size unset"),
+    Case("mamba-only-block-sizes-disagree",
+         lambda: compile_plan(ModelKV.from_specs("ssm", [(MAMBA, "mamba")]),
+                              Limits(mamba_cache_mode="all", block_size=32, mamba_block_size=64, max_num_seqs=8), GIB),
+         PlanError, "mamba_block_size", 64, "set mamba_block_size=32"),
+    Case("full-decode-only-impossible",
+         lambda: compile_plan(ModelKV.from_specs("m", [(FULL, "flashinfer")]),
+                              Limits(max_model_len=1024, num_speculative_tokens=1,
+                                     cudagraph_mode="FULL_DECODE_ONLY"), GIB),
+         CaptureError, "cudagraph_mode", "FULL_DECODE_ONLY", "use cudagraph_mode='PIECEWISE' or 'NONE'"),
+    Case("no-budget-no-override", lambda: compile_plan(two_full(), Limits()), CapacityError,
+         "budget", None, "pass Budget.kv_bytes(...)"),
+    Case("budget-below-two-pages", lambda: compile_plan(two_full(), Limits(), Budget.kv_bytes(1024)), CapacityError,
+         "budget", "1.00 KiB", "raise the KV budget to >= 256.00 KiB"),
+    Case("override-above-budget",
+         lambda: compile_plan(two_full(), Limits(num_blocks_override=9), Budget.kv_bytes("1MiB")),
+         CapacityError, "num_blocks_override", 9, "lower num_blocks_override to <= 8"),
+    Case("auto-unbounded",
+         lambda: compile_plan(ModelKV.from_specs("s", [(SlidingWindowSpec(num_kv_heads=8, head_size=128, window=64),
+                                                        "flash_attn")]), Limits(), GIB),
+         CapacityError, "max_model_len", "auto", "set max_model_len explicitly or declare max_position_embeddings"),
+    Case("auto-nothing-fits",
+         lambda: compile_plan(hybrid(), Limits(max_num_seqs=1, max_num_batched_tokens=16, num_blocks_override=3)),
+         CapacityError, "max_model_len", "auto", "raise the KV budget / num_blocks_override to >= 5 pages"),
+    Case("page-does-not-divide",
+         lambda: compile_plan(ModelKV.from_specs("m", [(FULL, "flash_attn"),
+                                                       (SlidingWindowSpec(num_kv_heads=3, head_size=128, window=64),
+                                                        "flash_attn")]), Limits(max_model_len=1024), GIB),
+         PlanError, "layers", "layers.1", "pad the smaller page (page_size_padded)"),
+    Case("limits-not-limits", lambda: compile_plan(two_full(), {"max_model_len": 10}, GIB), SpecError,
+         "limits", "dict", "pass graphkv.Limits(...)"),
+    Case("model-not-model", lambda: compile_plan("llama", Limits(), GIB), SpecError,
+         "model", "str", "ModelKV.from_specs"),
+]
+
+if importlib.util.find_spec("graphkv.spec.hf_config") is not None and importlib.util.find_spec("graphkv.presets"):
+    from graphkv.presets import load_preset_config, preset_model
+    from graphkv.spec.hf_config import model_from_hf_config
+
+    def _without(name: str, key: str) -> dict:
+        config = load_preset_config(name)
+        del config[key]
+        return config
+
+    def _with(name: str, **fields: Any) -> dict:
+        config = load_preset_config(name)
+        config.update(fields)
+        return config
+
+    CASES += [
+        Case("hf-config-not-a-dict", lambda: model_from_hf_config([1, 2]), SpecError,
+             "config", "list", "pass json.load(open('config.json'))"),
+        Case("hf-unknown-architecture",
+             lambda: model_from_hf_config(_with("llama-3.1-8b", architectures=["FooForCausalLM"], model_type="foo")),
+             SpecError, "config.architectures", "FooForCausalLM", "use a config of a supported model"),
+        Case("hf-missing-num-hidden-layers",
+             lambda: model_from_hf_config(_without("llama-3.1-8b", "num_hidden_layers")),
+             SpecError, "num_hidden_layers", "<missing>", "add num_hidden_layers"),
+        Case("hf-bad-pattern-letter",
+             lambda: model_from_hf_config(_with("nemotron-h-8b", hybrid_override_pattern="M-X*M-")),
+             SpecError, "hybrid_override_pattern", "M-X*M-", "use only M*-E in hybrid_override_pattern"),
+        Case("unknown-preset", lambda: preset_model("llama-9"), SpecError,
+             "preset", "llama-9", "pick a listed preset"),
+    ]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_error_names_field_value_and_fix(case: Case):
+    """The input raises the expected GraphkvError subclass whose message names field, value and fix."""
+    with pytest.raises(case.error) as info:
+        case.build()
+    error = info.value
+    message = str(error)
+    assert isinstance(error, GraphkvError)
+    if isinstance(error, SpecError):
+        assert isinstance(error, ValueError)
+    assert case.field in message
+    assert str(case.value) in message
+    assert case.fix in message
+    problem = next(p for p in error.problems if case.field in p.field)
+    assert problem.limit and problem.fix
+    assert problem.fix in message
+
+
+def test_catalogue_is_large_enough():
+    """The catalogue covers at least 30 distinct invalid inputs."""
+    assert len({c.id for c in CASES}) == len(CASES) >= 30
+
+
+def test_spec_problems_are_reported_together():
+    """A descriptor with three bad fields raises one SpecError listing all three."""
+    with pytest.raises(SpecError) as info:
+        FullAttentionSpec(num_kv_heads=0, head_size=-1, dtype="fp7")
+    assert [p.field for p in info.value.problems] == [
+        "FullAttentionSpec.num_kv_heads", "FullAttentionSpec.head_size", "FullAttentionSpec.dtype"]
+    assert str(info.value).startswith("3 problems:")
