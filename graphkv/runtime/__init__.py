@@ -1,1 +1,27 @@
-"""The runtime: allocate a Plan once, fill persistent buffers per step."""
+"""The runtime: allocate a Plan once, fill persistent buffers per step.
+
+``allocate(plan, device)`` -> :class:`KVPool` (raw slots + per-layer views);
+``BlockTables(plan, device)`` (per-group tables, staged edits, gather, slot mapping).
+Names are imported lazily, so importing ``graphkv.runtime.capture`` does not import Triton
+(set ``TRITON_INTERPRET=1`` before the first kernel import to run kernels on CPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["PAD_SLOT_ID", "BlockTables", "KVPool", "allocate"]
+
+_LAZY = {
+    "KVPool": "graphkv.runtime.kv_pool",
+    "allocate": "graphkv.runtime.kv_pool",
+    "BlockTables": "graphkv.runtime.block_tables",
+    "PAD_SLOT_ID": "graphkv.runtime.padding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graphkv.runtime' has no attribute {name!r}")
