@@ -1,0 +1,8 @@
+"""Runtime test setup: the ``slow`` marker (``torch.compile`` tests; deselect with ``-m "not slow"``)."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: compiles with torch.compile (5-20 s each on 2 CPU cores)")
+    # Eager flex attention on CPU warns once that it materializes the score matrix; these tests
+    # use the eager path on purpose (it is the reference-checked fallback).
+    config.addinivalue_line("filterwarnings", "ignore:flex_attention called without torch.compile")
