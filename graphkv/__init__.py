@@ -15,9 +15,17 @@ compile = compile_plan  # noqa: A001 — the verb of the architecture: spec --co
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The runtime needs torch; import it only when a runtime name is asked for.
+    if name == "capture":
+        from graphkv.runtime.capture import capture
+        return capture
+    raise AttributeError(f"module 'graphkv' has no attribute {name!r}")
+
 __all__ = [
     "AUTO", "BUILTIN_BACKENDS", "Backend", "Budget", "CacheOrder", "CapacityError", "CaptureError", "ChunkedLocalSpec",
     "CudaGraphMode", "CudaGraphSupport", "DType", "FullAttentionSpec", "GraphkvError", "KVLayout", "LayerDecl",
     "LayerKind", "Limits", "MLASpec", "MambaCacheMode", "MambaSpec", "ModelKV", "MultipleOf", "Plan", "PlanError",
-    "Problem", "SlidingWindowSpec", "SpecError", "StrideOrder", "compile", "compile_plan", "get_backend",
+    "Problem", "SlidingWindowSpec", "SpecError", "StrideOrder", "capture", "compile", "compile_plan", "get_backend",
 ]
