@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from typing import Any, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 import attrs
 
 from graphkv.errors import GraphkvError, Problem, SpecError
+from graphkv.models.demo import DemoOptions
 from graphkv.plan import Plan, compile_plan
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_plan, format_table
@@ -108,6 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_dict() plus the inputs)")
     sub.add_parser("presets", help="list the bundled model presets")
+    demo = sub.add_parser("demo", help="serve a tiny hybrid model end to end on the planned pool (tokens/s)",
+                          description="Plan, allocate and serve a tiny random-weight hybrid model (gated linear "
+                                      "recurrences + flex attention in one shared pool) with continuous batching; "
+                                      "captures CUDA graphs on a GPU, runs eagerly on a CPU.")
+    d = DemoOptions()
+    demo.add_argument("--requests", type=int, default=d.requests, help="requests to serve (default: %(default)s)")
+    demo.add_argument("--new-tokens", type=int, default=d.new_tokens, help="tokens generated per request "
+                                                                           "(default: %(default)s)")
+    demo.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="default: %(default)s")
+    demo.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                      help="default: %(default)s")
+    demo.add_argument("--kv-memory", default=d.kv_memory, help="KV pool bytes (default: %(default)s)")
+    demo.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                      help="default: %(default)s (cuda when available)")
+    demo.add_argument("--no-capture", action="store_true", help="run every step eagerly, even on a GPU")
+    demo.add_argument("--seed", type=int, default=d.seed, help="weights and prompts seed (default: %(default)s)")
     return parser
 
 
@@ -222,10 +240,37 @@ def _run_presets() -> int:
     return 0
 
 
+def _run_demo(args: argparse.Namespace) -> int:
+    for flag in ("requests", "new_tokens", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) < 1:
+            raise _flag_error("--" + flag.replace("_", "-"), getattr(args, flag), "must be >= 1",
+                              "pass a positive integer")
+    if args.device != "cuda" and "TRITON_INTERPRET" not in os.environ:
+        # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
+        # Triton is first imported, which the demo does next.
+        if "triton" not in sys.modules and (args.device == "cpu" or not _cuda_available()):
+            os.environ["TRITON_INTERPRET"] = "1"
+    from graphkv.models.demo import run_demo
+
+    options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
+                          device=args.device, capture=not args.no_capture, seed=args.seed)
+    print(run_demo(options))
+    return 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``graphkv`` command; returns the exit code (0 ok, 2 usage or planning error)."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "demo":
+            return _run_demo(args)
         return _run_plan(args) if args.command == "plan" else _run_presets()
     except GraphkvError as e:
         print(f"graphkv: error: {e}", file=sys.stderr)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["PackedTables", "apply_row_writes", "gather_rows"]
+__all__ = ["PackedTables", "apply_row_writes", "check_apply_row_writes", "check_gather_rows", "gather_rows"]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -66,14 +66,20 @@ def _apply_row_writes_kernel(
         tl.store(flat_ptr + dst + (idx - begin), vals.to(tl.int32), mask=in_segment)
 
 
-def apply_row_writes(tables: PackedTables, staged: torch.Tensor, num_segments: int) -> None:
-    """Apply ``num_segments`` contiguous writes in one launch. ``staged``: ``[>= 2 * S + 1 + V]
-    int64`` on the tables' device holding ``S`` destination offsets into ``tables.flat``, ``S + 1``
-    cumulative value starts, then the ``V`` values. Capture-safe (no allocation)."""
+def check_apply_row_writes(tables: PackedTables, staged: torch.Tensor) -> None:
+    """Raise :class:`SpecError` unless ``staged`` is int64 on the tables' device (the argument
+    check of :func:`apply_row_writes`, shared by every implementation)."""
     if staged.dtype != torch.int64 or staged.device != tables.flat.device:
         raise SpecError(Problem(field="staged", value=(staged.dtype, staged.device),
                                 limit=f"must be int64 on {tables.flat.device}",
                                 fix="stage writes through BlockTables.commit()"))
+
+
+def apply_row_writes(tables: PackedTables, staged: torch.Tensor, num_segments: int) -> None:
+    """Apply ``num_segments`` contiguous writes in one launch. ``staged``: ``[>= 2 * S + 1 + V]
+    int64`` on the tables' device holding ``S`` destination offsets into ``tables.flat``, ``S + 1``
+    cumulative value starts, then the ``V`` values. Capture-safe (no allocation)."""
+    check_apply_row_writes(tables, staged)
     if num_segments == 0:
         return
     _apply_row_writes_kernel[(num_segments,)](tables.flat, staged, num_segments, TILE=256)
@@ -108,11 +114,10 @@ def _gather_rows_kernel(
         tl.store(dst_ptr + base + row * width + col, vals, mask=in_row)
 
 
-def gather_rows(src: PackedTables, dst: PackedTables, idx_mapping: torch.Tensor, num_reqs_padded: int) -> None:
-    """``dst.tables[g][i] = src.tables[g][idx_mapping[i]]`` for ``i < num_reqs`` and null page 0
-    for ``num_reqs <= i < num_reqs_padded``, all groups in one launch. ``idx_mapping``: ``[num_reqs]
-    int32`` on the tables' device. Rows past ``num_reqs_padded`` are left as they are.
-    Capture-safe (no allocation, no host sync)."""
+def check_gather_rows(src: PackedTables, dst: PackedTables, idx_mapping: torch.Tensor, num_reqs_padded: int) -> None:
+    """Raise :class:`SpecError` unless the arguments of :func:`gather_rows` fit together (``dst``
+    packed like ``src``, ``idx_mapping`` 1-D int32 on their device, ``num_reqs <= num_reqs_padded
+    <= max_num_seqs``); shared by every implementation."""
     if src.flat.shape != dst.flat.shape or src.num_groups != dst.num_groups:
         raise SpecError(Problem(field="dst", value=tuple(dst.flat.shape),
                                 limit=f"must pack like src {tuple(src.flat.shape)}",
@@ -127,6 +132,15 @@ def gather_rows(src: PackedTables, dst: PackedTables, idx_mapping: torch.Tensor,
                                 limit=f"must satisfy num_reqs={num_reqs} <= num_reqs_padded <= "
                                       f"max_num_seqs={src.num_rows}",
                                 fix="pad the batch to a captured size no larger than max_num_seqs"))
+
+
+def gather_rows(src: PackedTables, dst: PackedTables, idx_mapping: torch.Tensor, num_reqs_padded: int) -> None:
+    """``dst.tables[g][i] = src.tables[g][idx_mapping[i]]`` for ``i < num_reqs`` and null page 0
+    for ``num_reqs <= i < num_reqs_padded``, all groups in one launch. ``idx_mapping``: ``[num_reqs]
+    int32`` on the tables' device. Rows past ``num_reqs_padded`` are left as they are.
+    Capture-safe (no allocation, no host sync)."""
+    check_gather_rows(src, dst, idx_mapping, num_reqs_padded)
+    num_reqs = idx_mapping.shape[0]
     if num_reqs_padded == 0:
         return
     _gather_rows_kernel[(num_reqs_padded, src.num_groups)](src.flat, dst.flat, src.offsets, src.widths, idx_mapping,

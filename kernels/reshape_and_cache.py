@@ -8,15 +8,16 @@ are all just strides. Slots equal to ``PAD_SLOT_ID`` (negative) are skipped.
 
 from __future__ import annotations
 
+import attrs
 import torch
 import triton
 import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
-from graphkv.kernels.cache_layout import cache_strides
+from graphkv.kernels.cache_layout import CacheStrides, cache_strides
 from graphkv.spec.backends import CacheOrder, KVLayout
 
-__all__ = ["reshape_and_cache"]
+__all__ = ["KVWriteArgs", "check_reshape_and_cache", "reshape_and_cache"]
 
 
 @triton.jit
@@ -51,22 +52,22 @@ def _reshape_and_cache_kernel(
         tl.store(dst + c_stride_kv, v.to(cache_ptr.dtype.element_ty), mask=in_head)
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, *, layout: KVLayout) -> None:
-    """Write ``key`` / ``value`` ``[num_tokens, H, D]`` into ``kv_cache`` at ``slot_mapping``.
+@attrs.frozen(kw_only=True, eq=False)
+class KVWriteArgs:
+    """Checked arguments of a KV write: the cache's geometry and K/V as ``[num_tokens, H, D]``."""
 
-    ``kv_cache``: the layer's view from ``KVPool.kv_cache`` with ``layout`` its backend's declared
-    layout (blocks-first ``(N, 2, kbs, H, D)``, kv-first ``(2, N, kbs, H, D)``, or latent ``(N,
-    kbs, D)`` with ``key`` ``[num_tokens, D]`` and ``value=None``), same dtype as ``key``.
-    ``slot_mapping``: ``[>= num_tokens] int64`` (the layer's group row of the step's slot mapping);
-    negative slots are skipped, and so are slots past the cache (nothing is written out of
-    bounds). Capture-safe.
+    geometry: CacheStrides
+    key: torch.Tensor  # [num_tokens, H, D]; a latent key [num_tokens, D] gets H = 1
+    value: torch.Tensor | None  # [num_tokens, H, D]; None for a latent (MLA) cache
 
-    >>> reshape_and_cache(k, v, pool.kv_cache(name), slots[g], layout=pool.layout(name))
-    """
+
+def check_reshape_and_cache(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, *, layout: KVLayout) -> KVWriteArgs:
+    """Check the arguments of :func:`reshape_and_cache` (shared by every implementation), reporting
+    every problem at once as a :class:`SpecError`; returns them with ``key`` made 3-D."""
     latent = layout.order is CacheOrder.LATENT
     geo = cache_strides(kv_cache, layout)
-    kbs, heads, dim = geo.kernel_block_size, geo.num_heads, geo.head_size
+    heads, dim = geo.num_heads, geo.head_size
     k3 = key.unsqueeze(1) if latent and key.dim() == 2 else key
     want = (heads, dim)
     problems = []
@@ -89,10 +90,30 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor | None, kv_cache: t
                                 limit=f"must be [>= {key.shape[0]}] int64", fix="pass slot_mappings[group]"))
     if problems:
         raise SpecError(*problems)
+    return KVWriteArgs(geometry=geo, key=k3, value=value)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, *, layout: KVLayout) -> None:
+    """Write ``key`` / ``value`` ``[num_tokens, H, D]`` into ``kv_cache`` at ``slot_mapping``.
+
+    ``kv_cache``: the layer's view from ``KVPool.kv_cache`` with ``layout`` its backend's declared
+    layout (blocks-first ``(N, 2, kbs, H, D)``, kv-first ``(2, N, kbs, H, D)``, or latent ``(N,
+    kbs, D)`` with ``key`` ``[num_tokens, D]`` and ``value=None``), same dtype as ``key``.
+    ``slot_mapping``: ``[>= num_tokens] int64`` (the layer's group row of the step's slot mapping);
+    negative slots are skipped, and so are slots past the cache (nothing is written out of
+    bounds). Capture-safe.
+
+    >>> reshape_and_cache(k, v, pool.kv_cache(name), slots[g], layout=pool.layout(name))
+    """
+    args = check_reshape_and_cache(key, value, kv_cache, slot_mapping, layout=layout)
+    geo, k3 = args.geometry, args.key
+    kbs, heads, dim = geo.kernel_block_size, geo.num_heads, geo.head_size
+    latent = args.value is None
     num_tokens = k3.shape[0]
     if num_tokens == 0:
         return
-    v3 = k3 if value is None else value
+    v3 = k3 if args.value is None else args.value
     _reshape_and_cache_kernel[(num_tokens,)](
         k3, v3, kv_cache, slot_mapping, *k3.stride(), *v3.stride(), *geo.strides, geo.num_kernel_blocks * kbs,
         heads, dim,

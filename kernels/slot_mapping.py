@@ -21,7 +21,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.kernels.block_tables import PackedTables
 from graphkv.runtime.padding import PAD_SLOT_ID
 
-__all__ = ["PAD_SLOT_ID", "compute_slot_mappings"]
+__all__ = ["PAD_SLOT_ID", "check_compute_slot_mappings", "compute_slot_mappings"]
 
 
 @triton.jit
@@ -72,19 +72,11 @@ def _slot_mapping_kernel(
             tl.store(out_row + tok, slot, mask=is_token)
 
 
-def compute_slot_mappings(query_start_loc: torch.Tensor, positions: torch.Tensor, tables: PackedTables,
-                          kernel_block_sizes: torch.Tensor, state_groups: torch.Tensor, num_reqs: int,
-                          out: torch.Tensor) -> torch.Tensor:
-    """Fill ``out`` ``[num_groups, max_num_batched_tokens] int64`` with every group's slots.
-
-    ``query_start_loc``: ``[>= num_reqs + 1] int32`` (tokens of batch row ``r`` are
-    ``query_start_loc[r] .. query_start_loc[r + 1]``); ``positions``: ``[>= num_tokens] int64``;
-    ``tables``: the gathered per-step tables (row ``r`` = batch row ``r``), kernel blocks;
-    ``kernel_block_sizes`` / ``state_groups``: ``[num_groups] int32``. Tokens from
-    ``query_start_loc[num_reqs]`` to the end of ``out`` get ``PAD_SLOT_ID``; so do tokens whose
-    position is negative, missing from ``positions`` or past the table (nothing is read or
-    written out of bounds). Capture-safe. Returns ``out``.
-    """
+def check_compute_slot_mappings(query_start_loc: torch.Tensor, positions: torch.Tensor, tables: PackedTables,
+                                kernel_block_sizes: torch.Tensor, state_groups: torch.Tensor, num_reqs: int,
+                                out: torch.Tensor) -> None:
+    """Raise :class:`SpecError` unless the arguments of :func:`compute_slot_mappings` have its
+    dtypes, shapes and device (shared by every implementation)."""
     device = tables.flat.device
     num_groups = tables.num_groups
     checks = (
@@ -107,7 +99,23 @@ def compute_slot_mappings(query_start_loc: torch.Tensor, positions: torch.Tensor
     if not 0 <= num_reqs <= tables.num_rows:
         raise SpecError(Problem(field="num_reqs", value=num_reqs, limit=f"must be in [0, {tables.num_rows}]",
                                 fix="pass the number of real batch rows"))
-    grid = (num_groups, num_reqs + 1)
+
+
+def compute_slot_mappings(query_start_loc: torch.Tensor, positions: torch.Tensor, tables: PackedTables,
+                          kernel_block_sizes: torch.Tensor, state_groups: torch.Tensor, num_reqs: int,
+                          out: torch.Tensor) -> torch.Tensor:
+    """Fill ``out`` ``[num_groups, max_num_batched_tokens] int64`` with every group's slots.
+
+    ``query_start_loc``: ``[>= num_reqs + 1] int32`` (tokens of batch row ``r`` are
+    ``query_start_loc[r] .. query_start_loc[r + 1]``); ``positions``: ``[>= num_tokens] int64``;
+    ``tables``: the gathered per-step tables (row ``r`` = batch row ``r``), kernel blocks;
+    ``kernel_block_sizes`` / ``state_groups``: ``[num_groups] int32``. Tokens from
+    ``query_start_loc[num_reqs]`` to the end of ``out`` get ``PAD_SLOT_ID``; so do tokens whose
+    position is negative, missing from ``positions`` or past the table (nothing is read or
+    written out of bounds). Capture-safe. Returns ``out``.
+    """
+    check_compute_slot_mappings(query_start_loc, positions, tables, kernel_block_sizes, state_groups, num_reqs, out)
+    grid = (tables.num_groups, num_reqs + 1)
     _slot_mapping_kernel[grid](tables.flat, tables.offsets, tables.widths, kernel_block_sizes, state_groups,
                                query_start_loc, positions, out, out.stride(0), num_reqs, positions.shape[0],
                                out.shape[1],

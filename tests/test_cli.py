@@ -164,3 +164,22 @@ def test_module_entry_point_prints_json() -> None:
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["block_size"] > 0
+
+
+def test_demo_serves_requests_and_says_why_graphs_are_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv demo` prints the plan report, then a run where every request finishes."""
+    import torch
+
+    assert main(["demo", "--requests", "3", "--new-tokens", "2", "--max-num-seqs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graphkv plan: tiny-hybrid")
+    assert "requests        3 finished in" in out
+    assert "tokens/s" in out
+    if not torch.cuda.is_available():
+        assert "CUDA graphs unavailable: torch.cuda.is_available() is False" in out
+
+
+def test_demo_rejects_a_non_positive_request_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--requests", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphkv: error: --requests") and "must be >= 1" in err

@@ -2,8 +2,10 @@
 
 ``allocate(plan, device)`` -> :class:`KVPool` (raw slots + per-layer views);
 ``BlockTables(plan, device)`` (per-group tables, staged edits, gather, slot mapping).
-Names are imported lazily, so importing ``graphkv.runtime.capture`` does not import Triton
-(set ``TRITON_INTERPRET=1`` before the first kernel import to run kernels on CPU).
+Names are imported lazily, so importing ``graphkv.runtime.capture`` does not import Triton.
+On a CPU the runtime kernels run as torch code (:mod:`graphkv.runtime.torch_kernels`, chosen by
+``kernels="auto"``); to run the Triton kernels there, in Triton's interpreter, set
+``TRITON_INTERPRET=1`` before the first kernel import and pass ``kernels="triton"``.
 """
 
 from __future__ import annotations

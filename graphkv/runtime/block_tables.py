@@ -6,6 +6,8 @@ host (:meth:`BlockTables.append`, :meth:`~BlockTables.overwrite`, :meth:`~BlockT
 :meth:`~BlockTables.move`); the changed column ranges are remembered and :meth:`commit` copies
 them to the device with ONE kernel launch. Per step, :meth:`gather` packs the step's rows into
 persistent input tables and :meth:`compute_slot_mappings` fills the persistent slot mapping.
+The kernels are the Triton ones on CUDA devices and the torch ones elsewhere (``kernels="auto"``,
+see :mod:`graphkv.runtime.kernel_choice`); both fill the same buffers the same way.
 
 Invariant: entries past a row's pages are 0 (the null page), on host and device alike.
 
@@ -29,6 +31,8 @@ from graphkv.errors import CapacityError, Problem, SpecError
 from graphkv.kernels.block_tables import PackedTables, apply_row_writes, gather_rows
 from graphkv.kernels.slot_mapping import compute_slot_mappings
 from graphkv.plan.plan import Plan
+from graphkv.runtime import torch_kernels
+from graphkv.runtime.kernel_choice import resolve_kernels
 from graphkv.runtime.page_expansion import PageIds, write_expanded
 
 __all__ = ["BlockTables"]
@@ -43,11 +47,15 @@ class BlockTables:
     ``input_tables[g]`` ``[max_num_seqs, width_g] int32``, ``slot_mappings`` ``[num_groups,
     max_num_batched_tokens] int64``. Host state: ``num_pages_np`` ``[num_groups, max_num_seqs]
     int32`` pages held per row, ``tables_np[g]`` the host mirror.
+
+    ``kernels``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton on CUDA devices, torch on any
+    other; Triton on a CPU runs in its interpreter, which is only a correctness checker).
     """
 
-    def __init__(self, plan: Plan, device: "str | torch.device" = "cpu") -> None:
+    def __init__(self, plan: Plan, device: "str | torch.device" = "cpu", *, kernels: str = "auto") -> None:
         self.plan = plan
         self.device = torch.device(device)
+        self._kernels = resolve_kernels(kernels, self.device)
         groups = plan.groups
         self.max_num_seqs = plan.limits.max_num_seqs
         self.num_blocks = plan.num_blocks
@@ -71,6 +79,11 @@ class BlockTables:
     def num_groups(self) -> int:
         """Number of KV-cache groups."""
         return len(self.widths)
+
+    @property
+    def kernels(self) -> str:
+        """The kernel implementation in use, ``"triton"`` or ``"torch"`` (``"auto"`` resolved)."""
+        return self._kernels
 
     @property
     def tables(self) -> tuple[torch.Tensor, ...]:
@@ -159,7 +172,8 @@ class BlockTables:
             self._staged = torch.empty(max(staged.size, 2 * self._staged.numel()), dtype=torch.int64,
                                        device=self.device)
         self._staged[:staged.size].copy_(torch.from_numpy(staged))
-        apply_row_writes(self._packed, self._staged, len(segments))
+        apply = apply_row_writes if self._kernels == "triton" else torch_kernels.apply_row_writes
+        apply(self._packed, self._staged, len(segments))
         self._dirty.clear()
         return len(segments)
 
@@ -168,7 +182,8 @@ class BlockTables:
         ``idx_mapping[i]`` (``idx_mapping``: ``[num_reqs] int32`` on the device); rows ``num_reqs
         .. num_reqs_padded - 1`` get the null page 0. One launch; capture-safe. Returns
         :attr:`input_tables` (full tensors; slice ``[:num_reqs_padded]``)."""
-        gather_rows(self._packed, self._inputs, idx_mapping, num_reqs_padded)
+        gather = gather_rows if self._kernels == "triton" else torch_kernels.gather_rows
+        gather(self._packed, self._inputs, idx_mapping, num_reqs_padded)
         return self._inputs.tables
 
     def compute_slot_mappings(self, query_start_loc: torch.Tensor, positions: torch.Tensor,
@@ -177,8 +192,9 @@ class BlockTables:
         from the gathered tables (call :meth:`gather` first): ``query_start_loc`` ``[>= num_reqs +
         1] int32``, ``positions`` ``[max_num_batched_tokens] int64``. Tokens past the step and all
         tokens of state (Mamba) groups get ``PAD_SLOT_ID``. One launch; capture-safe."""
-        return compute_slot_mappings(query_start_loc, positions, self._inputs, self.kernel_block_sizes,
-                                     self.state_groups, num_reqs, self.slot_mappings)
+        compute = compute_slot_mappings if self._kernels == "triton" else torch_kernels.compute_slot_mappings
+        return compute(query_start_loc, positions, self._inputs, self.kernel_block_sizes, self.state_groups, num_reqs,
+                       self.slot_mappings)
 
     def state_indices(self, group: int) -> torch.Tensor:
         """The state page of each batch row of a Mamba group: column 0 of its gathered table,

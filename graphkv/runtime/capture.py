@@ -132,6 +132,16 @@ class CapturedForward:
         """The persistent input buffers graphs read, by name (a step may fill them in place)."""
         return dict(self.inputs.buffers)
 
+    def padded_tokens(self, num_tokens: int, num_reqs: int, uniform: bool) -> int:
+        """Tokens a call with these sizes runs on: the graph key's size when a captured graph
+        replays it, ``num_tokens`` when it runs eagerly. A step fills its metadata (e.g. the flex
+        mask) for this size before the call."""
+        if self.unavailable_reason is not None:
+            return num_tokens
+        key = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=num_reqs,
+                       uniform=uniform).key
+        return key.num_tokens if key is not None and key in self._graphs else num_tokens
+
     def _refuse_never_groups(self) -> None:
         if self.mode not in _FULL_MODES:
             return

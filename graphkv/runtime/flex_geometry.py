@@ -8,7 +8,21 @@ from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.plan.plan import Plan
 from graphkv.spec.layers import LayerKind
 
-__all__ = ["FlexMaskGeometry"]
+__all__ = ["FlexMaskGeometry", "flex_kv_tokens", "plan_kv_block_stride"]
+
+
+def flex_kv_tokens(num_kernel_blocks: int, kernel_block_size: int, kv_block_stride: int) -> int:
+    """Length of the flat K/V flex view of a kv-first cache: ``((num_kernel_blocks - 1) *
+    kv_block_stride + 1) * kernel_block_size`` tokens, so it ends with the last kernel block and
+    never runs past the storage (kernel block ``b`` is flex kv block ``b * kv_block_stride``)."""
+    return ((num_kernel_blocks - 1) * kv_block_stride + 1) * kernel_block_size
+
+
+def _positive(instance: object, attribute: "attrs.Attribute[int]", value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(Problem(field=attribute.name, value=value, limit="must be an int >= 1",
+                                fix="read it from the cache view with flex_kv_block_stride(kv_cache), "
+                                    "or build the geometry with FlexMaskGeometry.from_plan"))
 
 
 @attrs.frozen(kw_only=True)
@@ -17,8 +31,10 @@ class FlexMaskGeometry:
 
     The query side is tiled in ``q_tile_tokens`` tiles over at most ``max_num_batched_tokens``
     packed tokens; the key side is the whole pool, ``num_kernel_blocks`` kernel blocks of
-    ``kernel_block_size`` tokens (kernel blocks ``0 .. bpk-1`` are the null page). ``window``
-    is the sliding window in tokens (``None``: full causal attention).
+    ``kernel_block_size`` tokens (kernel blocks ``0 .. bpk-1`` are the null page), kernel block
+    ``b`` at flex kv block ``b * kv_block_stride`` of the flat K/V view (1: split kv-first cache,
+    2: page-local one; see :mod:`graphkv.runtime.flex_attention`). ``window`` is the sliding
+    window in tokens (``None``: full causal attention).
     """
 
     group_index: int
@@ -31,6 +47,7 @@ class FlexMaskGeometry:
     block_table_width: int
     kv_indices_width: int
     window: int | None = None
+    kv_block_stride: int = attrs.field(default=1, validator=_positive)
 
     @property
     def num_q_tiles(self) -> int:
@@ -43,24 +60,32 @@ class FlexMaskGeometry:
         return self.num_q_tiles * self.q_tile_tokens
 
     @property
+    def num_kv_blocks(self) -> int:
+        """Flex kv blocks of the flat K/V view: ``(num_kernel_blocks - 1) * kv_block_stride + 1``."""
+        return self.kv_tokens // self.kernel_block_size
+
+    @property
     def kv_tokens(self) -> int:
-        """Length of the flattened key/value sequence: every token slot of the pool."""
-        return self.num_kernel_blocks * self.kernel_block_size
+        """Length of the flat key/value view (:func:`flex_kv_tokens`): every token slot of the
+        pool, plus the gaps between kernel blocks when ``kv_block_stride > 1``."""
+        return flex_kv_tokens(self.num_kernel_blocks, self.kernel_block_size, self.kv_block_stride)
 
     def for_device(self, device: object) -> "FlexMaskGeometry":
-        """This geometry for buffers on ``device``: on CPU ``kv_indices`` spans the whole pool
-        (``num_kernel_blocks`` columns), because torch 2.13's compiled CPU flex kernel asserts
+        """This geometry for buffers on ``device``: on CPU ``kv_indices`` spans the whole flat view
+        (``num_kv_blocks`` columns), because torch 2.13's compiled CPU flex kernel asserts
         ``kv_indices.shape[-1] * kernel_block_size >= key length``; elsewhere the plan's width."""
         import torch
 
         if torch.device(device).type == "cpu":
-            return attrs.evolve(self, kv_indices_width=max(self.kv_indices_width, self.num_kernel_blocks))
+            return attrs.evolve(self, kv_indices_width=max(self.kv_indices_width, self.num_kv_blocks))
         return self
 
     @classmethod
     def from_plan(cls, plan: Plan, group_index: int) -> "FlexMaskGeometry":
-        """The geometry of ``plan.groups[group_index]``; raises :class:`PlanError` when that group
-        has no flex buffers (another backend) or a layer kind flex masks do not cover."""
+        """The geometry of ``plan.groups[group_index]``, ``kv_block_stride`` included (read off the
+        layers' pool views, see :func:`plan_kv_block_stride`); raises :class:`PlanError` when that
+        group has no flex buffers (another backend), a layer kind flex masks do not cover, or a
+        cache layout flex cannot view."""
         group = plan.groups[group_index]
         names = (f"flex.{group_index}.kv_num_blocks", f"flex.{group_index}.kv_indices")
         if any(n not in plan.buffers for n in names):
@@ -78,7 +103,8 @@ class FlexMaskGeometry:
                    bpk=group.bpk, num_kernel_blocks=plan.num_blocks * group.bpk,
                    max_num_seqs=plan.limits.max_num_seqs, max_num_batched_tokens=plan.limits.max_num_batched_tokens,
                    block_table_width=group.block_table_width, kv_indices_width=kv_indices.shape[1],
-                   window=getattr(group.spec, "window", None))
+                   window=getattr(group.spec, "window", None),
+                   kv_block_stride=plan_kv_block_stride(plan, group_index))
 
     def check_inputs(self, **tensors: object) -> None:
         """Raise :class:`SpecError` naming every bound tensor whose shape or dtype is wrong."""
@@ -109,3 +135,39 @@ class FlexMaskGeometry:
                                         fix=fix))
         if problems:
             raise SpecError(*problems)
+
+
+def plan_kv_block_stride(plan: Plan, group_index: int) -> int:
+    """The flex kv block stride ``r`` of ``plan.groups[group_index]`` in the pool
+    :func:`graphkv.runtime.allocate` builds: each layer's view is laid out on a ``meta`` tensor
+    by the pool's own geometry (:func:`graphkv.runtime.kv_pool.layer_geometry`) and ``r`` is read
+    off its strides (:func:`graphkv.runtime.flex_attention.flex_kv_block_stride`), so plan and
+    pool cannot disagree. No device memory is touched.
+
+    Raises :class:`PlanError` when a layer's cache cannot be viewed by flex attention, or when the
+    group's layers would get different strides (their slots' pages differ)."""
+    import torch
+
+    from graphkv.runtime.flex_attention import flex_kv_block_stride
+    from graphkv.runtime.kv_pool import layer_geometry, page_local_slots
+    from graphkv.runtime.kv_views import AttentionGeometry, attention_view
+
+    group = plan.groups[group_index]
+    local = page_local_slots(plan)
+    strides: dict[str, int] = {}
+    for decl in plan.layers:
+        if decl.index not in group.layers:
+            continue
+        geo = layer_geometry(plan, decl, local)
+        assert isinstance(geo, AttentionGeometry), "flex groups hold attention layers"
+        slot = torch.empty(plan.num_blocks * geo.page_size_bytes, dtype=torch.uint8, device="meta")
+        try:
+            strides[decl.name] = flex_kv_block_stride(attention_view(slot, geo))
+        except SpecError as e:
+            raise PlanError(*(attrs.evolve(p, field=f"{decl.name}.{p.field}") for p in e.problems)) from None
+    if len(set(strides.values())) > 1:
+        raise PlanError(Problem(field=f"groups[{group_index}].layers", value=strides,
+                                limit="every layer of a flex group needs the same kv block stride (its slots' "
+                                      "page bytes per kernel block differ)",
+                                fix="give the group's layers equal page sizes (page_size_padded) or their own slots"))
+    return next(iter(strides.values()))

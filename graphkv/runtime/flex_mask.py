@@ -7,9 +7,10 @@ step's persistent inputs once (the group's gathered block table, ``query_start_l
 shape, no ``create_block_mask``), then wraps them in a ``BlockMask`` of views.
 
 Semantics: query token ``i`` of batch row ``r`` at position ``p`` attends cache token ``j`` (in
-kernel block ``b = j // kbs``) iff ``b`` sits in row ``r``'s table at logical index ``L``, the
-logical position ``x = L * kbs + j % kbs`` satisfies ``x <= p`` and, with a window ``W``,
-``x > p - W``. The null page (kernel blocks ``0 .. bpk-1``) is never attended.
+kernel block ``b = j // kbs``; flex key ``b * kv_block_stride * kbs + j % kbs`` of the flat K/V
+view, see :mod:`graphkv.runtime.flex_attention`) iff ``b`` sits in row ``r``'s table at logical
+index ``L``, the logical position ``x = L * kbs + j % kbs`` satisfies ``x <= p`` and, with a
+window ``W``, ``x > p - W``. The null page (kernel blocks ``0 .. bpk-1``) is never attended.
 
 Physical -> logical happens in exactly one place, the per-step inverse map
 ``kernel_block_logical[b]`` (:meth:`FlexMaskBuilder.build`, step 3), read by the mask_mod. A
@@ -52,24 +53,30 @@ _INT32_MAX = 2**31 - 1
 
 
 def paged_mask_mod(*, token_row: torch.Tensor, token_pos: torch.Tensor, kernel_block_logical: torch.Tensor,
-                   block_table: torch.Tensor, kernel_block_size: int, window: int | None) -> MaskMod:
-    """The paged causal (optionally sliding-window) mask over the flattened physical cache.
+                   block_table: torch.Tensor, kernel_block_size: int, window: int | None,
+                   kv_block_stride: int = 1) -> MaskMod:
+    """The paged causal (optionally sliding-window) mask over the flat physical K/V view.
 
     ``token_row`` / ``token_pos``: ``[max_padded_tokens] int32`` batch row and position of each
     packed query token (position -1 for padding); ``kernel_block_logical``: ``[num_kernel_blocks]
     int32`` logical index of each kernel block (-1: not live); ``block_table``: ``[max_num_seqs,
-    width] int32``. The tensors are read when the mask is evaluated, so in-place updates apply.
+    width] int32``. Key ``kv_idx`` is token ``kv_idx % kbs`` of kernel block ``kv_idx // (kbs *
+    kv_block_stride)``; keys between kernel blocks (``kv_idx % (kbs * kv_block_stride) >= kbs``:
+    V or other layers' bytes of a page-local cache) are always masked. The tensors are read when
+    the mask is evaluated, so in-place updates apply.
     """
-    kbs = kernel_block_size
+    kbs, span = kernel_block_size, kernel_block_size * kv_block_stride
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         row = token_row[q_idx]
         pos = token_pos[q_idx]
-        kernel_block = kv_idx // kbs
+        kernel_block = kv_idx // span
         logical = kernel_block_logical[kernel_block]
         x = logical * kbs + kv_idx % kbs
         owned = block_table[row, logical.clamp(min=0)] == kernel_block
         keep = (logical >= 0) & owned & (x <= pos)
+        if span != kbs:
+            keep = keep & (kv_idx % span < kbs)
         if window is not None:
             keep = keep & (pos - x < window)
         return keep
@@ -109,7 +116,8 @@ class FlexMaskBuilder:
     ``flex.{g}.*``), zero ``full_kv_num_blocks [num_q_tiles]`` / ``full_kv_indices
     [num_q_tiles, 1]`` (compiled CPU decode needs full-block tensors), ``token_row`` /
     ``token_pos [max_padded_tokens] int32``, ``kernel_block_logical [num_kernel_blocks] int32``
-    and scratch (``_Workspace``). On CPU ``kv_indices`` has ``num_kernel_blocks`` columns
+    and scratch (``_Workspace``). ``kv_indices`` holds flex kv blocks of the flat K/V view (kernel
+    block ``b`` times :attr:`kv_block_stride`); on CPU it has ``num_kv_blocks`` columns
     (:meth:`FlexMaskGeometry.for_device`). Bound inputs, read at every build: ``block_table
     [max_num_seqs, width] int32`` in kernel blocks, ``query_start_loc [max_num_seqs + 1] int32``,
     ``seq_lens [max_num_seqs] int32``.
@@ -159,14 +167,22 @@ class FlexMaskBuilder:
         self._dump_index = torch.full((), (tiles + 1) * nkb, dtype=torch.int32, device=device)
         self.mask_mod = paged_mask_mod(token_row=self.token_row, token_pos=self.token_pos,
                                        kernel_block_logical=self.kernel_block_logical, block_table=block_table,
-                                       kernel_block_size=g.kernel_block_size, window=g.window)
+                                       kernel_block_size=g.kernel_block_size, window=g.window,
+                                       kv_block_stride=g.kv_block_stride)
+
+    @property
+    def kv_block_stride(self) -> int:
+        """Flex kv blocks per kernel block of the cache view this builder's masks are for (``r``:
+        1 for a split kv-first cache, 2 for a page-local one)."""
+        return self.geometry.kv_block_stride
 
     @classmethod
     def from_plan(cls, plan: Plan, group_index: int, *, block_table: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, kv_num_blocks: torch.Tensor | None = None,
                   kv_indices: torch.Tensor | None = None) -> "FlexMaskBuilder":
-        """A builder for ``plan.groups[group_index]`` (a ``flex`` group); buffers default to new ones
-        shaped as the plan's ``flex.{g}.kv_num_blocks`` / ``flex.{g}.kv_indices``."""
+        """A builder for ``plan.groups[group_index]`` (a ``flex`` group) whose masks fit the group's
+        caches in ``allocate(plan)`` (split or page-local); buffers default to new ones shaped as
+        the plan's ``flex.{g}.kv_num_blocks`` / ``flex.{g}.kv_indices``."""
         return cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
                    query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
                    kv_indices=kv_indices)
@@ -258,12 +274,15 @@ class FlexMaskBuilder:
         # 6. ranks[t, b] now counts the used kernel blocks <= b of tile t, so the k-th used block
         # (ascending ids) is the first b whose rank reaches k + 1: one batched binary search
         # writes kv_indices; columns past kv_num_blocks are clamped into range and never read.
+        # Kernel block b is flex kv block b * r of the flat K/V view.
         self.kv_num_blocks.copy_(ranks[:, -1])
         torch.searchsorted(ranks, self._ranks, out_int32=True, out=self.kv_indices).clamp_(max=nkb - 1)
+        if g.kv_block_stride != 1:
+            self.kv_indices.mul_(g.kv_block_stride)
 
         n = -(-num_tokens_padded // tile)
         return BlockMask.from_kv_blocks(
             self.kv_num_blocks[None, None, :n], self.kv_indices[None, None, :n],
             self.full_kv_num_blocks[None, None, :n], self.full_kv_indices[None, None, :n],
             BLOCK_SIZE=(tile, kbs), mask_mod=self.mask_mod,
-            seq_lengths=(num_tokens_padded, nkb * kbs), compute_q_blocks=False)
+            seq_lengths=(num_tokens_padded, g.kv_tokens), compute_q_blocks=False)

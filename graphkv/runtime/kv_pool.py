@@ -17,12 +17,11 @@ import torch
 
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.plan.plan import Plan
-from graphkv.runtime.kv_views import (AttentionGeometry, StateGeometry, attention_view, page_local_kv_first,
-                                      state_views)
+from graphkv.runtime.kv_views import AttentionGeometry, StateGeometry, attention_view, state_views
 from graphkv.spec.backends import CacheOrder, KVLayout
 from graphkv.spec.model import LayerDecl
 
-__all__ = ["KVPool", "allocate"]
+__all__ = ["KVPool", "allocate", "layer_geometry", "page_local_slots"]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -89,7 +88,48 @@ class KVPool:
         return self.slots[slot.index][page * p:(page + 1) * p]
 
 
-def _geometry(plan: Plan, decl: LayerDecl) -> "AttentionGeometry | StateGeometry":
+def page_local_slots(plan: Plan) -> tuple[bool, ...]:
+    """Per slot of ``plan``: whether its kv-first layers are *page-local* (each kernel block
+    physically ``(2, kbs, H, D)`` inside its page) rather than split (K of all pages, then V).
+
+    A slot is page-local if any of its layers is not an unpadded kv-first attention layer (the
+    split layout maps page ``b`` to bytes outside ``[b*P, (b+1)*P)``, which would collide with the
+    other layers' pages), or if it holds a layer of a group that is page-local in another slot:
+    a group's layers sit in different slots (slot ``j`` holds layer ``j`` of every group) and must
+    share one layout so that flex attention sees one kv block stride per group. Iterated to a
+    fixpoint. Page-local is always correct; split is the optimisation. Pure; no tensors.
+
+    Example::
+
+        >>> page_local_slots(plan)  # tiny hybrid "MAMA": both slots hold a Mamba layer
+        (True, True)
+    """
+    decls = {d.index: d for d in plan.layers}
+    group_of = {i: g for g in plan.groups for i in g.layers}
+    slot_of = {i: s.index for s in plan.slots for i in s.layers}
+    local = [not all(decls[i].backend.kv_layout.order is CacheOrder.KV_FIRST
+                     and decls[i].spec.real_page_size_bytes(group_of[i].block_size) == slot.page_size_bytes
+                     for i in slot.layers)
+             for slot in plan.slots]
+    group_slots = [sorted({slot_of[i] for i in g.layers}) for g in plan.groups]
+    changed = True
+    while changed:  # each pass marks at least one more slot, so at most len(slots) passes
+        changed = False
+        for slots in group_slots:
+            if any(local[j] for j in slots) and not all(local[j] for j in slots):
+                for j in slots:
+                    local[j] = True
+                changed = True
+    return tuple(local)
+
+
+def layer_geometry(plan: Plan, decl: LayerDecl,
+                   page_local: "tuple[bool, ...]") -> "AttentionGeometry | StateGeometry":
+    """Where ``decl``'s pages live in its slot: the one place that decides an attention layer's
+    page-locality (``page_local``: :func:`page_local_slots` of ``plan``) and kernel-block stride
+    (slot page bytes / bpk). :func:`allocate` and the flex mask geometry both read it. Pure.
+
+    Raises :class:`PlanError` for a blocks-first or kv-first layer with ``head_size_v != head_size``."""
     group, slot = plan.group_of(decl.index), plan.slot_of(decl.index)
     spec = decl.spec
     if spec.is_ssm:
@@ -101,16 +141,11 @@ def _geometry(plan: Plan, decl: LayerDecl) -> "AttentionGeometry | StateGeometry
                                 limit=f"the {order.value} layout stores K and V as one (.., 2, kbs, H, D) tensor, "
                                       f"so it needs head_size_v == head_size={spec.head_size}",
                                 fix="pad V to head_size in the model, or use a backend with separate K/V caches"))
-    slot_layers = []
-    for index in slot.layers:
-        other = next(d for d in plan.layers if d.index == index)
-        real = other.spec.real_page_size_bytes(plan.group_of(index).block_size)
-        slot_layers.append((other.backend.kv_layout.order, real))
     return AttentionGeometry(
         layer_name=decl.name, layout=decl.backend.kv_layout, num_blocks=plan.num_blocks, bpk=group.bpk,
         kernel_block_size=group.kernel_block_size, num_heads=spec.num_kv_heads, head_size=spec.head_size,
         dtype=spec.dtype.to_torch(), page_size_bytes=slot.page_size_bytes,
-        page_local=order is CacheOrder.KV_FIRST and page_local_kv_first(slot_layers, slot.page_size_bytes))
+        page_local=order is CacheOrder.KV_FIRST and page_local[slot.index])
 
 
 def allocate(plan: Plan, device: "str | torch.device" = "cpu") -> KVPool:
@@ -131,8 +166,9 @@ def allocate(plan: Plan, device: "str | torch.device" = "cpu") -> KVPool:
     attention: dict[str, torch.Tensor] = {}
     states: dict[str, tuple[torch.Tensor, ...]] = {}
     geometry: dict[str, AttentionGeometry | StateGeometry] = {}
+    local = page_local_slots(plan)
     for decl in plan.layers:
-        geo = _geometry(plan, decl)
+        geo = layer_geometry(plan, decl, local)
         slot = slots[plan.slot_of(decl.index).index]
         geometry[decl.name] = geo
         if isinstance(geo, StateGeometry):

@@ -8,9 +8,12 @@ group at a time, so every layer must map page ``b`` to the same bytes, ``[b * P,
   bytes (when the page is padded, each kernel block gets an equal share of the padding);
 - a kv-first layout is *page-local* (each kernel block laid out physically as ``(2, kbs, H, D)``,
   the view permuted to the logical ``(2, N, kbs, H, D)``) unless every layer of its slot is an
-  unpadded kv-first attention layer; only then K of all pages comes first and V after it (the
-  same page-to-bytes map for every layer of the slot, and K of one layer flattens to
-  ``(N * kbs, H, D)``, which flex attention needs);
+  unpadded kv-first attention layer and no layer of the same groups is page-local in another
+  slot (:func:`graphkv.runtime.kv_pool.page_local_slots`); only then K of all pages comes first
+  and V after it (the same page-to-bytes map for every layer of the slot). Either way K of one
+  NHD layer is a single strided token sequence for flex attention, with ``r = 1`` (split) or
+  ``r = 2`` (page-local, unpadded) kernel-block halves between kernel blocks (see
+  :mod:`graphkv.runtime.flex_attention`); one decision per group keeps ``r`` uniform in a group;
 - HND stores each kernel block's K (and V) as ``(H, kbs, D)`` and is permuted to ``(kbs, H, D)``;
 - a Mamba state ``i`` is ``(num_blocks, *shape_i)`` at byte offset ``sum(bytes of states < i)``
   with page stride ``P``; the padding sits at the end of each page.
@@ -21,7 +24,6 @@ The block dimension is read from :attr:`KVLayout.block_dim` (the declaration), n
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import attrs
 import torch
@@ -29,7 +31,7 @@ import torch
 from graphkv.errors import PlanError, Problem
 from graphkv.spec.backends import CacheOrder, KVLayout, StrideOrder
 
-__all__ = ["AttentionGeometry", "StateGeometry", "attention_view", "page_local_kv_first", "state_views"]
+__all__ = ["AttentionGeometry", "StateGeometry", "attention_view", "state_views"]
 
 
 @attrs.frozen(kw_only=True)
@@ -135,10 +137,3 @@ def state_views(slot: torch.Tensor, geo: StateGeometry) -> tuple[torch.Tensor, .
         views.append(slot.view(dtype).as_strided((geo.num_blocks, *shape), (geo.page_size_bytes // itemsize,
                                                                                 *strides), offset // itemsize))
     return tuple(views)
-
-
-def page_local_kv_first(slot_layers: Sequence[tuple[CacheOrder, int]], slot_page_bytes: int) -> bool:
-    """Whether kv-first layers of a slot must keep each page's K and V inside the page: yes unless
-    every layer of the slot (``(order, real page bytes)``) is an unpadded kv-first layer, the only
-    case where K-of-all-pages-then-V maps page ``b`` to the same bytes for every layer."""
-    return not all(order is CacheOrder.KV_FIRST and real == slot_page_bytes for order, real in slot_layers)

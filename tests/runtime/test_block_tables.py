@@ -9,7 +9,8 @@ from runtime_plans import attention_plan, widths_plan
 
 import graphkv.runtime.block_tables as block_tables_module
 from graphkv import CapacityError, SpecError
-from graphkv.runtime import BlockTables
+from graphkv.runtime import BlockTables, torch_kernels
+from graphkv.runtime.kernel_choice import resolve_kernels
 from graphkv.runtime.page_expansion import SMALL_EXPANSION_KERNEL_BLOCKS, write_expanded
 from graphkv.runtime.reference import expand_pages_ref, gather_ref
 
@@ -33,10 +34,10 @@ def test_write_expanded_matches_reference_on_both_sides_of_the_switch(bpk, as_nu
 
 
 @pytest.mark.parametrize("bpk", [1, 2, 17])
-def test_append_expands_pages_to_kernel_blocks(bpk):
+def test_append_expands_pages_to_kernel_blocks(bpk, kernels):
     """Appended pages become kernel blocks b*bpk .. b*bpk+bpk-1 on host and, after commit, on device."""
     plan = attention_plan(bpk=bpk, num_blocks=40, max_model_len=bpk * 32 * 4 if bpk > 1 else 64)
-    tables = BlockTables(plan)
+    tables = BlockTables(plan, kernels=kernels)
     tables.append(1, [[7, 3]])
     tables.append(1, [[39]])
     tables.commit()
@@ -46,12 +47,13 @@ def test_append_expands_pages_to_kernel_blocks(bpk):
     assert (tables.tables[0][1, len(want):] == 0).all() and (tables.tables[0][0] == 0).all()
 
 
-def test_commit_is_one_launch_for_all_groups(monkeypatch):
+def test_commit_is_one_launch_for_all_groups(monkeypatch, kernels):
     """Edits to several rows of several groups reach the device through one apply_row_writes call."""
     calls = []
-    real = block_tables_module.apply_row_writes
-    monkeypatch.setattr(block_tables_module, "apply_row_writes", lambda *a: calls.append(a) or real(*a))
-    tables = BlockTables(widths_plan())
+    module = block_tables_module if kernels == "triton" else torch_kernels
+    real = module.apply_row_writes
+    monkeypatch.setattr(module, "apply_row_writes", lambda *a: calls.append(a) or real(*a))
+    tables = BlockTables(widths_plan(), kernels=kernels)
     tables.append(0, [[1, 2], [3], [4]])
     tables.append(3, [[5], None, [6]])
     tables.overwrite(2, [[7, 8, 9], [10, 11], None])
@@ -60,9 +62,9 @@ def test_commit_is_one_launch_for_all_groups(monkeypatch):
     assert tables.commit() == 0 and len(calls) == 1  # nothing staged: no launch
 
 
-def test_overwrite_remove_move_keep_the_null_page_invariant():
+def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
-    tables = BlockTables(widths_plan())
+    tables = BlockTables(widths_plan(), kernels=kernels)
     tables.append(0, [[1, 2, 3], [4, 5], [6]])
     tables.append(1, [[7], [8], [9]])
     tables.commit()
@@ -108,9 +110,9 @@ def test_bad_rows_page_ids_and_group_counts_are_errors():
     assert not tables.commit()
 
 
-def test_gather_packs_groups_of_different_widths_and_pads_with_null_page():
+def test_gather_packs_groups_of_different_widths_and_pads_with_null_page(kernels):
     """gather copies idx_mapping's rows of every group (each its own width); padding rows are 0."""
-    tables = BlockTables(widths_plan())
+    tables = BlockTables(widths_plan(), kernels=kernels)
     assert tables.widths == (16, 8, 1)
     for row in range(4):
         tables.append(row, [[row + 1] * (row + 1), [row + 10], [row + 20]])
@@ -128,9 +130,39 @@ def test_gather_packs_groups_of_different_widths_and_pads_with_null_page():
         tables.gather(idx.long(), num_reqs_padded=3)
 
 
-def test_per_step_buffers_keep_their_address():
-    """Device tables, gathered tables and slot mappings keep data_ptr() across steps."""
+def test_gather_gives_out_of_range_rows_the_null_page(kernels):
+    """idx_mapping entries outside [0, max_num_seqs) read nothing and gather null-page rows."""
+    tables = BlockTables(widths_plan(), kernels=kernels)
+    for row in (0, 1, 3):  # rows 0 and 3 are full, so a clamped read would show
+        tables.append(row, [[row + 5], [row + 6], [row + 7]])
+    tables.commit()
+    for g in range(3):
+        tables.input_tables[g].fill_(99)
+    out = tables.gather(torch.tensor([-1, 1, 4], dtype=torch.int32), num_reqs_padded=3)
+    assert [t[:3, 0].tolist() for t in out] == [[0, 12, 0], [0, 14, 0], [0, 8, 0]]
+    assert all((t[3] == 99).all() for t in out)  # rows past num_reqs_padded are left as they are
+
+
+def test_auto_kernels_are_torch_on_cpu_and_triton_on_cuda():
+    """kernels="auto" resolves to torch for a CPU device and to Triton for a CUDA one; the choice is read-only."""
     tables = BlockTables(widths_plan())
+    assert tables.kernels == "torch"
+    assert resolve_kernels("auto", "cuda") == "triton" and resolve_kernels("auto", torch.device("cuda", 1)) == "triton"
+    assert resolve_kernels("triton", "cpu") == "triton" and resolve_kernels("torch", "cuda") == "torch"
+    assert BlockTables(widths_plan(), kernels="triton").kernels == "triton"
+    with pytest.raises(AttributeError):
+        tables.kernels = "triton"
+
+
+def test_unknown_kernels_name_the_choices():
+    """An unknown kernels value raises SpecError listing the valid choices."""
+    with pytest.raises(SpecError, match=r"kernels='cuda': must be one of auto, triton, torch; pass kernels='auto'"):
+        BlockTables(widths_plan(), kernels="cuda")
+
+
+def test_per_step_buffers_keep_their_address(kernels):
+    """Device tables, gathered tables and slot mappings keep data_ptr() across steps."""
+    tables = BlockTables(widths_plan(), kernels=kernels)
     ptrs = None
     qsl = torch.zeros(5, dtype=torch.int32)
     positions = torch.zeros(32, dtype=torch.int64)

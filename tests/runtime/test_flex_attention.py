@@ -57,10 +57,13 @@ def test_kv_views_are_views_of_the_cache():
 
 
 def test_kv_views_reject_a_cache_without_a_token_stride():
-    """A cache whose pages interleave K and V cannot be flattened; the error names the strides."""
-    interleaved = torch.randn(5, 2, 16, 2, 8).transpose(0, 1)
-    with pytest.raises(SpecError, match=r"kv_cache\.stride\(\)"):
-        paged_kv_views(interleaved)
+    """HND kernel blocks, or a kernel-block stride that is not whole K halves, have no token stride; errors name it."""
+    hnd = torch.randn(2, 5, 2, 16, 8).transpose(2, 3)  # (2, N, kbs, H, D) stored as (2, N, H, kbs, D)
+    with pytest.raises(SpecError, match=r"kv_cache\.stride\(\)=.*NHD inside each kernel block"):
+        paged_kv_views(hnd)
+    padded = torch.randn(5, 2 * 16 * 2 * 8 + 8).as_strided((2, 5, 16, 2, 8), (256, 520, 16, 8, 1))
+    with pytest.raises(SpecError, match=r"kv_cache\.stride\(1\)=520: .*multiple of kbs x heads x head_size = 256"):
+        paged_kv_views(padded)
 
 
 def _plan(max_model_len, max_num_batched_tokens, max_num_seqs, num_blocks, spec=None):

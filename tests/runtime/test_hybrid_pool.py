@@ -6,8 +6,9 @@ import pytest
 import torch
 from runtime_plans import hybrid_plan
 
-from graphkv.kernels.reshape_and_cache import reshape_and_cache
 from graphkv.runtime import BlockTables, allocate
+from graphkv.runtime.kernel_choice import write_kv
+from graphkv.runtime.reference import reshape_and_cache_ref
 
 ATTN_PAGES = {"layers.0": [1, 2], "layers.2": [3]}  # full attention, sliding window (blocks-first HND)
 MAMBA_PAGES = [4, 5]
@@ -23,7 +24,7 @@ def _bytes(slot: torch.Tensor, ranges) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("order,stride", [("kv_first", "NHD"), ("kv_first", "HND"), ("blocks_first", "NHD"),
                                           ("blocks_first", "HND")])
-def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride):
+def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride, kernels):
     """Fill KV pages and Mamba states through the views, write both ways, and check the other side's bytes."""
     plan = hybrid_plan(order=order, stride=stride, sliding_window=20)
     pool = allocate(plan)
@@ -42,7 +43,7 @@ def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride):
     mamba_before = _bytes(slot, mamba_ranges)
 
     # Attention writes through the block tables, the slot mapping and the KV write kernel.
-    tables = BlockTables(plan)
+    tables = BlockTables(plan, kernels=kernels)
     tables.append(0, [ATTN_PAGES["layers.0"][:1], [MAMBA_PAGES[0]], ATTN_PAGES["layers.2"]])
     tables.append(1, [ATTN_PAGES["layers.0"][1:], [MAMBA_PAGES[1]], ATTN_PAGES["layers.2"]])
     tables.commit()
@@ -51,10 +52,14 @@ def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride):
     positions = torch.cat([torch.arange(16), torch.arange(16)])
     slots = tables.compute_slot_mappings(qsl, positions, 2)
     attn_before = _bytes(slot, attn_ranges)
+    want = allocate(plan)  # the same writes through the reference, into a copy of the pool
+    want.slots[0].copy_(slot)
     for name in ATTN_PAGES:
         group = plan.group_of(pool.layer(name).index).index
         kv = torch.randn(2, 32, 2, 8, generator=gen)
-        reshape_and_cache(kv[0], kv[1], pool.kv_cache(name), slots[group], layout=pool.layout(name))
+        write_kv(kv[0], kv[1], pool.kv_cache(name), slots[group], layout=pool.layout(name), kernels=kernels)
+        reshape_and_cache_ref(kv[0], kv[1], want.kv_cache(name), slots[group], layout=want.layout(name))
+    assert torch.equal(slot, want.slots[0])
     assert all(torch.equal(a, b) for a, b in zip(mamba_before, _bytes(slot, mamba_ranges)))
     assert not all(torch.equal(a, b) for a, b in zip(attn_before, _bytes(slot, attn_ranges)))
     assert tables.state_indices(1)[:2].tolist() == MAMBA_PAGES

@@ -1,14 +1,17 @@
-"""KV write kernel: one kernel for every layout, through the pool's views, pad slots skipped."""
+"""KV write (Triton kernel and torch): one kernel for every layout, through the pool's views, pad slots skipped."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 from runtime_plans import attention_plan, mla_plan
 
+import graphkv.runtime.kernel_choice as kernel_choice
 from graphkv import CacheOrder, KVLayout, SpecError
-from graphkv.kernels.reshape_and_cache import reshape_and_cache
 from graphkv.runtime import allocate
+from graphkv.runtime.kernel_choice import write_kv
 from graphkv.runtime.reference import reshape_and_cache_ref
 
 LAYOUTS = [("blocks_first", "NHD"), ("blocks_first", "HND"), ("kv_first", "NHD"), ("kv_first", "HND")]
@@ -25,7 +28,7 @@ def _random_slots(num_slots: int, num_tokens: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("bpk", [1, 17])
 @pytest.mark.parametrize("order,stride", LAYOUTS)
-def test_write_matches_reference_with_two_pages(order, stride, bpk):
+def test_write_matches_reference_with_two_pages(order, stride, bpk, kernels):
     """With num_blocks == 2, writes land where the reference puts them for both layouts and NHD/HND."""
     pool = allocate(attention_plan(order=order, stride=stride, bpk=bpk, num_blocks=2))
     cache, layout = pool.kv_cache(0), pool.layout(0)
@@ -36,11 +39,11 @@ def test_write_matches_reference_with_two_pages(order, stride, bpk):
     key, value = torch.randn(num_tokens, 2, 8), torch.randn(num_tokens, 2, 8)
     want = cache.clone()
     reshape_and_cache_ref(key, value, want, slots, layout=layout)
-    reshape_and_cache(key, value, cache, slots, layout=layout)
+    write_kv(key, value, cache, slots, layout=layout, kernels=kernels)
     assert torch.equal(cache, want)
 
 
-def test_strided_key_and_value_views_are_read_through_their_strides():
+def test_strided_key_and_value_views_are_read_through_their_strides(kernels):
     """K/V given as non-contiguous slices of a fused qkv tensor are written correctly."""
     pool = allocate(attention_plan(order="kv_first", stride="HND", num_blocks=3, max_model_len=32))
     cache, layout = pool.kv_cache(0), pool.layout(0)
@@ -49,11 +52,11 @@ def test_strided_key_and_value_views_are_read_through_their_strides():
     slots = torch.tensor([0, 17, 47, -1, 33, 5, 20])
     want = cache.clone()
     reshape_and_cache_ref(key, value, want, slots, layout=layout)
-    reshape_and_cache(key, value, cache, slots, layout=layout)
+    write_kv(key, value, cache, slots, layout=layout, kernels=kernels)
     assert torch.equal(cache, want)
 
 
-def test_latent_cache_write():
+def test_latent_cache_write(kernels):
     """An MLA latent cache (N, kbs, D) takes key [num_tokens, D] and no value."""
     pool = allocate(mla_plan())
     cache, layout = pool.kv_cache(0), pool.layout(0)
@@ -61,32 +64,47 @@ def test_latent_cache_write():
     slots = torch.tensor([3, -1, 16, 47, 20])
     want = cache.clone()
     reshape_and_cache_ref(key, None, want, slots, layout=layout)
-    reshape_and_cache(key, None, cache, slots, layout=layout)
+    write_kv(key, None, cache, slots, layout=layout, kernels=kernels)
     assert torch.equal(cache, want)
 
 
-def test_pad_and_out_of_range_slots_write_nothing():
+def test_pad_and_out_of_range_slots_write_nothing(kernels):
     """Slots of -1 and slots past the cache leave every pool byte unchanged."""
     pool = allocate(attention_plan(num_blocks=2))
     before = pool.slots[0].clone()
     slots = torch.tensor([-1, 2 * 16, 10_000, -5])
-    reshape_and_cache(torch.ones(4, 2, 8), torch.ones(4, 2, 8), pool.kv_cache(0), slots, layout=pool.layout(0))
+    write_kv(torch.ones(4, 2, 8), torch.ones(4, 2, 8), pool.kv_cache(0), slots, layout=pool.layout(0), kernels=kernels)
     assert torch.equal(pool.slots[0], before)
 
 
-def test_launcher_checks_shapes_dtypes_and_layout():
+def test_launcher_checks_shapes_dtypes_and_layout(kernels):
     """Wrong head shapes, dtypes, missing V or a state layout raise SpecError naming the argument."""
     pool = allocate(attention_plan(num_blocks=2))
     cache, layout = pool.kv_cache(0), pool.layout(0)
     slots = torch.zeros(3, dtype=torch.int64)
+    write = functools.partial(write_kv, kernels=kernels)
     with pytest.raises(SpecError, match="key"):
-        reshape_and_cache(torch.ones(3, 4, 8), torch.ones(3, 4, 8), cache, slots, layout=layout)
+        write(torch.ones(3, 4, 8), torch.ones(3, 4, 8), cache, slots, layout=layout)
     with pytest.raises(SpecError, match="cast key"):
-        reshape_and_cache(torch.ones(3, 2, 8, dtype=torch.float16), torch.ones(3, 2, 8), cache, slots, layout=layout)
+        write(torch.ones(3, 2, 8, dtype=torch.float16), torch.ones(3, 2, 8), cache, slots, layout=layout)
     with pytest.raises(SpecError, match="value"):
-        reshape_and_cache(torch.ones(3, 2, 8), None, cache, slots, layout=layout)
+        write(torch.ones(3, 2, 8), None, cache, slots, layout=layout)
     with pytest.raises(SpecError, match="slot_mapping"):
-        reshape_and_cache(torch.ones(3, 2, 8), torch.ones(3, 2, 8), cache, slots.int(), layout=layout)
+        write(torch.ones(3, 2, 8), torch.ones(3, 2, 8), cache, slots.int(), layout=layout)
     with pytest.raises(SpecError, match="state"):
-        reshape_and_cache(torch.ones(3, 2, 8), torch.ones(3, 2, 8), cache, slots,
-                          layout=KVLayout(order=CacheOrder.STATE))
+        write(torch.ones(3, 2, 8), torch.ones(3, 2, 8), cache, slots, layout=KVLayout(order=CacheOrder.STATE))
+
+
+def test_write_kv_auto_uses_torch_on_cpu(monkeypatch):
+    """write_kv with kernels="auto" writes a CPU cache through the torch implementation, never Triton."""
+    def no_triton(*args, **kwargs):
+        raise AssertionError("auto picked Triton for a CPU cache")
+
+    monkeypatch.setattr(kernel_choice, "triton_reshape_and_cache", no_triton)
+    pool = allocate(attention_plan(order="kv_first", num_blocks=2))
+    cache, layout = pool.kv_cache(0), pool.layout(0)
+    key, value, slots = torch.randn(3, 2, 8), torch.randn(3, 2, 8), torch.tensor([4, -1, 31])
+    want = cache.clone()
+    reshape_and_cache_ref(key, value, want, slots, layout=layout)
+    write_kv(key, value, cache, slots, layout=layout)
+    assert torch.equal(cache, want)

@@ -9,7 +9,7 @@ from runtime_plans import attention_plan, widths_plan
 
 from graphkv import SpecError
 from graphkv.kernels.slot_mapping import PAD_SLOT_ID, compute_slot_mappings
-from graphkv.runtime import BlockTables
+from graphkv.runtime import BlockTables, torch_kernels
 from graphkv.runtime import reference
 from graphkv.runtime.reference import slot_mapping_ref
 
@@ -52,10 +52,10 @@ def _page_table(pages, width):
 
 
 @pytest.mark.parametrize("bpk", [1, 17])
-def test_slot_mapping_matches_reference_for_awkward_lengths(bpk):
+def test_slot_mapping_matches_reference_for_awkward_lengths(bpk, kernels):
     """Prefill chunks of lengths 1, 54, 97, 232 map to the reference slots; the tail is PAD_SLOT_ID."""
     plan = attention_plan(bpk=bpk, num_blocks=40, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=256)
-    tables = BlockTables(plan)
+    tables = BlockTables(plan, kernels=kernels)
     _fill_random_pages(tables, SEQ_LENS, seed=bpk)
     tables.gather(torch.tensor([2, 0, 3, 1], dtype=torch.int32), 4)
     query_lens = (1, 30, 97, 232)
@@ -70,11 +70,11 @@ def test_slot_mapping_matches_reference_for_awkward_lengths(bpk):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("bpk", [2, 17])
-def test_kernel_block_slots_equal_whole_page_slots(bpk, seed):
+def test_kernel_block_slots_equal_whole_page_slots(bpk, seed, kernels):
     """For random page tables, slots via kernel-block splitting equal slots computed with whole pages."""
     plan = widths_plan() if bpk == 2 else attention_plan(bpk=17, num_blocks=40, max_num_seqs=4,
                                                          max_num_batched_tokens=32, max_model_len=1200)
-    tables = BlockTables(plan)
+    tables = BlockTables(plan, kernels=kernels)
     seq_lens = (1, 54, 97, 232) if bpk == 2 else (1, 544, 545, 1200)
     pages = _fill_random_pages(tables, seq_lens, seed)
     tables.gather(torch.arange(4, dtype=torch.int32), 4)
@@ -88,10 +88,10 @@ def test_kernel_block_slots_equal_whole_page_slots(bpk, seed):
         assert (got[-1] == PAD_SLOT_ID).all()  # documented choice: state groups have no per-token slots
 
 
-def test_groups_of_different_widths_in_one_launch():
+def test_groups_of_different_widths_in_one_launch(kernels):
     """One launch fills every group's row, each read through its own table width and kernel block size."""
     plan = widths_plan()
-    tables = BlockTables(plan)
+    tables = BlockTables(plan, kernels=kernels)
     tables.append(0, [[5, 6, 7], [8, 9], [10]])
     tables.append(1, [[11], [12], [13]])
     tables.commit()
@@ -104,9 +104,9 @@ def test_groups_of_different_widths_in_one_launch():
     assert got[0, 4:10].tolist() == [7 * 32 + p - 64 for p in range(64, 70)]  # page 7 holds 64..95
 
 
-def test_out_of_table_positions_become_padding():
+def test_out_of_table_positions_become_padding(kernels):
     """Positions past a row's table width or negative give PAD_SLOT_ID instead of an out-of-bounds read."""
-    tables = BlockTables(widths_plan())
+    tables = BlockTables(widths_plan(), kernels=kernels)
     tables.append(0, [[1], [2], [3]])
     tables.commit()
     tables.gather(torch.tensor([0], dtype=torch.int32), 1)
@@ -116,15 +116,18 @@ def test_out_of_table_positions_become_padding():
     assert got[0, :3].tolist() == [37, PAD_SLOT_ID, PAD_SLOT_ID] and (got[:, 3:] == PAD_SLOT_ID).all()
 
 
-def test_launcher_rejects_wrong_dtypes_and_shapes():
+@pytest.mark.parametrize("compute", [compute_slot_mappings, torch_kernels.compute_slot_mappings],
+                         ids=["triton", "torch"])
+def test_launcher_rejects_wrong_dtypes_and_shapes(compute):
     """compute_slot_mappings raises SpecError for int64 query_start_loc or a wrong output buffer."""
     tables = BlockTables(widths_plan())
     qsl, positions = _step((3,), (3,), 32)
     with pytest.raises(SpecError, match="query_start_loc"):
-        tables.compute_slot_mappings(qsl.long(), positions, 1)
+        compute(qsl.long(), positions, tables.packed_input_tables, tables.kernel_block_sizes, tables.state_groups,
+                1, tables.slot_mappings)
     with pytest.raises(SpecError, match="out"):
-        compute_slot_mappings(qsl, positions, tables.packed_input_tables, tables.kernel_block_sizes,
-                              tables.state_groups, 1, torch.zeros(2, 32, dtype=torch.int64))
+        compute(qsl, positions, tables.packed_input_tables, tables.kernel_block_sizes, tables.state_groups, 1,
+                torch.zeros(2, 32, dtype=torch.int64))
 
 
 def test_reference_uses_the_kernel_sentinel():

@@ -1,0 +1,207 @@
+"""A small continuous-batching engine around the paged tiny hybrid model.
+
+It is the serving loop a user writes on top of graphkv, kept short: a FIFO scheduler with
+chunked prefill, a free list of pool pages, greedy sampling. Each :meth:`DemoEngine.step`
+decodes one token for every running request, admits waiting requests while rows, pages and the
+token budget allow, runs the step through :class:`graphkv.runtime.step.Step` and releases the
+pages of finished requests (later requests reuse them).
+
+Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages,
+a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
+out. With ``record=True`` the engine keeps every computed logit row with its request and
+position, so a test can compare the paged run with the dense reference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Hashable, Sequence
+
+import attrs
+import torch
+
+from graphkv.errors import CapacityError, Problem
+from graphkv.plan.plan import Plan
+from graphkv.runtime.step import Batch, Step
+
+__all__ = ["DemoEngine", "DemoRequest", "EngineStats"]
+
+
+@attrs.frozen(kw_only=True)
+class DemoRequest:
+    """A request: its prompt token ids and how many tokens to generate."""
+
+    req_id: Hashable
+    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+    max_new_tokens: int
+
+
+@attrs.define
+class _Running:
+    request: DemoRequest
+    tokens: list[int]  # prompt + generated so far
+    computed: int = 0  # tokens whose KV / state is in the pool
+    pages: list[list[int]] = attrs.Factory(list)  # per group
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.request.prompt)
+
+
+@attrs.define
+class EngineStats:
+    """Counters of a run: steps, tokens processed / generated, pages handed out, pages that were
+    handed out again after a finished request released them, and seconds in :meth:`DemoEngine.step`."""
+
+    steps: int = 0
+    tokens: int = 0
+    generated: int = 0
+    pages_allocated: int = 0
+    pages_reused: int = 0
+    finished: int = 0
+    seconds: float = 0.0
+
+
+class DemoEngine:
+    """Continuous batching over ``plan``'s pool with ``forward`` (an eager model, or a
+    :class:`~graphkv.runtime.capture.CapturedForward` of it) driven through ``step``."""
+
+    def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False) -> None:
+        self.plan, self.step_api, self.forward = plan, step, forward
+        self.record = record
+        self.records: list[tuple[Hashable, int, torch.Tensor]] = []  # (request, position, logits row)
+        self.finished: dict[Hashable, list[int]] = {}  # request -> prompt + generated tokens
+        self.stats = EngineStats()
+        self._waiting: deque[DemoRequest] = deque()
+        self._running: dict[Hashable, _Running] = {}
+        self._free = list(range(plan.num_blocks - 1, 0, -1))  # pop() hands out page 1 first
+        self._released: set[int] = set()
+
+    def add(self, request: DemoRequest) -> None:
+        """Queue ``request``; it joins the batch when rows, pages and the token budget allow."""
+        limit = self.plan.max_model_len
+        if not request.prompt or len(request.prompt) + request.max_new_tokens > limit:
+            raise CapacityError(Problem(field=f"request {request.req_id!r}", value=(len(request.prompt),
+                                                                                    request.max_new_tokens),
+                                        limit=f"needs 1 <= prompt + max_new_tokens <= max_model_len={limit}",
+                                        fix="shorten the prompt or generate fewer tokens"))
+        self._waiting.append(request)
+
+    @property
+    def done(self) -> bool:
+        """No request waiting or running."""
+        return not self._waiting and not self._running
+
+    def run(self, requests: Sequence[DemoRequest] = (), *, arrivals: dict[int, Sequence[DemoRequest]] | None = None,
+            max_steps: int = 100_000, on_step: Callable[[EngineStats], None] | None = None) -> EngineStats:
+        """Add ``requests``, then step until every request (including ``arrivals[step]``, added
+        before that step) has finished, calling ``on_step(stats)`` after each step (progress).
+        Returns the stats."""
+        for r in requests:
+            self.add(r)
+        arrivals = dict(arrivals or {})
+        while not self.done or arrivals:
+            for r in arrivals.pop(self.stats.steps, ()):
+                self.add(r)
+            if self.stats.steps >= max_steps:
+                raise CapacityError(Problem(field="max_steps", value=max_steps, limit="the run did not finish",
+                                            fix="raise max_steps, or check that requests fit the pool"))
+            self.step()
+            if on_step is not None:
+                on_step(self.stats)
+        return self.stats
+
+    def step(self) -> None:
+        """Schedule, run and sample one step (a no-op step when nothing can run)."""
+        start = time.perf_counter()
+        batch, chunks = self._schedule()
+        if not chunks:
+            self.stats.steps += 1
+            return
+        ids = [t for run, n in chunks for t in run.tokens[run.computed:run.computed + n]]
+        logits = self.step_api.run(self.forward, batch, input_ids=ids)
+        ends, offset = [], 0
+        for run, n in chunks:
+            offset += n
+            ends.append(offset - 1)
+        if self.record:
+            offset = 0
+            for run, n in chunks:
+                for i in range(n):
+                    self.records.append((run.request.req_id, run.computed + i, logits[offset + i].detach().cpu()))
+                offset += n
+        next_tokens = logits[ends].argmax(-1).tolist()
+        for (run, n), token in zip(chunks, next_tokens):
+            run.computed += n
+            if run.computed == len(run.tokens):  # the query reached the end: sample
+                run.tokens.append(int(token))
+                self.stats.generated += 1
+                if run.generated >= run.request.max_new_tokens:
+                    self._finish(run)
+        self.stats.steps += 1
+        self.stats.tokens += len(ids)
+        self.stats.seconds += time.perf_counter() - start
+
+    def _schedule(self) -> tuple[Batch, list[tuple[_Running, int]]]:
+        limits = self.plan.limits
+        budget = limits.max_num_batched_tokens
+        chunks: list[tuple[_Running, int]] = []
+        new_pages: list[tuple[tuple[int, ...], ...] | None] = []
+        for run in self._running.values():  # running requests first: decode or the next prefill chunk
+            n = min(len(run.tokens) - run.computed, budget)
+            if n == 0:
+                continue
+            pages = self._grow(run, run.computed + n)
+            if pages is None:
+                continue  # out of pages: it waits for a finished request to free some
+            chunks.append((run, n))
+            new_pages.append(pages)
+            budget -= n
+        while self._waiting and budget > 0 and len(self._running) < limits.max_num_seqs:
+            request = self._waiting[0]
+            run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups])
+            n = min(len(run.tokens), budget)
+            pages = self._grow(run, n)
+            if pages is None:
+                break  # FIFO: the head of the queue waits for pages
+            self._waiting.popleft()
+            self._running[request.req_id] = run
+            chunks.append((run, n))
+            new_pages.append(pages)
+            budget -= n
+        batch = Batch(req_ids=tuple(run.request.req_id for run, _ in chunks),
+                      query_lens=tuple(n for _, n in chunks),
+                      seq_lens=tuple(run.computed + n for run, n in chunks),
+                      new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
+        return batch, chunks
+
+    def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...] | None:
+        """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none);
+        ``None`` (nothing taken) when the free list is short."""
+        need = []
+        for g in self.plan.groups:
+            want = 1 if g.is_ssm else -(-seq_len // g.block_size)
+            need.append(max(0, want - len(run.pages[g.index])))
+        if sum(need) > len(self._free):
+            return None
+        if not any(need):
+            return ()
+        out = []
+        for g, n in enumerate(need):
+            ids = tuple(self._free.pop() for _ in range(n))
+            self.stats.pages_allocated += n
+            self.stats.pages_reused += sum(1 for p in ids if p in self._released)
+            run.pages[g].extend(ids)
+            out.append(ids)
+        return tuple(out)
+
+    def _finish(self, run: _Running) -> None:
+        req_id = run.request.req_id
+        del self._running[req_id]
+        self.step_api.finish(req_id)
+        for pages in run.pages:
+            self._free.extend(pages)
+            self._released.update(pages)
+        self.finished[req_id] = run.tokens
+        self.stats.finished += 1
