@@ -10,19 +10,14 @@ decode; finished requests free their pages and later requests reuse them.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on CPU run in the interpreter
-
-import graphkv  # noqa: E402
-from graphkv.models.demo_engine import DemoEngine, DemoRequest  # noqa: E402
-from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid  # noqa: E402
-from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv  # noqa: E402
-from graphkv.runtime.kv_pool import allocate  # noqa: E402
-from graphkv.runtime.step import Step  # noqa: E402
+import graphkv
+from graphkv.models.demo_engine import DemoEngine, DemoRequest
+from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
+from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
+from graphkv.runtime.kv_pool import allocate
+from graphkv.runtime.step import Step
 
 
 def main() -> None:

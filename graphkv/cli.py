@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from typing import Any, Sequence
@@ -245,11 +244,6 @@ def _run_demo(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise _flag_error("--" + flag.replace("_", "-"), getattr(args, flag), "must be >= 1",
                               "pass a positive integer")
-    if args.device != "cuda" and "TRITON_INTERPRET" not in os.environ:
-        # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before
-        # Triton is first imported, which the demo does next.
-        if "triton" not in sys.modules and (args.device == "cpu" or not _cuda_available()):
-            os.environ["TRITON_INTERPRET"] = "1"
     from graphkv.models.demo import run_demo
 
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
@@ -257,12 +251,6 @@ def _run_demo(args: argparse.Namespace) -> int:
                           device=args.device, capture=not args.no_capture, seed=args.seed)
     print(run_demo(options))
     return 0
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
