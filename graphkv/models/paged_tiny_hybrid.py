@@ -18,6 +18,7 @@ whose steps are a few hundred tokens.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
@@ -37,14 +38,22 @@ class PagedTinyHybrid(torch.nn.Module):
     :func:`graphkv.models.tiny_hybrid.model_kv` with the flex backend).
 
     ``forward(input_ids [T] int64) -> logits [T, vocab]`` runs inside a step's forward context.
+    ``compile_attention``: wrap :func:`paged_flex_attention` in ``torch.compile`` (default: on a
+    GPU pool).
     """
 
-    def __init__(self, weights: TinyHybridWeights, pool: KVPool) -> None:
+    def __init__(self, weights: TinyHybridWeights, pool: KVPool, *, compile_attention: bool | None = None) -> None:
         super().__init__()
         self.weights = weights
         self.config = weights.config
         self.pool = pool
         self.layer_names = [f"layers.{i}" for i in range(len(self.config.pattern))]
+        # Compiled flex reads only the blocks the mask lists and runs the fused Triton kernel;
+        # the default compiles on a GPU and stays eager on a CPU (compiling takes seconds there).
+        if compile_attention is None:
+            compile_attention = pool.device.type == "cuda"
+        self._attend: Callable[..., torch.Tensor] = (torch.compile(paged_flex_attention, fullgraph=True)
+                                                     if compile_attention else paged_flex_attention)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of every packed token of the step (padding tokens give unused rows)."""
@@ -65,7 +74,7 @@ class PagedTinyHybrid(torch.nn.Module):
         g = ctx.group(name)
         cache = self.pool.kv_cache(name)
         write_kv(k.contiguous(), v.contiguous(), cache, ctx.slot_mappings[g], layout=self.pool.layout(name))
-        out = paged_flex_attention(q.contiguous(), cache, mask, scale=self.config.head_size ** -0.5)
+        out = self._attend(q.contiguous(), cache, mask, scale=self.config.head_size ** -0.5)
         return out.reshape(h.shape[0], -1) @ self.weights[name + ".wo"]
 
     def _recurrence(self, ctx: StepContext, name: str, h: torch.Tensor) -> torch.Tensor:
