@@ -37,7 +37,8 @@ def variants(name: str) -> list[tuple[str, int, Limits]]:
         return base + [("tp1 len=32768", 1, Limits(max_model_len=32768, tensor_parallel_size=1))]
     return base + [
         ("tp2 auto", 2, Limits(tensor_parallel_size=2)),
-        ("tp1 mamba=align", 1, Limits(mamba_cache_mode="align", tensor_parallel_size=1)),
+        # align keeps 2 state pages per Mamba group per sequence: 128 sequences fit every preset
+        ("tp1 align seqs=128", 1, Limits(mamba_cache_mode="align", max_num_seqs=128, tensor_parallel_size=1)),
         ("tp1 mamba=all", 1, Limits(mamba_cache_mode="all", tensor_parallel_size=1)),
     ]
 
