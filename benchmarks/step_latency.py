@@ -115,7 +115,7 @@ def host_table(max_batch: int, repeats: int, device: str) -> list[dict]:
 
         def bookkeeping() -> None:
             n_req, qlens, slens, known = step._check(decode)
-            rows_ = step._assign_rows(decode, known)
+            rows_ = step._assign_rows(decode, known, slens)
             step._stage(n_req, int(qlens.sum()), n_req, qlens, slens, rows_)
 
         host_s = timed(bookkeeping, repeats, sync=False)

@@ -8,8 +8,11 @@ pages of finished requests (later requests reuse them).
 
 Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages,
 a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
-out. With ``record=True`` the engine keeps every computed logit row with its request and
-position, so a test can compare the paged run with the dense reference.
+out. A request is admitted only when the free pages cover its whole life (prompt plus
+``max_new_tokens``) besides what running requests may still take, so running requests never wait
+for pages (there is no preemption: requests that all waited for pages would wait forever). With
+``record=True`` the engine keeps every computed logit row with its request and position, so a
+test can compare the paged run with the dense reference.
 """
 
 from __future__ import annotations
@@ -153,18 +156,22 @@ class DemoEngine:
             if n == 0:
                 continue
             pages = self._grow(run, run.computed + n)
-            if pages is None:
-                continue  # out of pages: it waits for a finished request to free some
+            assert pages is not None, "admission promised every running request its lifetime pages"
             chunks.append((run, n))
             new_pages.append(pages)
             budget -= n
+        # Pages the running requests may still take; the rest can be promised to a new request.
+        promised = sum(self._lifetime_pages(run.request) - sum(map(len, run.pages))
+                       for run in self._running.values())
         while self._waiting and budget > 0 and len(self._running) < limits.max_num_seqs:
             request = self._waiting[0]
+            if self._lifetime_pages(request) > len(self._free) - promised:
+                break  # FIFO: the head of the queue waits for pages
             run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups])
             n = min(len(run.tokens), budget)
             pages = self._grow(run, n)
-            if pages is None:
-                break  # FIFO: the head of the queue waits for pages
+            assert pages is not None, "admission checked the request's lifetime pages"
+            promised += self._lifetime_pages(request) - sum(map(len, run.pages))
             self._waiting.popleft()
             self._running[request.req_id] = run
             chunks.append((run, n))
@@ -175,6 +182,12 @@ class DemoEngine:
                       seq_lens=tuple(run.computed + n for run, n in chunks),
                       new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
         return batch, chunks
+
+    def _lifetime_pages(self, request: DemoRequest) -> int:
+        """Pages ``request`` holds at its end, all groups: its last computed token is at
+        ``prompt + max_new_tokens - 1`` (the last sampled token is never fed back)."""
+        seq_len = len(request.prompt) + max(request.max_new_tokens - 1, 0)
+        return sum(1 if g.is_ssm else -(-seq_len // g.block_size) for g in self.plan.groups)
 
     def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...] | None:
         """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none);

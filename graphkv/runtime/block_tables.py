@@ -2,9 +2,9 @@
 
 Each KV-cache group has a persistent device table ``[max_num_seqs, block_table_width] int32`` in
 kernel blocks (each group its own width) and a host mirror (numpy). Request rows change on the
-host (:meth:`BlockTables.append`, :meth:`~BlockTables.overwrite`, :meth:`~BlockTables.remove`,
-:meth:`~BlockTables.move`); the changed column ranges are remembered and :meth:`commit` copies
-them to the device with ONE kernel launch. Per step, :meth:`gather` packs the step's rows into
+host (:meth:`BlockTables.append`, :meth:`~BlockTables.overwrite`, :meth:`~BlockTables.truncate`,
+:meth:`~BlockTables.remove`, :meth:`~BlockTables.move`); the changed column ranges are remembered
+and :meth:`commit` copies them to the device with ONE kernel launch. Per step, :meth:`gather` packs the step's rows into
 persistent input tables and :meth:`compute_slot_mappings` fills the persistent slot mapping.
 The kernels are the Triton ones on CUDA devices and the torch ones elsewhere (``kernels="auto"``,
 see :mod:`graphkv.runtime.kernel_choice`); both fill the same buffers the same way.
@@ -74,6 +74,11 @@ class BlockTables:
         self.num_pages_np = np.zeros((len(groups), self.max_num_seqs), dtype=np.int32)
         self._dirty: dict[tuple[int, int], tuple[int, int]] = {}  # (group, row) -> columns [lo, hi)
         self._staged = torch.empty(0, dtype=torch.int64, device=self.device)  # grows, never shrinks
+        self._staged_host = torch.empty(0, dtype=torch.int64)  # its pinned host twin (CUDA only)
+        self._commit_copied: torch.cuda.Event | None = None
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                self._commit_copied = torch.cuda.Event()
 
     @property
     def num_groups(self) -> int:
@@ -132,6 +137,26 @@ class BlockTables:
             self.num_pages_np[g, req_index] = len(ids)
             self._mark(g, req_index, 0, write_expanded(self.tables_np[g][req_index], 0, ids, self.bpks[g]))
 
+    def truncate(self, req_index: int, num_pages_per_group: Sequence[int]) -> None:
+        """Keep only the first ``num_pages_per_group[g]`` pages of row ``req_index`` in each group
+        (the rest return to the null page), e.g. to undo an :meth:`append`. Raises
+        :class:`SpecError` for a count above the pages the row holds (nothing is changed then)."""
+        self._check_row("req_index", req_index)
+        keep = [int(n) for n in num_pages_per_group]
+        held = self.num_pages_np[:, req_index].copy()
+        bad = [g for g, n in enumerate(keep) if not 0 <= n <= held[g]] if len(keep) == self.num_groups else [-1]
+        if bad:
+            raise SpecError(Problem(field="num_pages_per_group", value=keep,
+                                    limit=f"needs one count per group ({self.num_groups}), each in 0..pages held "
+                                          f"({held.tolist()} for row {req_index})",
+                                    fix="pass how many of the row's pages to keep in each group"))
+        for g, n in enumerate(keep):
+            lo, hi = n * self.bpks[g], int(held[g]) * self.bpks[g]
+            if hi > lo:
+                self.tables_np[g][req_index, lo:hi] = 0
+                self._mark(g, req_index, lo, hi)
+            self.num_pages_np[g, req_index] = n
+
     def remove(self, req_index: int) -> None:
         """Free row ``req_index`` in every group (its entries return to the null page)."""
         self._check_row("req_index", req_index)
@@ -169,9 +194,17 @@ class BlockTables:
         np.cumsum([len(v) for v in values], out=starts[1:])
         staged = np.concatenate([dst, starts, *[v.astype(np.int64) for v in values]])
         if self._staged.numel() < staged.size:
-            self._staged = torch.empty(max(staged.size, 2 * self._staged.numel()), dtype=torch.int64,
-                                       device=self.device)
-        self._staged[:staged.size].copy_(torch.from_numpy(staged))
+            size = max(staged.size, 2 * self._staged.numel())
+            self._staged = torch.empty(size, dtype=torch.int64, device=self.device)
+            if self.device.type == "cuda":  # pinned, so the copy below does not wait for the stream
+                self._staged_host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        if self._commit_copied is not None:
+            self._commit_copied.synchronize()  # the last commit's copy has read the pinned buffer
+            self._staged_host[:staged.size].copy_(torch.from_numpy(staged))
+            self._staged[:staged.size].copy_(self._staged_host[:staged.size], non_blocking=True)
+            self._commit_copied.record()
+        else:
+            self._staged[:staged.size].copy_(torch.from_numpy(staged))
         apply = apply_row_writes if self._kernels == "triton" else torch_kernels.apply_row_writes
         apply(self._packed, self._staged, len(segments))
         self._dirty.clear()

@@ -15,12 +15,15 @@ tensors, logged once per reason. Without CUDA every step runs eagerly.
 
 Example (a serving step)::
 
-    fwd = graphkv.runtime.capture(plan, static_inputs={"input_ids": ids_gpu, "positions": pos_gpu,
-                                                       "slot_mapping": slots_gpu},
-                                  token_dims={"slot_mapping": 1})(model.forward)
-    fwd.capture(prepare=lambda key: forward_context(step.dummy_context(key)))
-    with forward_context(step.context()):
-        hidden = fwd(num_tokens=n, num_reqs=r, uniform=is_decode, input_ids=ids, positions=pos)
+    step = graphkv.runtime.step.Step(plan, "cuda")
+    fwd = graphkv.capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
+    fwd.capture(prepare=step.capture_context)         # dummy steps of each key's size
+    logits = step.run(fwd, batch, input_ids=ids)     # prepare + forward_context + replay or eager
+
+or, driving the call yourself after ``step.prepare(batch, padded_tokens=fwd.padded_tokens)``::
+
+    with forward_context(step.context):
+        logits = fwd(num_tokens=n, num_reqs=r, uniform=is_decode, input_ids=ids)
 """
 
 from __future__ import annotations

@@ -39,4 +39,4 @@ def current_context() -> Any:
     except LookupError:
         raise CaptureError(Problem(field="forward_context", value=None,
                                    limit="an attention / state layer ran outside a forward_context block",
-                                   fix="run the model inside `with graphkv.runtime.forward_context(step.context()):`")) from None
+                                   fix="run the model through Step.run, or inside `with forward_context(step.context):`")) from None

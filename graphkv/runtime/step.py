@@ -174,7 +174,12 @@ class Step:
         self._host32, self._dev32 = self._staging(4 * seqs + 2, torch.int32)
         self._host64, self._dev64 = self._staging(o_pos + 3 * tokens, torch.int64)
         self._np32, self._np64 = self._host32.numpy(), self._host64.numpy()
-        self._copied: torch.cuda.Event | None = torch.cuda.Event() if dev.type == "cuda" else None
+        self._copied: torch.cuda.Event | None = None
+        self._ids_host: torch.Tensor | None = None  # pinned staging of host token ids (CUDA)
+        if dev.type == "cuda":
+            with torch.cuda.device(dev):
+                self._copied = torch.cuda.Event()
+            self._ids_host = torch.zeros(tokens, dtype=torch.int64, pin_memory=True)
 
         def view32(name: str, n: int) -> torch.Tensor:
             return self._dev32[s32[name]:s32[name] + n]
@@ -202,6 +207,10 @@ class Step:
         self._rows: dict[Hashable, int] = {}
         self._free_rows = list(range(seqs - 1, -1, -1))  # pop() hands out row 0 first
         self._ssm_groups = ssm_groups
+        # Tokens one page holds per group (0 for state groups, which need exactly one page).
+        self._state_group = np.array([[g.is_ssm] for g in plan.groups])
+        self._page_tokens = np.array([[g.block_size] for g in plan.groups], dtype=_I64)
+        self._tokens_per_page = np.where(self._state_group, plan.max_model_len, self._page_tokens)
         self._last_reqs = 0  # batch rows the last staged step used
         self._arange = np.arange(max(seqs, tokens), dtype=_I64)
         self._context = StepContext(
@@ -260,7 +269,12 @@ class Step:
         key = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=n_req,
                        uniform=uniform).key
         padded = padded_tokens(num_tokens, n_req, uniform) if padded_tokens is not None else num_tokens
-        rows = self._assign_rows(batch, known_rows)
+        if not num_tokens <= padded <= self.max_num_tokens:
+            raise SpecError(Problem(field="padded_tokens", value=padded,
+                                    limit=f"must be in [num_tokens={num_tokens}, max_num_batched_tokens="
+                                          f"{self.max_num_tokens}]",
+                                    fix="return the graph key's token count, or num_tokens for an eager step"))
+        rows = self._assign_rows(batch, known_rows, slens)
         self._stage(n_req, num_tokens, padded, qlens, slens, rows)
         self._launch(n_req, dummy=False)
         return PreparedStep(num_tokens=num_tokens, num_reqs=n_req, num_tokens_padded=padded, uniform=uniform,
@@ -278,19 +292,28 @@ class Step:
         ``forward`` is a :class:`~graphkv.runtime.capture.CapturedForward` (called with the step's
         sizes; it replays a graph or runs eagerly) or a plain callable taking ``input_ids``.
         ``input_ids``: ``[num_tokens]`` token ids, packed in batch order. Returns the forward's
-        output for the step's ``num_tokens`` tokens.
+        output for the step's ``num_tokens`` tokens. Raises :class:`SpecError` for ``input_ids``
+        of another length, and as :meth:`prepare` does, before changing anything.
         """
         padded_tokens = getattr(forward, "padded_tokens", None)
+        if not isinstance(input_ids, torch.Tensor):
+            input_ids = torch.as_tensor(input_ids, dtype=torch.int64)
+        if input_ids.shape != (batch.num_tokens,):  # checked before prepare changes any row or table
+            raise SpecError(Problem(field="input_ids", value=tuple(input_ids.shape),
+                                    limit=f"must be [{batch.num_tokens}] (the batch's query lengths summed)",
+                                    fix="pack each request's new tokens in batch order"))
         prepared = self.prepare(batch, padded_tokens=padded_tokens)
         ids = self.input_ids[:prepared.num_tokens]
-        if isinstance(input_ids, torch.Tensor):
-            if input_ids.shape != (prepared.num_tokens,):
-                raise SpecError(Problem(field="input_ids", value=tuple(input_ids.shape),
-                                        limit=f"must be [{prepared.num_tokens}] (the batch's query lengths summed)",
-                                        fix="pack each request's new tokens in batch order"))
-            ids.copy_(input_ids)
+        if self._ids_host is not None and input_ids.device.type == "cpu":
+            # Through pinned memory, so the copy does not wait for the previous step's forward;
+            # the staging event (synchronized in the next _stage) covers it.
+            host = self._ids_host[:prepared.num_tokens]
+            host.copy_(input_ids)
+            ids.copy_(host, non_blocking=True)
+            assert self._copied is not None
+            self._copied.record()
         else:
-            ids.copy_(torch.as_tensor(input_ids, dtype=torch.int64))
+            ids.copy_(input_ids)
         if prepared.num_tokens_padded > prepared.num_tokens:
             self.input_ids[prepared.num_tokens:prepared.num_tokens_padded].zero_()
         with forward_context(self.context):
@@ -355,27 +378,56 @@ class Step:
             raise SpecError(*problems)
         return n_req, qlens, slens, rows
 
-    def _assign_rows(self, batch: Batch, rows: list[int | None]) -> list[int]:
-        """Rows of the batch's requests (``rows``: known rows, ``None`` for new requests, which get
-        a free row), then the new pages appended and committed."""
-        new = [i for i, row in enumerate(rows) if row is None] if None in rows else []
+    def _check_pages(self, batch: Batch, slens: np.ndarray, rows: np.ndarray) -> None:
+        """Raise :class:`CapacityError` when a request holds too few pages for this step (after
+        its appends): a state group needs its state page, an attention group ``cdiv(seq_len,
+        block_size)`` pages (fewer pages would write K/V into the null page)."""
+        held = self.tables.num_pages_np[:, rows]  # [G, n_req]
+        # held pages x tokens per page >= seq_len; a state page "holds" any length (hot path: 2 ops)
+        if not (held * self._tokens_per_page < slens).any():
+            return
+        need = np.where(self._state_group, 1, -(-slens[None, :] // self._page_tokens))
+        g, i = (int(x) for x in np.argwhere(held < need)[0])
+        what = "its state page" if self._state_group[g, 0] else f"block_size {int(self._page_tokens[g, 0])}"
+        raise CapacityError(Problem(
+            field=f"batch.new_pages[{i}][{g}] ({batch.req_ids[i]!r})", value=f"{int(held[g, i])} page(s) held",
+            limit=f"group {g} needs {int(need[g, i])} page(s) for seq_len={int(slens[i])} ({what})",
+            fix="give the request its new pages in this step's Batch.new_pages"))
+
+    def _assign_rows(self, batch: Batch, known: list[int | None], slens: np.ndarray) -> np.ndarray:
+        """Rows of the batch's requests (``known``: rows, ``None`` for requests that join now and
+        get a free row), then the new pages appended, checked and committed. On any error the
+        whole batch is undone (pages appended to earlier requests, rows of joining requests)."""
+        new = [i for i, row in enumerate(known) if row is None] if None in known else []
         for i in new:
-            rows[i] = self._free_rows.pop()
-            self._rows[batch.req_ids[i]] = rows[i]
+            known[i] = self._free_rows.pop()
+            self._rows[batch.req_ids[i]] = known[i]
+        rows = np.array(known, dtype=_I64)
+        held = self.tables.num_pages_np[:, rows] if batch.new_pages else None  # [G, n_req] before (a copy)
         try:
             for i, pages in enumerate(batch.new_pages):
-                if pages is not None:
-                    self.tables.append(rows[i], pages)
+                if pages is None:
+                    continue
+                if len(pages) != self.tables.num_groups:
+                    raise SpecError(Problem(field=f"batch.new_pages[{i}] ({batch.req_ids[i]!r})", value=len(pages),
+                                            limit=f"needs one page-ID list per KV-cache group "
+                                                  f"({self.tables.num_groups})",
+                                            fix="pass () for groups that gain no pages, or None for the request"))
+                self.tables.append(int(rows[i]), pages)
+            self._check_pages(batch, slens, rows)
         except (SpecError, CapacityError):
-            for i in new:  # a request that failed to join leaves no row behind
-                self.tables.remove(rows[i])
+            if held is not None:
+                for i, row in enumerate(rows):
+                    self.tables.truncate(int(row), held[:, i])
+            for i in new:
+                self.tables.remove(int(rows[i]))
                 self._free_rows.append(self._rows.pop(batch.req_ids[i]))
             raise
         self.tables.commit()
         return rows
 
     def _stage(self, n_req: int, num_tokens: int, padded: int, qlens: np.ndarray, slens: np.ndarray,
-               rows: list[int] | None) -> None:
+               rows: np.ndarray | None) -> None:
         """Host side: write the step's metadata into the staging arrays (numpy only). Rows past
         ``n_req`` are zero (state page 0: the null page) and tokens past ``num_tokens`` up to
         ``padded`` are padding (row -1, position 0); only entries the last step set are cleared."""
@@ -389,26 +441,35 @@ class Step:
         np.cumsum(qlens, out=qsl[1:n_req + 1])
         qsl[n_req + 1:] = num_tokens
         a32[o32["nreq"]] = n_req
+        ctx = a64[o64["ctx"]:o64["ctx"] + n_req]
+        np.subtract(slens, qlens, out=ctx)
         for array, off, values in ((a32, o32["seq"], slens), (a32, o32["valid"], 1),
-                                   (a32, o32["idx"], rows if rows is not None else 0),
-                                   (a64, o64["qlen"], qlens), (a64, o64["ctx"], slens - qlens)):
+                                   (a32, o32["idx"], rows if rows is not None else 0), (a64, o64["qlen"], qlens)):
             array[off:off + n_req] = values
-            array[off + n_req:off + clear] = 0
+        if clear > n_req:
+            for array, off in ((a32, o32["seq"]), (a32, o32["valid"]), (a32, o32["idx"]), (a64, o64["qlen"]),
+                               (a64, o64["ctx"]), *((a64, o64[f"state{g}"]) for g in self._ssm_groups)):
+                array[off + n_req:off + clear] = 0
         idx = a32[o32["idx"]:o32["idx"] + n_req]
         for g in self._ssm_groups:  # the state page of each row: its first page (bpk 1 for states)
             off = o64[f"state{g}"]
             a64[off:off + n_req] = self.tables.tables_np[g][idx, 0] if rows is not None else 0
-            a64[off + n_req:off + clear] = 0
         # Per token: batch row, offset inside the query, position. Padding tokens: row -1.
         row = a64[o64["row"]:o64["row"] + padded]
-        row[:num_tokens] = np.repeat(self._arange[:n_req], qlens)
-        row[num_tokens:] = -1
         offset = a64[o64["off"]:o64["off"] + padded]
-        np.subtract(self._arange[:num_tokens], qsl[row[:num_tokens]], out=offset[:num_tokens])
-        offset[num_tokens:] = 0
         pos = a64[o64["pos"]:o64["pos"] + padded]
-        np.add(offset[:num_tokens], a64[o64["ctx"]:o64["ctx"] + n_req][row[:num_tokens]], out=pos[:num_tokens])
-        pos[num_tokens:] = 0
+        if num_tokens == n_req:  # one token per request (decode): row i, offset 0, position ctx
+            row[:n_req] = self._arange[:n_req]
+            offset[:n_req] = 0
+            pos[:n_req] = ctx
+        else:
+            row[:num_tokens] = np.repeat(self._arange[:n_req], qlens)
+            np.subtract(self._arange[:num_tokens], qsl[row[:num_tokens]], out=offset[:num_tokens])
+            np.add(offset[:num_tokens], ctx[row[:num_tokens]], out=pos[:num_tokens])
+        if padded > num_tokens:
+            row[num_tokens:] = -1
+            offset[num_tokens:] = 0
+            pos[num_tokens:] = 0
 
     def _launch(self, n_req: int, *, dummy: bool) -> None:
         """Device side: two staging copies (none on CPU), the table gather and the slot mappings."""

@@ -31,6 +31,7 @@ def _requests(lengths, new_tokens, seed=1):
 
 @pytest.mark.parametrize("pattern", ["MAMA", "AAA", "MMM"])
 def test_paged_logits_equal_dense_over_continuous_batching(pattern):
+    """Paged logits equal the dense reference for every token of a run where requests join, leave and reuse pages."""
     # 6 requests, at most 3 running, a 64-token step budget (the 97-token prompt is chunked),
     # and a pool too small for all of them at once: finished requests' pages are reused.
     engine, weights = _engine(pattern, num_blocks=24)
@@ -68,3 +69,15 @@ def test_compiled_attention_equals_dense():
     engine.run(reqs)
     dense = {r.req_id: dense_forward(weights, engine.finished[r.req_id]) for r in reqs}
     assert max((row - dense[req][pos]).abs().max().item() for req, pos, row in engine.records) < 2e-4
+
+
+def test_requests_that_each_fit_the_pool_all_finish_when_they_do_not_fit_together():
+    """Admission promises each request its lifetime pages, so running requests never all wait for pages."""
+    # 4 usable pages; each request ends with 3 attention pages + 1 state page, and starts with 2:
+    # admitting both at once would leave both waiting for a 3rd page forever (no preemption).
+    config = TinyHybridConfig(pattern="MA")
+    plan = graphkv.compile(model_kv(config), graphkv.Limits(max_model_len=48, max_num_seqs=2, max_num_batched_tokens=32,
+                                                            num_blocks_override=5), None)
+    engine = DemoEngine(plan, Step(plan), PagedTinyHybrid(init_weights(config), allocate(plan)))
+    stats = engine.run(_requests([15, 15], [33, 33]), max_steps=200)
+    assert stats.finished == 2 and stats.pages_reused == 4

@@ -82,6 +82,23 @@ def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     assert _device_matches_host(tables)
 
 
+def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kernels):
+    """truncate keeps the first pages of each group (the rest become the null page 0) and checks its counts."""
+    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables.append(0, [[1, 2], [3], [4]])
+    tables.commit()
+    before = [t.clone() for t in tables.tables]
+    tables.append(0, [[5], [6], None])
+    tables.truncate(0, [2, 1, 1])
+    tables.commit()
+    assert tables.num_pages_np[:, 0].tolist() == [2, 1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(before, tables.tables)) and _device_matches_host(tables)
+    with pytest.raises(SpecError, match=r"num_pages_per_group=\[3, 1, 1\]: needs one count per group \(3\)"):
+        tables.truncate(0, [3, 1, 1])
+    with pytest.raises(SpecError, match="one count per group"):
+        tables.truncate(0, [1])
+    assert tables.num_pages_np[:, 0].tolist() == [2, 1, 1]
+
 def test_append_beyond_capacity_names_row_group_pages_and_fix():
     """CapacityError names the row, group, pages held, capacity and the fix, and changes nothing."""
     plan = widths_plan()

@@ -36,6 +36,7 @@ def _pages(plan, attn_pages, state_page):
 
 
 def test_metadata_of_a_mixed_step():
+    """Query starts, lengths, positions, token rows/offsets, state pages and slots of a prefill + continuation step."""
     plan = _plan()
     step = Step(plan)
     attn, ssm = _groups(plan)
@@ -62,6 +63,7 @@ def test_metadata_of_a_mixed_step():
 
 
 def test_persistent_buffers_keep_their_addresses_across_steps():
+    """Every tensor a forward or a graph reads keeps its data_ptr() through joins, leaves and decode steps."""
     plan = _plan()
     step = Step(plan)
     named = {n: t for n, t in vars(step).items() if isinstance(t, torch.Tensor)}
@@ -81,6 +83,7 @@ def test_persistent_buffers_keep_their_addresses_across_steps():
 
 
 def test_rows_are_reused_after_finish_and_tables_follow_the_request():
+    """A finished request's row goes to the next new request; batch rows gather the right persistent rows."""
     plan = _plan()
     attn, _ = _groups(plan)
     bpk = plan.groups[attn].bpk
@@ -99,6 +102,8 @@ def test_rows_are_reused_after_finish_and_tables_follow_the_request():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_uniform_decode_keys_and_padding_for_every_batch_size(n):
+    """Decode batches of 1..max_num_seqs get the smallest decode key; padding tokens get row -1;
+    masks are built for the padded size."""
     plan = _plan()
     step = Step(plan)
     step.prepare(Batch(req_ids=tuple(range(n)), query_lens=(5,) * n, seq_lens=(5,) * n,
@@ -116,6 +121,7 @@ def test_uniform_decode_keys_and_padding_for_every_batch_size(n):
 
 
 def test_cpu_captured_forward_runs_the_step_eagerly_and_says_why():
+    """On CPU the captured forward runs the step eagerly on exactly num_tokens and the report says why."""
     plan = _plan("AAA")
     step = Step(plan)
     calls = []
@@ -134,6 +140,7 @@ def test_cpu_captured_forward_runs_the_step_eagerly_and_says_why():
 
 
 def test_bad_batches_raise_and_change_nothing():
+    """Each inconsistent batch raises a GraphkvError naming the problem and leaves no row or page behind."""
     plan = _plan()
     step = Step(plan)
     ok = Batch(req_ids=("a",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),))
@@ -159,7 +166,38 @@ def test_bad_batches_raise_and_change_nothing():
         step.finish("zzz")
 
 
+def test_a_batch_that_fails_part_way_undoes_the_pages_earlier_requests_were_given():
+    """A batch whose second request's pages are refused leaves the first request's table as it was."""
+    plan = _plan()
+    attn, _ = _groups(plan)
+    step = Step(plan)
+    step.prepare(Batch(req_ids=("a",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),)))
+    held, host = step.tables.num_pages_np.copy(), [t.copy() for t in step.tables.tables_np]
+    device = [t.clone() for t in step.tables.tables]
+    more_a = tuple((5,) if g == attn else () for g in range(len(plan.groups)))  # "a" gets a 2nd attention page
+    for pages_x, error in ((_pages(plan, [99], 6), SpecError), (_pages(plan, range(10, 19), 6), CapacityError)):
+        bad = Batch(req_ids=("a", "x"), query_lens=(1, 1), seq_lens=(20, 1), new_pages=(more_a, pages_x))
+        with pytest.raises(error):
+            step.prepare(bad)
+        assert step.active_requests == ("a",) and np.array_equal(step.tables.num_pages_np, held)
+        assert all(np.array_equal(a, b) for a, b in zip(host, step.tables.tables_np))
+    step.prepare(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(4,)))  # commits whatever was left staged
+    assert all(torch.equal(a, b) for a, b in zip(device, step.tables.tables))
+
+
+def test_run_checks_input_ids_before_changing_anything():
+    """input_ids of the wrong length raise SpecError before a row is taken or a page appended."""
+    plan = _plan()
+    step = Step(plan)
+    batch = Batch(req_ids=("a",), query_lens=(2,), seq_lens=(2,), new_pages=(_pages(plan, [3], 4),))
+    for ids in ([1, 2, 3], torch.tensor([1, 2, 3])):
+        with pytest.raises(SpecError, match=r"input_ids=\(3,\): must be \[2\]"):
+            step.run(lambda input_ids: input_ids, batch, input_ids=ids)
+        assert step.active_requests == () and not step.tables.num_pages_np.any()
+    assert step.run(lambda input_ids: input_ids + 1, batch, input_ids=[1, 2]).tolist() == [2, 3]
+
 def test_capture_dummy_writes_only_to_the_null_page_and_keeps_live_rows():
+    """Capture's dummy steps write only into the null page and leave live requests' tables untouched."""
     plan = _plan()
     attn, _ = _groups(plan)
     step = Step(plan)
@@ -174,3 +212,31 @@ def test_capture_dummy_writes_only_to_the_null_page_and_keeps_live_rows():
             assert int(ctx.row_valid.sum()) == (key.num_reqs or 4)
         assert torch.equal(step.tables.tables[attn], live)
     assert np.array_equal(step.tables.num_pages_np[attn][:1], [1])
+
+
+def test_missing_pages_and_bad_padding_are_refused_before_anything_changes():
+    """A request without its state page or without enough attention pages for its length, a
+    wrong group count, or a padded size outside [num_tokens, max_num_batched_tokens] is refused."""
+    plan = _plan()
+    attn, ssm = _groups(plan)
+    bs = plan.groups[attn].block_size
+    step = Step(plan)
+    no_state = [()] * len(plan.groups)
+    no_state[attn] = (3,)
+    cases = [
+        (Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(tuple(no_state),)), CapacityError,
+         "its state page"),
+        (Batch(req_ids=("x",), query_lens=(bs + 1,), seq_lens=(bs + 1,), new_pages=(_pages(plan, [3], 4),)),
+         CapacityError, f"needs 2 page\\(s\\) for seq_len={bs + 1}"),
+        (Batch(req_ids=("x",), query_lens=(1,), seq_lens=(1,), new_pages=(((3,),),)), SpecError,
+         "one page-ID list per KV-cache group"),
+    ]
+    for batch, error, text in cases:
+        with pytest.raises(error, match=text):
+            step.prepare(batch)
+        assert step.active_requests == () and int(step.tables.num_pages_np.sum()) == 0
+    ok = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),))
+    for padded in (2, 65):
+        with pytest.raises(SpecError, match="padded_tokens"):
+            step.prepare(ok, padded_tokens=lambda t, r, u, p=padded: p)
+    assert step.active_requests == ()
