@@ -212,6 +212,7 @@ class Step:
         self._page_tokens = np.array([[g.block_size] for g in plan.groups], dtype=_I64)
         self._tokens_per_page = np.where(self._state_group, plan.max_model_len, self._page_tokens)
         self._last_reqs = 0  # batch rows the last staged step used
+        self._num_tokens = 0  # tokens of the batch _check last accepted
         self._arange = np.arange(max(seqs, tokens), dtype=_I64)
         self._context = StepContext(
             plan=plan, query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, query_lens=self.query_lens,
@@ -264,8 +265,9 @@ class Step:
         batch. Not capture-safe (host work); call it before the forward.
         """
         n_req, qlens, slens, known_rows = self._check(batch)
-        num_tokens = int(qlens.sum())
-        uniform = num_tokens == n_req * self.decode_query_len and bool((qlens == self.decode_query_len).all())
+        num_tokens = self._num_tokens
+        q = self.decode_query_len  # with every query_len >= 1, a sum of n_req means all are 1
+        uniform = num_tokens == n_req * q and (q == 1 or bool((qlens == q).all()))
         key = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=n_req,
                        uniform=uniform).key
         padded = padded_tokens(num_tokens, n_req, uniform) if padded_tokens is not None else num_tokens
@@ -361,8 +363,9 @@ class Step:
                                     value=f"query_len={int(qlens[bad])}, seq_len={int(slens[bad])}",
                                     limit=f"need 1 <= query_len <= seq_len <= max_model_len={max_len}",
                                     fix="seq_len counts every token of the request after this step"))
-        if int(qlens.sum()) > self.max_num_tokens:
-            problems.append(Problem(field="batch.query_lens", value=int(qlens.sum()),
+        self._num_tokens = int(qlens.sum())
+        if self._num_tokens > self.max_num_tokens:
+            problems.append(Problem(field="batch.query_lens", value=self._num_tokens,
                                     limit=f"at most max_num_batched_tokens={self.max_num_tokens} tokens per step",
                                     fix="split the prefill into chunks across steps"))
         if len(set(batch.req_ids)) != n_req:  # (hashing 256 ids costs ~5 us)
