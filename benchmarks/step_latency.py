@@ -69,6 +69,16 @@ def admit(step: Step, plan, n: int) -> tuple[list[Batch], Batch]:
     return prefills, decode
 
 
+def fresh_batch(step: Step, plan, n: int, run_prefill) -> Batch:
+    """Finish every request, prefill ``n`` new ones with ``run_prefill(batch)``; the decode batch."""
+    for r in list(step.active_requests):
+        step.finish(r)
+    prefills, decode = admit(step, plan, n)
+    for prefill in prefills:
+        run_prefill(prefill)
+    return decode
+
+
 def timed(fn, repeats: int, sync: bool) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs (after one warm-up)."""
     fn()
@@ -107,16 +117,12 @@ def host_table(max_batch: int, repeats: int, device: str) -> list[dict]:
     plan, step, _ = build(max_batch, device)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        for r in list(step.active_requests):
-            step.finish(r)
-        prefills, decode = admit(step, plan, n)
-        for prefill in prefills:
-            step.prepare(prefill)
+        decode = fresh_batch(step, plan, n, step.prepare)
 
         def bookkeeping() -> None:
-            n_req, qlens, slens, known = step._check(decode)
+            n_req, num_tokens, qlens, slens, known = step._check(decode)
             rows_ = step._assign_rows(decode, known, slens)
-            step._stage(n_req, int(qlens.sum()), n_req, qlens, slens, rows_)
+            step._stage(n_req, num_tokens, n_req, qlens, slens, rows_)
 
         host_s = timed(bookkeeping, repeats, sync=False)
         prep_s = timed(lambda: step.prepare(decode), repeats, sync=False)
@@ -132,11 +138,7 @@ def latency_table(max_batch: int, repeats: int) -> list[dict]:
     fwd.capture(progress=True, prepare=step.capture_context)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        for r in list(step.active_requests):
-            step.finish(r)
-        prefills, decode = admit(step, plan, n)
-        for prefill in prefills:
-            step.run(model, prefill, input_ids=[1] * prefill.num_tokens)
+        decode = fresh_batch(step, plan, n, lambda b: step.run(model, b, input_ids=[1] * b.num_tokens))
         ids = torch.ones(n, dtype=torch.int64, device="cuda")
         eager_s = timed(lambda: step.run(model, decode, input_ids=ids), repeats, sync=True)
         graph_s = timed(lambda: step.run(fwd, decode, input_ids=ids), repeats, sync=True)

@@ -150,13 +150,12 @@ class DemoEngine:
         limits = self.plan.limits
         budget = limits.max_num_batched_tokens
         chunks: list[tuple[_Running, int]] = []
-        new_pages: list[tuple[tuple[int, ...], ...] | None] = []
+        new_pages: list[tuple[tuple[int, ...], ...]] = []
         for run in self._running.values():  # running requests first: decode or the next prefill chunk
             n = min(len(run.tokens) - run.computed, budget)
             if n == 0:
                 continue
             pages = self._grow(run, run.computed + n)
-            assert pages is not None, "admission promised every running request its lifetime pages"
             chunks.append((run, n))
             new_pages.append(pages)
             budget -= n
@@ -170,7 +169,6 @@ class DemoEngine:
             run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups])
             n = min(len(run.tokens), budget)
             pages = self._grow(run, n)
-            assert pages is not None, "admission checked the request's lifetime pages"
             promised += self._lifetime_pages(request) - sum(map(len, run.pages))
             self._waiting.popleft()
             self._running[request.req_id] = run
@@ -186,18 +184,18 @@ class DemoEngine:
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at
         ``prompt + max_new_tokens - 1`` (the last sampled token is never fed back)."""
-        seq_len = len(request.prompt) + max(request.max_new_tokens - 1, 0)
-        return sum(1 if g.is_ssm else -(-seq_len // g.block_size) for g in self.plan.groups)
+        return sum(self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0)))
 
-    def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...] | None:
-        """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none);
-        ``None`` (nothing taken) when the free list is short."""
-        need = []
-        for g in self.plan.groups:
-            want = 1 if g.is_ssm else -(-seq_len // g.block_size)
-            need.append(max(0, want - len(run.pages[g.index])))
-        if sum(need) > len(self._free):
-            return None
+    def _pages_for(self, seq_len: int) -> list[int]:
+        """Pages a request of ``seq_len`` tokens holds per group: its state page, or
+        ``cdiv(seq_len, block_size)`` attention pages (this engine frees no window pages)."""
+        return [1 if g.is_ssm else -(-seq_len // g.block_size) for g in self.plan.groups]
+
+    def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...]:
+        """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none).
+        Admission promised every request its lifetime pages, so the free list always has them."""
+        need = [max(0, want - len(held)) for want, held in zip(self._pages_for(seq_len), run.pages)]
+        assert sum(need) <= len(self._free), "admission promised every request its lifetime pages"
         if not any(need):
             return ()
         out = []

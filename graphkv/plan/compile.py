@@ -13,6 +13,7 @@ from graphkv.plan.capacity import PageCounter, check_admission, check_mamba_seqs
 from graphkv.plan.cudagraph import plan_cudagraph
 from graphkv.plan.groups import build_groups
 from graphkv.plan.kernel_blocks import choose_kernel_block_size
+from graphkv.plan.layout import page_local_slots
 from graphkv.plan.ledger import build_ledger, estimate_graph_pool_bytes
 from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.spec.budget import Budget
@@ -102,8 +103,12 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                   layer_real_page_bytes=tuple(layer.spec.real_page_size_bytes(d.block_size) for layer in d.layers),
                   pages_per_request=counter.group_pages(d, max_model_len))
         for i, d in enumerate(grouping.groups))
-    slots = tuple(SlotPlan(index=j, page_size_bytes=page,
-                           layers=tuple(g.layers[j] for g in groups if j < len(g.layers)))
+    slot_layers = [tuple(g.layers[j] for g in groups if j < len(g.layers)) for j in range(len(slot_pages))]
+    local = page_local_slots(
+        slot_layers, slot_pages, [g.layers for g in groups],
+        layer_order={d.index: d.backend.kv_layout.order for d in layers},
+        layer_real_bytes={i: real for g in groups for i, real in zip(g.layers, g.layer_real_page_bytes)})
+    slots = tuple(SlotPlan(index=j, page_size_bytes=page, layers=slot_layers[j], page_local=local[j])
                   for j, page in enumerate(slot_pages))
     capacity = Capacity(num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
                         pages_per_request=counter.pages(max_model_len), max_model_len=max_model_len,

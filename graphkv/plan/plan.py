@@ -73,11 +73,14 @@ class GroupPlan:
 @attrs.frozen(kw_only=True)
 class SlotPlan:
     """One raw byte tensor of the pool: ``num_blocks * page_size_bytes`` bytes, shared by the
-    ``j``-th layer of every group (``layers``, one per group that has a ``j``-th layer)."""
+    ``j``-th layer of every group (``layers``, one per group that has a ``j``-th layer).
+    ``page_local``: kv-first layers keep each page's K and V inside the page
+    (:mod:`graphkv.plan.layout`)."""
 
     index: int
     page_size_bytes: int
     layers: tuple[int, ...]
+    page_local: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -285,7 +288,8 @@ class Plan:
                 }
                 for g in self.groups
             ],
-            "slots": [{"page_size_bytes": s.page_size_bytes, "layers": list(s.layers)} for s in self.slots],
+            "slots": [{"page_size_bytes": s.page_size_bytes, "layers": list(s.layers), "page_local": s.page_local}
+                      for s in self.slots],
             "pool_bytes_per_block": self.pool_bytes_per_block,
             "pool_bytes": self.pool_bytes,
             "mamba_page_padding_bytes": self.block.mamba_page_padding_bytes,

@@ -234,6 +234,11 @@ class BlockTables:
         ``[max_num_seqs] int32`` (a view; valid after :meth:`gather`)."""
         return self._inputs.tables[group][:, 0]
 
+    def state_pages(self, group: int, rows: np.ndarray) -> np.ndarray:
+        """The state page of each of ``rows`` in a Mamba group: the row's first page (page 0, the
+        null page, for a row that holds none). Host-side (numpy), no device work."""
+        return self.tables_np[group][rows, 0] // self.bpks[group]
+
     # ---- helpers -----------------------------------------------------------------------------
 
     def _clear(self, g: int, row: int) -> None:

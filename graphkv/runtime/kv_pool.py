@@ -91,36 +91,14 @@ class KVPool:
 def page_local_slots(plan: Plan) -> tuple[bool, ...]:
     """Per slot of ``plan``: whether its kv-first layers are *page-local* (each kernel block
     physically ``(2, kbs, H, D)`` inside its page) rather than split (K of all pages, then V).
-
-    A slot is page-local if any of its layers is not an unpadded kv-first attention layer (the
-    split layout maps page ``b`` to bytes outside ``[b*P, (b+1)*P)``, which would collide with the
-    other layers' pages), or if it holds a layer of a group that is page-local in another slot:
-    a group's layers sit in different slots (slot ``j`` holds layer ``j`` of every group) and must
-    share one layout so that flex attention sees one kv block stride per group. Iterated to a
-    fixpoint. Page-local is always correct; split is the optimisation. Pure; no tensors.
+    Decided by the planner (:mod:`graphkv.plan.layout`, ``SlotPlan.page_local``); read here.
 
     Example::
 
         >>> page_local_slots(plan)  # tiny hybrid "MAMA": both slots hold a Mamba layer
         (True, True)
     """
-    decls = {d.index: d for d in plan.layers}
-    group_of = {i: g for g in plan.groups for i in g.layers}
-    slot_of = {i: s.index for s in plan.slots for i in s.layers}
-    local = [not all(decls[i].backend.kv_layout.order is CacheOrder.KV_FIRST
-                     and decls[i].spec.real_page_size_bytes(group_of[i].block_size) == slot.page_size_bytes
-                     for i in slot.layers)
-             for slot in plan.slots]
-    group_slots = [sorted({slot_of[i] for i in g.layers}) for g in plan.groups]
-    changed = True
-    while changed:  # each pass marks at least one more slot, so at most len(slots) passes
-        changed = False
-        for slots in group_slots:
-            if any(local[j] for j in slots) and not all(local[j] for j in slots):
-                for j in slots:
-                    local[j] = True
-                changed = True
-    return tuple(local)
+    return tuple(slot.page_local for slot in plan.slots)
 
 
 def layer_geometry(plan: Plan, decl: LayerDecl,

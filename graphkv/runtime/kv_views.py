@@ -9,7 +9,7 @@ group at a time, so every layer must map page ``b`` to the same bytes, ``[b * P,
 - a kv-first layout is *page-local* (each kernel block laid out physically as ``(2, kbs, H, D)``,
   the view permuted to the logical ``(2, N, kbs, H, D)``) unless every layer of its slot is an
   unpadded kv-first attention layer and no layer of the same groups is page-local in another
-  slot (:func:`graphkv.runtime.kv_pool.page_local_slots`); only then K of all pages comes first
+  slot (decided by the planner, :mod:`graphkv.plan.layout`); only then K of all pages comes first
   and V after it (the same page-to-bytes map for every layer of the slot). Either way K of one
   NHD layer is a single strided token sequence for flex attention, with ``r = 1`` (split) or
   ``r = 2`` (page-local, unpadded) kernel-block halves between kernel blocks (see

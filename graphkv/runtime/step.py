@@ -78,9 +78,6 @@ class Batch:
         """Tokens in the step (sum of query lengths)."""
         return sum(self.query_lens)
 
-    def is_uniform(self, query_len: int) -> bool:
-        """Whether every request has exactly ``query_len`` query tokens (a uniform decode step)."""
-        return all(q == query_len for q in self.query_lens)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -212,7 +209,6 @@ class Step:
         self._page_tokens = np.array([[g.block_size] for g in plan.groups], dtype=_I64)
         self._tokens_per_page = np.where(self._state_group, plan.max_model_len, self._page_tokens)
         self._last_reqs = 0  # batch rows the last staged step used
-        self._num_tokens = 0  # tokens of the batch _check last accepted
         self._arange = np.arange(max(seqs, tokens), dtype=_I64)
         self._context = StepContext(
             plan=plan, query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, query_lens=self.query_lens,
@@ -264,8 +260,7 @@ class Step:
         Raises :class:`SpecError` / :class:`CapacityError` (nothing changed) for an inconsistent
         batch. Not capture-safe (host work); call it before the forward.
         """
-        n_req, qlens, slens, known_rows = self._check(batch)
-        num_tokens = self._num_tokens
+        n_req, num_tokens, qlens, slens, known_rows = self._check(batch)
         q = self.decode_query_len  # with every query_len >= 1, a sum of n_req means all are 1
         uniform = num_tokens == n_req * q and (q == 1 or bool((qlens == q).all()))
         key = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=n_req,
@@ -316,8 +311,6 @@ class Step:
             self._copied.record()
         else:
             ids.copy_(input_ids)
-        if prepared.num_tokens_padded > prepared.num_tokens:
-            self.input_ids[prepared.num_tokens:prepared.num_tokens_padded].zero_()
         with forward_context(self.context):
             if padded_tokens is not None:
                 return forward(num_tokens=prepared.num_tokens, num_reqs=prepared.num_reqs, uniform=prepared.uniform,
@@ -340,7 +333,7 @@ class Step:
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _check(self, batch: Batch) -> tuple[int, np.ndarray, np.ndarray, list[int | None]]:
+    def _check(self, batch: Batch) -> tuple[int, int, np.ndarray, np.ndarray, list[int | None]]:
         n_req = batch.num_reqs
         problems = []
         if not 1 <= n_req <= self.max_num_seqs:
@@ -363,9 +356,9 @@ class Step:
                                     value=f"query_len={int(qlens[bad])}, seq_len={int(slens[bad])}",
                                     limit=f"need 1 <= query_len <= seq_len <= max_model_len={max_len}",
                                     fix="seq_len counts every token of the request after this step"))
-        self._num_tokens = int(qlens.sum())
-        if self._num_tokens > self.max_num_tokens:
-            problems.append(Problem(field="batch.query_lens", value=self._num_tokens,
+        num_tokens = int(qlens.sum())
+        if num_tokens > self.max_num_tokens:
+            problems.append(Problem(field="batch.query_lens", value=num_tokens,
                                     limit=f"at most max_num_batched_tokens={self.max_num_tokens} tokens per step",
                                     fix="split the prefill into chunks across steps"))
         if len(set(batch.req_ids)) != n_req:  # (hashing 256 ids costs ~5 us)
@@ -379,7 +372,7 @@ class Step:
                                     fix="finish requests (Step.finish) before admitting new ones"))
         if problems:
             raise SpecError(*problems)
-        return n_req, qlens, slens, rows
+        return n_req, num_tokens, qlens, slens, rows
 
     def _check_pages(self, batch: Batch, slens: np.ndarray, rows: np.ndarray) -> None:
         """Raise :class:`CapacityError` when a request holds too few pages for this step (after
@@ -453,10 +446,9 @@ class Step:
             for array, off in ((a32, o32["seq"]), (a32, o32["valid"]), (a32, o32["idx"]), (a64, o64["qlen"]),
                                (a64, o64["ctx"]), *((a64, o64[f"state{g}"]) for g in self._ssm_groups)):
                 array[off + n_req:off + clear] = 0
-        idx = a32[o32["idx"]:o32["idx"] + n_req]
-        for g in self._ssm_groups:  # the state page of each row: its first page (bpk 1 for states)
+        for g in self._ssm_groups:
             off = o64[f"state{g}"]
-            a64[off:off + n_req] = self.tables.tables_np[g][idx, 0] if rows is not None else 0
+            a64[off:off + n_req] = self.tables.state_pages(g, rows) if rows is not None else 0
         # Per token: batch row, offset inside the query, position. Padding tokens: row -1.
         row = a64[o64["row"]:o64["row"] + padded]
         offset = a64[o64["off"]:o64["off"] + padded]

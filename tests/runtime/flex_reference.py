@@ -36,7 +36,8 @@ class PagedBatch:
 
 
 def make_paged_batch(*, query_lens: Sequence[int], seq_lens: Sequence[int], kernel_block_size: int, bpk: int = 1,
-                     num_pages: int, max_num_seqs: int, width: int, num_tokens_padded: int, hq: int = 4,
+                     num_pages: int | None = None, max_num_seqs: int, width: int | None = None,
+                     num_tokens_padded: int, hq: int = 4,
                      hkv: int = 2, head_size: int = 16, seed: int = 0, junk_rows: bool = True,
                      shared_prefix_pages: int = 0, null_pages_before: Sequence[int] = (),
                      reuse: Sequence[tuple[int, int, int]] = (), kv_cache: torch.Tensor | None = None) -> PagedBatch:
@@ -48,6 +49,11 @@ def make_paged_batch(*, query_lens: Sequence[int], seq_lens: Sequence[int], kern
     by the null page (freed out-of-window pages). ``reuse``: ``(row, dst_page_idx, src_page_idx)``
     puts the physical page of ``src`` also at ``dst`` (a stale entry; ``dst`` must be out of the
     window). ``kv_cache``: reuse a persistent cache tensor (refilled in place)."""
+    page = kernel_block_size * bpk
+    if width is None:  # the longest request's kernel blocks, plus one spare page
+        width = max(-(-n // page) for n in seq_lens) * bpk + bpk
+    if num_pages is None:  # every request's pages, plus 8 unowned ones
+        num_pages = sum(-(-n // page) for n in seq_lens) + 8
     gen = torch.Generator().manual_seed(seed)
     page = kernel_block_size * bpk
     num_reqs = len(query_lens)

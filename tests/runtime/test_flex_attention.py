@@ -27,9 +27,7 @@ CASES = {
 
 def _batch(case, *, seed=0, pad=7):
     q, s, kbs, bpk, window, hq, hkv, extra = CASES[case]
-    page = kbs * bpk
     kw = dict(query_lens=q, seq_lens=s, kernel_block_size=kbs, bpk=bpk, max_num_seqs=8, hq=hq, hkv=hkv,
-              width=max(-(-n // page) for n in s) * bpk + bpk, num_pages=sum(-(-n // page) for n in s) + 8,
               num_tokens_padded=sum(q) + pad, seed=seed, **extra)
     return make_paged_batch(**kw), bpk, window
 

@@ -25,11 +25,8 @@ CASES = {
 
 def _batch(case, *, padded=None, seed=0, **overrides):
     q, s, kbs, bpk, window, extra = CASES[case]
-    page = kbs * bpk
-    width = max(-(-n // page) for n in s) * bpk + bpk
-    num_pages = sum(-(-n // page) for n in s) + 8
-    kw = dict(query_lens=q, seq_lens=s, kernel_block_size=kbs, bpk=bpk, num_pages=num_pages, max_num_seqs=8,
-              width=width, num_tokens_padded=padded or sum(q) + 5, seed=seed, **extra)
+    kw = dict(query_lens=q, seq_lens=s, kernel_block_size=kbs, bpk=bpk, max_num_seqs=8,
+              num_tokens_padded=padded or sum(q) + 5, seed=seed, **extra)
     kw.update(overrides)
     return make_paged_batch(**kw), bpk, window
 
