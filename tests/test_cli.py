@@ -78,6 +78,7 @@ def test_json_equals_compile_on_the_same_inputs(capsys: pytest.CaptureFixture[st
     assert code == 0
     data = json.loads(out)
     data.pop("inputs")
+    data.pop("budget")
     limits = graphkv.Limits(max_num_seqs=128, mamba_cache_mode="align", num_speculative_tokens=2,
                             tensor_parallel_size=1)
     expected = graphkv.compile(preset_model(DEFAULT_PRESET), limits, graphkv.Budget.kv_bytes("24GiB"))
@@ -95,7 +96,7 @@ def test_override_too_small_for_max_model_len_exits_2(capsys: pytest.CaptureFixt
     """A 32-page override that cannot hold one 16384-token request is a one-line `max seq len` error."""
     code, out, err = run(capsys, "plan", "--hf-config", str(llama_config), "--num-blocks-override", "32",
                          "--max-model-len", "16384")
-    assert_one_error(code, err, "max seq len", "num_blocks_override")
+    assert_one_error(code, err, "max seq len", "--num-blocks-override=32", "lower --max-model-len to <= 496")
     assert out == ""
     assert len(err.strip().splitlines()) == 1
 
@@ -180,6 +181,10 @@ def test_demo_serves_requests_and_says_why_graphs_are_unavailable(capsys: pytest
 
 
 def test_demo_rejects_a_non_positive_request_count(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "0"]) == 2
+    """`demo --requests 0` is a one-line usage error naming the flag and the range (exit 2)."""
+    with pytest.raises(SystemExit) as excinfo:
+        main(["demo", "--requests", "0"])
+    assert excinfo.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("graphkv: error: --requests") and "must be >= 1" in err
+    assert err.startswith("graphkv: error: --requests: '0' must be between 1 and 100000")
+    assert len(err.strip().splitlines()) == 1
