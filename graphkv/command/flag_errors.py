@@ -43,9 +43,11 @@ FIELD_FLAGS: Mapping[str, str] = types.MappingProxyType({
     "preset": "--preset",
 })
 _OWNERS = ("Limits.", "Budget.")
-# Identifiers with an underscore are unambiguous in prose; bare words (gpu, tp, preset) are not.
+# Identifiers with an underscore are unambiguous in prose, and so is "concurrency" (only ever the limit);
+# other bare words (gpu, tp, preset) are not.
 _IN_TEXT = re.compile(r"(?<![\w.\-])(" + "|".join(
-    sorted((re.escape(k) for k in FIELD_FLAGS if "_" in k), key=len, reverse=True)) + r")(?!\w)")
+    sorted((re.escape(k) for k in FIELD_FLAGS if "_" in k or k == "concurrency"), key=len, reverse=True))
+    + r")(?!\w)")
 
 
 def _text(text: str) -> str:
