@@ -95,7 +95,7 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[Budge
                             graph_reserve_bytes=reserve)
     notes = {"weights": weights_from,
              "activations": "--activation-memory" if flags.activation_memory is not None
-             else "not estimated; give --activation-memory SIZE (the forward's peak temporaries)",
+             else "not estimated: give --activation-memory SIZE, the forward's peak temporaries",
              "graph_reserve": "--graph-reserve" if flags.graph_reserve is not None
              else "auto: the plan's static buffers + estimated graph pool"}
     return budget, notes
