@@ -146,6 +146,9 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     out = out if out is not None else sys.stdout
     config = TinyHybridConfig()
     device = _device(options.device, torch.cuda.is_available())
+    if not 1 <= options.threads <= 1024:
+        raise SpecError(Problem(field="--threads", value=options.threads, limit="must be between 1 and 1024",
+                                fix="pass the number of CPU threads torch may use, e.g. 1"))
     if not 0 <= options.seed <= MAX_SEED:
         raise SpecError(Problem(field="--seed", value=options.seed, limit=f"must be in [0, {MAX_SEED}] (a 64-bit seed)",
                                 fix="pass a smaller seed"))
