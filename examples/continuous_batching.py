@@ -16,13 +16,16 @@ import graphkv
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
-from graphkv.runtime.kv_pool import allocate
-from graphkv.runtime.step import Step
+from graphkv.runtime import Step, allocate
+
+THREADS = 1  # torch CPU threads: timings that do not depend on how busy the machine is
 
 
 def main() -> None:
     """Plan, allocate, capture, serve 8 requests, check one against the dense reference."""
+    torch.set_num_threads(THREADS)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"device {device}, {torch.get_num_threads()} torch CPU thread(s)")
     config = TinyHybridConfig(pattern="MAMA")
     limits = graphkv.Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=128,
                             cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)

@@ -1,32 +1,41 @@
-"""The ``graphkv`` command: plan a KV cache from a preset or a config.json, or list the presets.
+"""The ``graphkv`` command: plan a KV cache from a preset, a config.json or a checkpoint directory,
+print it as a report, JSON or the ``vllm serve`` command that realizes it; list the presets; run
+the demo.
 
-``graphkv plan`` with no flags plans the embedded default (a hybrid model, see ``--help``) and
-prints the report; ``--json`` prints ``Plan.to_dict()`` plus the inputs. Any graphkv error is
-printed as ``graphkv: error: <message>`` (no traceback) with exit code 2, like argparse's own
-usage errors. Importing this module does not import torch.
+``graphkv plan`` with no flags plans the embedded default (a hybrid model, see ``--help``). Every
+mistake — a flag, a file, a plan that cannot fit — ends in one line, ``graphkv: error: <flag>=<value>:
+<limit>; <fix>``, with exit status 2 and no traceback; a closed pipe (``graphkv plan | head -1``)
+ends quietly with status 0. Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from typing import Any, Sequence
 
 import attrs
 
-from graphkv.errors import GraphkvError, Problem, SpecError
-from graphkv.models.demo import DemoOptions
-from graphkv.plan import Plan, compile_plan
+from graphkv import __version__
+from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
+from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
+from graphkv.command.flag_errors import in_flag_terms
+from graphkv.command.model_source import ModelSource, load_model_source
+from graphkv.emit.vllm import VllmTarget, vllm_serve_command
+from graphkv.errors import GraphkvError
+from graphkv.models.demo import MAX_SEED, DemoOptions
+from graphkv.plan import Plan
+from graphkv.plan.block_size import choose_block_size
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_plan, format_table
-from graphkv.spec.budget import KNOWN_GPUS, Budget, parse_bytes
+from graphkv.spec.budget import KNOWN_GPUS
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
-from graphkv.spec.model import ModelKV
 
-__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main"]
+__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "plan_from_args"]
 
 DEFAULT_PRESET = "qwen3-next-80b-a3b"  # hybrid: gated-delta states + full attention every 4th layer
 DEFAULT_KV_MEMORY = "20GiB"
@@ -39,63 +48,106 @@ def _max_model_len(text: str) -> int | str:
     if text.strip().lower() == AUTO:
         return AUTO
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer, got {text!r}") from None
+        return count(1)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of tokens ({e})") from None
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (default: --preset %s)" % DEFAULT_PRESET)
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--preset", metavar="NAME", help="a bundled model preset (see `graphkv presets`)")
-    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree the per-rank cache is planned for "
-                                                      "(default: %(default)s)")
-    g.add_argument("--kv-cache-dtype", metavar="DTYPE", help="attention cache dtype, e.g. bfloat16, fp8 "
-                                                             "(default: the model's)")
-    g.add_argument("--mamba-ssm-dtype", metavar="DTYPE", help="Mamba / gated-delta state dtype (default: the model's)")
-    g.add_argument("--attention-backend", metavar="NAME", help="attention backend of non-MLA layers, e.g. flash_attn, "
-                                                               "flex, flashinfer, triton_paged")
+    src.add_argument("--preset", metavar="NAME", type=nonempty("a preset name (`graphkv presets`)"),
+                     help="a bundled model preset (see `graphkv presets`); its checkpoint's weight bytes are known")
+    src.add_argument("--hf-config", metavar="PATH", type=nonempty("a config.json or checkpoint directory"),
+                     help="a Hugging Face config.json, or a checkpoint directory (config.json + safetensors: the "
+                          "weight bytes are read from model.safetensors.index.json or the safetensors headers)")
+    g.add_argument("--tp", type=count(1, maximum=4096), default=1, metavar="N",
+                   help="tensor-parallel degree the per-rank cache is planned for (default: %(default)s)")
+    g.add_argument("--kv-cache-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. fp8"),
+                   help="attention cache dtype, e.g. bfloat16, fp8 (default: the model's)")
+    g.add_argument("--mamba-ssm-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. float32"),
+                   help="Mamba / gated-delta state dtype (default: the model's)")
+    g.add_argument("--attention-backend", metavar="NAME", type=nonempty("a backend name"),
+                   help="attention backend of non-MLA layers, e.g. flash_attn, flex, flashinfer, triton_paged")
 
 
 def _add_budget_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(f"budget (default: --kv-memory {DEFAULT_KV_MEMORY}, or none with --num-blocks-override)")
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--kv-memory", metavar="SIZE", help="bytes for the KV pool, e.g. 40GiB, 512MiB")
-    src.add_argument("--gpu", metavar="NAME", help=f"one of {', '.join(g.name for g in KNOWN_GPUS.values())}: the pool "
-                                                   "gets total x utilization - weights")
-    g.add_argument("--utilization", type=float, metavar="F", help="fraction of the GPU's memory to use (--gpu only; "
-                                                                  "default 0.9)")
-    g.add_argument("--weights-memory", metavar="SIZE", help="model weights per GPU, subtracted (--gpu only; default 0)")
+    src.add_argument("--kv-memory", metavar="SIZE", type=nonempty("a size, e.g. 40GiB"),
+                     help="bytes for the KV pool, e.g. 40GiB, 512MiB")
+    src.add_argument("--gpu", metavar="NAME", type=nonempty("a GPU name"),
+                     help=f"one of {', '.join(g.name for g in KNOWN_GPUS.values())}: the pool gets total x "
+                          "utilization - weights - activations - graph reserve")
+    g.add_argument("--utilization", type=real_fraction, metavar="F",
+                   help="fraction of the GPU's memory to use (--gpu only; default 0.9)")
+    g.add_argument("--weights-memory", metavar="SIZE", type=nonempty("a size, e.g. 16GiB"),
+                   help="weights per GPU (--gpu only; default: the preset's or checkpoint's weights / --tp)")
+    g.add_argument("--activation-memory", metavar="SIZE", type=nonempty("a size, e.g. 2GiB"),
+                   help="peak activation memory of a forward step (--gpu only; default 0: not estimated)")
+    g.add_argument("--graph-reserve", metavar="SIZE", type=nonempty("a size, e.g. 1GiB"),
+                   help="memory beside the pool for CUDA graphs and static buffers (--gpu only; default: sized from "
+                        "the plan's static buffers and estimated graph pool)")
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     d = _LIMIT_DEFAULTS
     g = p.add_argument_group("limits")
     g.add_argument("--max-model-len", type=_max_model_len, default=d["max_model_len"], metavar="auto|N",
-                   help="tokens per request; auto = the longest one request can use (default: %(default)s)")
-    g.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"], metavar="N",
+                   help="tokens per request; auto = the longest one request (or --concurrency requests) can use "
+                        "(default: %(default)s)")
+    g.add_argument("--concurrency", type=count(1), metavar="N",
+                   help="requests of max_model_len that must fit at once: with auto, the longest length for N; "
+                        "with a fixed length, an error when fewer fit")
+    g.add_argument("--max-num-seqs", type=count(1), default=d["max_num_seqs"], metavar="N",
                    help="running requests per step (default: %(default)s)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"], metavar="N",
+    g.add_argument("--max-num-batched-tokens", type=count(1), default=d["max_num_batched_tokens"], metavar="N",
                    help="tokens per step (default: %(default)s)")
-    g.add_argument("--num-blocks-override", type=int, metavar="N",
+    g.add_argument("--num-blocks-override", type=count(2), metavar="N",
                    help="exact pool size in pages; replaces the memory budget for every check")
     g.add_argument("--mamba-cache-mode", choices=[m.value for m in MambaCacheMode], default=d["mamba_cache_mode"].value,
                    help="Mamba states per request: none 1, align 2, all one per page (default: %(default)s)")
-    g.add_argument("--num-speculative-tokens", type=int, default=d["num_speculative_tokens"], metavar="K",
-                   help="draft tokens per step (default: %(default)s)")
-    g.add_argument("--block-size", type=int, metavar="N", help="tokens per page (default: chosen by the planner)")
-    g.add_argument("--mamba-block-size", type=int, metavar="N", help="Mamba block size for --mamba-cache-mode "
-                                                                     "align/all (default: chosen by the planner)")
+    g.add_argument("--num-speculative-tokens", type=count(0, maximum=1024), default=d["num_speculative_tokens"],
+                   metavar="K", help="draft tokens per step (default: %(default)s)")
+    g.add_argument("--block-size", type=count(1), metavar="N", help="tokens per page (default: chosen by the planner)")
+    g.add_argument("--mamba-block-size", type=count(1), metavar="N",
+                   help="Mamba block size for --mamba-cache-mode align/all (default: chosen by the planner)")
     g.add_argument("--cudagraph-mode", type=str.upper, choices=[m.value for m in CudaGraphMode],
                    default=d["cudagraph_mode"].value, help="requested capture mode; downgraded with a note if the "
                                                            "backends cannot (default: %(default)s)")
 
 
+def _add_demo(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="serve a tiny hybrid model end to end on the planned pool (tokens/s)",
+                          description="Plan, allocate and serve a tiny random-weight hybrid model (gated linear "
+                                      "recurrences + flex attention in one shared pool) with continuous batching; "
+                                      "captures CUDA graphs on a GPU, runs eagerly on a CPU. Needs the runtime "
+                                      "extra: pip install 'graphkv[runtime]'.")
+    d = DemoOptions()
+    demo.add_argument("--requests", type=count(1, maximum=100_000), default=d.requests,
+                      help="requests to serve (default: %(default)s)")
+    demo.add_argument("--new-tokens", type=count(1, maximum=100_000), default=d.new_tokens,
+                      help="tokens generated per request (default: %(default)s)")
+    demo.add_argument("--max-num-seqs", type=count(1), default=d.max_num_seqs, help="default: %(default)s")
+    demo.add_argument("--max-num-batched-tokens", type=count(1), default=d.max_num_batched_tokens,
+                      help="default: %(default)s")
+    demo.add_argument("--kv-memory", type=nonempty("a size, e.g. 2MiB"), default=d.kv_memory,
+                      help="KV pool bytes (default: %(default)s)")
+    demo.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                      help="default: %(default)s (cuda when available)")
+    demo.add_argument("--no-capture", action="store_true", help="run every step eagerly, even on a GPU")
+    demo.add_argument("--seed", type=count(0, maximum=MAX_SEED), default=d.seed,
+                      help="weights and prompts seed (default: %(default)s)")
+    demo.add_argument("--threads", type=count(1, maximum=1024), default=d.threads,
+                      help="torch CPU threads (torch.set_num_threads; default: %(default)s, for timings that do not "
+                           "depend on how busy the machine is)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``graphkv`` argument parser with its ``plan`` and ``presets`` subcommands."""
-    parser = argparse.ArgumentParser(prog="graphkv", description="Plan paged KV caches and CUDA graphs for hybrid "
-                                     "(attention + Mamba) models on a CPU, before any weight is loaded.")
+    """The ``graphkv`` argument parser with its ``plan``, ``presets`` and ``demo`` subcommands."""
+    parser = OneLineParser(prog="graphkv", description="Plan paged KV caches and CUDA graphs for hybrid "
+                           "(attention + Mamba) models on a CPU, before any weight is loaded.")
+    parser.add_argument("--version", action="version", version=f"graphkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     plan = sub.add_parser(
         "plan", help="plan a model's KV cache and CUDA graphs and print the report",
@@ -107,47 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(plan)
     _add_budget_flags(plan)
     _add_limit_flags(plan)
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_dict() plus the inputs)")
+    out = plan.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_dict(), the budget and "
+                                                         "the inputs)")
+    out.add_argument("--emit", choices=["vllm"], help="print the engine command that realizes the plan, each value "
+                                                      "that differs from the engine's default commented")
     sub.add_parser("presets", help="list the bundled model presets")
-    demo = sub.add_parser("demo", help="serve a tiny hybrid model end to end on the planned pool (tokens/s)",
-                          description="Plan, allocate and serve a tiny random-weight hybrid model (gated linear "
-                                      "recurrences + flex attention in one shared pool) with continuous batching; "
-                                      "captures CUDA graphs on a GPU, runs eagerly on a CPU.")
-    d = DemoOptions()
-    demo.add_argument("--requests", type=int, default=d.requests, help="requests to serve (default: %(default)s)")
-    demo.add_argument("--new-tokens", type=int, default=d.new_tokens, help="tokens generated per request "
-                                                                           "(default: %(default)s)")
-    demo.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="default: %(default)s")
-    demo.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                      help="default: %(default)s")
-    demo.add_argument("--kv-memory", default=d.kv_memory, help="KV pool bytes (default: %(default)s)")
-    demo.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
-                      help="default: %(default)s (cuda when available)")
-    demo.add_argument("--no-capture", action="store_true", help="run every step eagerly, even on a GPU")
-    demo.add_argument("--seed", type=int, default=d.seed, help="weights and prompts seed (default: %(default)s)")
+    _add_demo(sub)
     return parser
-
-
-def _flag_error(flag: str, value: Any, limit: str, fix: str) -> SpecError:
-    return SpecError(Problem(field=flag, value=value, limit=limit, fix=fix))
-
-
-def _load_hf_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        raise _flag_error("--hf-config", path, "no such file", "pass the path of a Hugging Face config.json") from None
-    except json.JSONDecodeError as e:
-        raise _flag_error("--hf-config", path, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
-                          "pass an unmodified config.json") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _flag_error("--hf-config", path, f"cannot be read ({type(e).__name__}: {e})",
-                          "pass a readable config.json file") from None
-    if not isinstance(config, dict):
-        raise _flag_error("--hf-config", path, f"holds a JSON {type(config).__name__}, not an object",
-                          "pass a config.json whose top level is an object")
-    return config
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,76 +174,71 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def _build_model(args: argparse.Namespace) -> tuple[ModelKV, dict[str, Any]]:
-    """The model and a JSON-ready description of where it came from."""
-    if args.hf_config is not None:
-        config = _load_hf_config(args.hf_config)
-        return ModelKV.from_hf_config(config, tp=args.tp, **_overrides(args)), {"hf_config": args.hf_config}
-    name = args.preset or DEFAULT_PRESET
-    if name not in list_presets():
-        raise _flag_error("--preset", name, f"is not a bundled preset; known: {', '.join(list_presets())}",
-                          "pick one of those (`graphkv presets` lists them) or pass --hf-config PATH")
-    return preset_model(name, tp=args.tp, **_overrides(args)), {"preset": name}
-
-
-def _gpu_budget(args: argparse.Namespace) -> Budget:
-    if args.gpu.strip().lower() not in KNOWN_GPUS:
-        known = ", ".join(g.name for g in KNOWN_GPUS.values())
-        raise _flag_error("--gpu", args.gpu, f"is not a known GPU; known: {known}",
-                          "pick one of those or give the KV pool size directly with --kv-memory SIZE")
-    weights = parse_bytes(args.weights_memory, field="--weights-memory") if args.weights_memory else 0
-    return Budget.for_gpu(args.gpu, utilization=0.9 if args.utilization is None else args.utilization,
-                          weights_bytes=weights)
-
-
-def _build_budget(args: argparse.Namespace) -> tuple[Budget | None, str]:
-    """The KV budget and its description; ``None`` when only --num-blocks-override sizes the pool."""
-    if args.gpu is not None:
-        budget = _gpu_budget(args)
-        return budget, budget.describe()
-    for flag, value in (("--utilization", args.utilization), ("--weights-memory", args.weights_memory)):
-        if value is not None:
-            raise _flag_error(flag, value, "only applies with --gpu", f"add --gpu NAME or drop {flag}")
-    if args.kv_memory is None and args.num_blocks_override is not None:
-        return None, f"no memory budget: --num-blocks-override {args.num_blocks_override} sizes the pool"
-    budget = Budget(kv_cache_bytes=parse_bytes(args.kv_memory or DEFAULT_KV_MEMORY, field="--kv-memory"))
-    return budget, budget.describe() + ("" if args.kv_memory else " (default --kv-memory)")
-
-
 def _build_limits(args: argparse.Namespace) -> Limits:
-    return Limits(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+    return Limits(max_model_len=args.max_model_len, concurrency=args.concurrency, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, num_blocks_override=args.num_blocks_override,
                   mamba_cache_mode=args.mamba_cache_mode, num_speculative_tokens=args.num_speculative_tokens,
                   tensor_parallel_size=args.tp, block_size=args.block_size, mamba_block_size=args.mamba_block_size,
                   cudagraph_mode=args.cudagraph_mode)
 
 
-def _inputs(source: dict[str, Any], budget: Budget | None, limits: Limits, args: argparse.Namespace) -> dict[str, Any]:
-    budget_dict = None if budget is None else {
-        "kv_pool_bytes": budget.kv_pool_bytes(), "gpu": budget.gpu.name if budget.gpu else None,
-        "utilization": budget.utilization if budget.gpu else None, "weights_bytes": budget.weights_bytes}
+def _budget_flags(args: argparse.Namespace) -> BudgetFlags:
+    return BudgetFlags(kv_memory=args.kv_memory, gpu=args.gpu, utilization=args.utilization,
+                       weights_memory=args.weights_memory, activation_memory=args.activation_memory,
+                       graph_reserve=args.graph_reserve, num_blocks_override=args.num_blocks_override,
+                       default_kv_memory=DEFAULT_KV_MEMORY)
+
+
+def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> dict[str, Any]:
     limit_dict = {name: (value.value if hasattr(value, "value") else value)
                   for name, value in attrs.asdict(limits, recurse=False).items()}
     dtypes = {"kv_cache_dtype": args.kv_cache_dtype, "mamba_ssm_dtype": args.mamba_ssm_dtype,
               "attention_backend": args.attention_backend}
-    return {**source, "tp": args.tp, **dtypes, "budget": budget_dict, "limits": limit_dict}
+    return {**source.description, "tp": args.tp, **dtypes, "limits": limit_dict}
 
 
-def plan_from_args(args: argparse.Namespace) -> tuple[Plan, str, dict[str, Any]]:
-    """Compile the plan the ``plan`` subcommand's flags describe: plan, budget text, inputs."""
-    model, source = _build_model(args)
-    budget, budget_text = _build_budget(args)
+def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
+    """Compile the plan the ``plan`` subcommand's flags describe: the model, the planned budget
+    (``.plan`` is the plan) and the JSON-ready inputs."""
+    source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
+                               tp=args.tp, overrides=_overrides(args))
     limits = _build_limits(args)
-    plan = compile_plan(model, limits, budget)
-    return plan, budget_text, _inputs(source, budget, limits, args)
+    planned = plan_with_budget(_budget_flags(args), source, limits, tp=args.tp)
+    return source, planned, _inputs(source, limits, args)
+
+
+def _engine_block_size(source: ModelSource, plan: Plan) -> int | None:
+    """The page size the planner (like the engine) picks when no --block-size is given."""
+    if plan.limits.block_size is None and plan.limits.mamba_block_size is None:
+        return plan.block_size
+    try:
+        free = attrs.evolve(plan.limits, block_size=None, mamba_block_size=None)
+        return choose_block_size(source.model, free).block_size
+    except GraphkvError:
+        return None
+
+
+def _vllm_command(source: ModelSource, planned: PlannedBudget, args: argparse.Namespace) -> str:
+    budget = planned.budget
+    gpu = budget.gpu if budget is not None else None
+    target = VllmTarget(model=source.serve_name, tensor_parallel_size=args.tp,
+                        engine_block_size=_engine_block_size(source, planned.plan),
+                        gpu_name=gpu.name if gpu is not None else None,
+                        gpu_bytes=gpu.total_memory_bytes if gpu is not None else None,
+                        kv_cache_dtype=args.kv_cache_dtype, mamba_ssm_dtype=args.mamba_ssm_dtype,
+                        attention_backend=args.attention_backend)
+    return vllm_serve_command(planned.plan, target)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    plan, budget_text, inputs = plan_from_args(args)
+    source, planned, inputs = plan_from_args(args)
+    plan: Plan = planned.plan
     if args.json:
-        print(json.dumps({**plan.to_dict(), "inputs": inputs}, indent=2))
+        print(json.dumps({**plan.to_dict(), "budget": planned.as_json, "inputs": inputs}, indent=2))
+    elif args.emit == "vllm":
+        print(_vllm_command(source, planned, args))
     else:
-        print(format_plan(plan, budget_text=budget_text))
+        print(format_plan(plan, budget_text=planned.text))
     return 0
 
 
@@ -240,29 +254,53 @@ def _run_presets() -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    for flag in ("requests", "new_tokens", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, flag) < 1:
-            raise _flag_error("--" + flag.replace("_", "-"), getattr(args, flag), "must be >= 1",
-                              "pass a positive integer")
+    from graphkv.extras import require
+
+    require("runtime", "torch", needed_by="graphkv demo")
     from graphkv.models.demo import run_demo
 
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
-                          device=args.device, capture=not args.no_capture, seed=args.seed)
+                          device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads)
     print(run_demo(options))
     return 0
 
 
+def _budget_flag(args: argparse.Namespace) -> str:
+    if getattr(args, "gpu", None) is not None:
+        return "--gpu"
+    if getattr(args, "kv_memory", None) is None and getattr(args, "num_blocks_override", None) is not None:
+        return "--num-blocks-override"
+    return "--kv-memory"
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return _run_demo(args)
+    return _run_plan(args) if args.command == "plan" else _run_presets()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``graphkv`` command; returns the exit code (0 ok, 2 usage or planning error)."""
+    """Run the ``graphkv`` command; returns the exit code (0 ok, 2 usage or planning error).
+
+    Usage errors exit through ``SystemExit(2)`` with one line on stderr; a reader that closes the
+    pipe early (``| head``) ends the command quietly with 0.
+    """
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return _run_demo(args)
-        return _run_plan(args) if args.command == "plan" else _run_presets()
+        code = _run(args)
+        sys.stdout.flush()  # surface a closed pipe here, not at interpreter exit
+        return code
     except GraphkvError as e:
-        print(f"graphkv: error: {e}", file=sys.stderr)
+        print(f"graphkv: error: {in_flag_terms(e, budget_flag=_budget_flag(args))}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader is gone (`graphkv plan | head -1`): stop writing, as Unix tools do. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
 
 
 if __name__ == "__main__":

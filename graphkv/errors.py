@@ -15,6 +15,7 @@ __all__ = [
     "CapacityError",
     "CaptureError",
     "GraphkvError",
+    "MissingExtraError",
     "PlanError",
     "Problem",
     "SpecError",
@@ -80,3 +81,11 @@ class CapacityError(PlanError):
 
 class CaptureError(GraphkvError):
     """A CUDA-graph capture that cannot be done as requested."""
+
+
+class MissingExtraError(GraphkvError, ImportError):
+    """A part of graphkv needs an optional dependency that is not installed.
+
+    The message names the module, the extra that installs it (``pip install 'graphkv[runtime]'``)
+    and why it is needed; it is an :class:`ImportError` too, so ``except ImportError`` still works.
+    """

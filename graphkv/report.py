@@ -99,6 +99,18 @@ def _cudagraph_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _concurrency_line(plan: Plan) -> str:
+    cap = plan.capacity
+    by_kind: Counter[str] = Counter()
+    for g in plan.groups:
+        by_kind[g.kind.value] += g.pages_per_request
+    split = " + ".join(f"{n} {kind}" for kind, n in by_kind.items())
+    target = plan.limits.concurrency
+    asked = f"; concurrency={target} asked" if target is not None else ""
+    return (f"  concurrency     {cap.max_concurrency} request(s) of max_model_len at once "
+            f"({cap.pages_per_request} pages each: {split}{asked})")
+
+
 def _mamba_padding_line(plan: Plan) -> str:
     block = plan.block
     if not block.mamba_page_bytes:
@@ -146,8 +158,7 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
         f"  num_blocks      {plan.num_blocks} — {cap.num_blocks_reason}",
         f"  usable pages    {cap.usable_pages} (page 0 is the null page); pool {format_bytes(plan.pool_bytes)}",
         f"  max_model_len   {plan.max_model_len} — {cap.max_model_len_reason}",
-        f"  concurrency     {cap.max_concurrency} request(s) of max_model_len at once "
-        f"({cap.pages_per_request} pages each)",
+        _concurrency_line(plan),
         _mamba_padding_line(plan),
         "",
         *_cudagraph_lines(plan),

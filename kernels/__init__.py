@@ -1,1 +1,5 @@
-"""Triton kernels of graphkv, installed as ``graphkv.kernels``."""
+"""Triton kernels of graphkv, installed as ``graphkv.kernels`` (needs the ``runtime`` extra)."""
+
+from graphkv.extras import require
+
+require("runtime", "triton", needed_by="graphkv.kernels")

@@ -78,6 +78,7 @@ def test_json_equals_compile_on_the_same_inputs(capsys: pytest.CaptureFixture[st
     assert code == 0
     data = json.loads(out)
     data.pop("inputs")
+    data.pop("budget")
     limits = graphkv.Limits(max_num_seqs=128, mamba_cache_mode="align", num_speculative_tokens=2,
                             tensor_parallel_size=1)
     expected = graphkv.compile(preset_model(DEFAULT_PRESET), limits, graphkv.Budget.kv_bytes("24GiB"))
@@ -95,7 +96,7 @@ def test_override_too_small_for_max_model_len_exits_2(capsys: pytest.CaptureFixt
     """A 32-page override that cannot hold one 16384-token request is a one-line `max seq len` error."""
     code, out, err = run(capsys, "plan", "--hf-config", str(llama_config), "--num-blocks-override", "32",
                          "--max-model-len", "16384")
-    assert_one_error(code, err, "max seq len", "num_blocks_override")
+    assert_one_error(code, err, "max seq len", "--num-blocks-override=32", "lower --max-model-len to <= 496")
     assert out == ""
     assert len(err.strip().splitlines()) == 1
 
@@ -180,6 +181,91 @@ def test_demo_serves_requests_and_says_why_graphs_are_unavailable(capsys: pytest
 
 
 def test_demo_rejects_a_non_positive_request_count(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "0"]) == 2
+    """`demo --requests 0` is a one-line usage error naming the flag and the range (exit 2)."""
+    with pytest.raises(SystemExit) as excinfo:
+        main(["demo", "--requests", "0"])
+    assert excinfo.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("graphkv: error: --requests") and "must be >= 1" in err
+    assert err.startswith("graphkv: error: --requests: '0' must be between 1 and 100000")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv --version` prints `graphkv <version>` and exits 0."""
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--version"])
+    assert excinfo.value.code == 0
+    assert capsys.readouterr().out.strip() == f"graphkv {graphkv.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "--json"], ["plan", "--emit", "vllm"]])
+def test_closed_pipe_ends_quietly_with_status_0(argv: list[str]) -> None:
+    """A reader that closes the pipe before the output is written (`| head -1`) ends the command with 0, silently."""
+    proc = subprocess.Popen([sys.executable, "-m", "graphkv.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has even started: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == ""
+
+
+def test_concurrency_report_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--concurrency 64` plans 11,968 tokens and the report splits the 25 pages by kind and notes max_num_seqs."""
+    code, out, _ = run(capsys, "plan", "--concurrency", "64")
+    assert code == 0
+    assert ("  max_model_len   11968 — auto: the largest length at which concurrency=64 requests of 25 pages each "
+            "fit 1605 usable pages") in out
+    assert ("  concurrency     64 request(s) of max_model_len at once (25 pages each: 3 mamba + 22 full_attention; "
+            "concurrency=64 asked)") in out
+    assert "max_num_seqs=256 exceeds the 64 request(s) of max_model_len=11968" in out
+
+
+def test_gpu_budget_subtracts_the_preset_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu subtracts the preset checkpoint's weights / tp and the auto graph reserve; --json has the breakdown."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "32768", "--json")
+    assert code == 0
+    budget = json.loads(out)["budget"]
+    usable = int(81559 * (1 << 20) * 0.9)
+    assert budget["source"] == "gpu" and budget["gpu"] == "H100" and budget["utilization"] == 0.9
+    assert budget["total_bytes"] == 81559 * (1 << 20)
+    assert budget["weights_bytes"] == 16060522496 and budget["activation_bytes"] == 0
+    assert budget["graph_reserve_bytes"] > 0
+    assert budget["kv_bytes"] == usable - 16060522496 - budget["graph_reserve_bytes"]
+    assert json.loads(out)["max_concurrency"] == 14
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--tp", "2",
+                       "--activation-memory", "2GiB", "--graph-reserve", "1GiB")
+    assert code == 0
+    assert "- weights 7.48 GiB (preset: the meta-llama/Llama-3.1-8B checkpoint, 16060522496 B / tp 2)" in out
+    assert "- activations 2.00 GiB (--activation-memory)" in out
+    assert "- graph reserve 1.00 GiB (--graph-reserve)" in out
+
+
+def test_weights_from_a_checkpoint_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--hf-config DIR reads config.json and model.safetensors.index.json's total_size, divided per rank."""
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_LAYERS))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 10 << 30},
+                                                                      "weight_map": {}}))
+    code, out, err = run(capsys, "plan", "--hf-config", str(tmp_path), "--gpu", "H100", "--tp", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["budget"]["weights_bytes"] == 5 << 30
+    assert data["budget"]["sources"]["weights"] == (
+        f"model.safetensors.index.json metadata.total_size, {10 << 30} B / tp 2")
+    assert data["inputs"]["hf_config"] == str(tmp_path)
+
+
+def test_unknown_weights_are_said_to_be_unknown(capsys: pytest.CaptureFixture[str], llama_config: Path) -> None:
+    """A bare config.json with --gpu plans with 0 B of weights and says they are unknown."""
+    code, out, _ = run(capsys, "plan", "--hf-config", str(llama_config), "--gpu", "H100")
+    assert code == 0
+    assert "- weights 0 B (unknown — 0 B assumed: no safetensors metadata for this model; give --weights-memory SIZE)" in out
+
+
+def test_kv_memory_budget_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --kv-memory the budget object says so and carries only the KV bytes."""
+    code, out, _ = run(capsys, "plan", "--kv-memory", "24GiB", "--json")
+    assert code == 0
+    assert json.loads(out)["budget"] == {"source": "kv_memory", "gpu": None, "total_bytes": None, "utilization": None,
+                                         "weights_bytes": None, "activation_bytes": None, "graph_reserve_bytes": None,
+                                         "kv_bytes": 24 << 30, "sources": None}

@@ -291,3 +291,151 @@ def test_spec_problems_are_reported_together():
     assert [p.field for p in info.value.problems] == [
         "FullAttentionSpec.num_kv_heads", "FullAttentionSpec.head_size", "FullAttentionSpec.dtype"]
     assert str(info.value).startswith("3 problems:")
+
+
+# --- the command line: every bad input a one-line error with exit status 2, quickly, in a fresh process
+
+QWEN_NEXT_MINI = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+                  "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                  "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                  "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+                  "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+LLAMA_MINI = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 2,
+              "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+ISSUE_9 = pytest.mark.xfail(strict=True, reason="reader-side check owned by issue 9 (plausibility caps and head-count "
+                                                "consistency in graphkv/spec/hf); remove this mark when it lands")
+
+
+@attrs.frozen
+class CliCase:
+    """A command that must end in one line on stderr naming ``needles``, exit status 2."""
+
+    id: str
+    argv: tuple[str, ...]
+    needles: tuple[str, ...]
+    absent: tuple[str, ...] = ()  # must not appear (API field names instead of flags, repeats)
+    setup: str = ""  # a fixture file to create: "fifo", "deep", "config:<json>"
+    needs_torch: bool = False
+
+
+def _config(**fields: Any) -> str:
+    import json
+
+    return "config:" + json.dumps({**LLAMA_MINI, **fields})
+
+
+CLI_CASES = [
+    CliCase("hf-config-fifo", ("plan", "--hf-config", "{path}"), ("--hf-config=", "is a FIFO, not a regular file"),
+            setup="fifo"),
+    CliCase("hf-config-dev-zero", ("plan", "--hf-config", "/dev/zero"),
+            ("--hf-config='/dev/zero'", "is a device or special file")),
+    CliCase("hf-config-deeply-nested", ("plan", "--hf-config", "{path}"), ("nests more than 64 levels deep",),
+            setup="deep"),
+    CliCase("hf-config-huge-integer", ("plan", "--hf-config", "{path}"), ("--hf-config=", "cannot be parsed"),
+            setup='raw:{"num_hidden_layers": ' + "9" * 5000 + "}"),
+    CliCase("hf-config-directory-without-config", ("plan", "--hf-config", "{dir}"), ("--hf-config=", "no such file"),
+            setup="emptydir"),
+    CliCase("hf-config-empty", ("plan", "--hf-config", ""), ("--hf-config: is empty",)),
+    CliCase("kv-memory-400-digits", ("plan", "--kv-memory", "9" * 400), ("--kv-memory=", "is 400 characters long")),
+    CliCase("kv-memory-above-1-pib", ("plan", "--kv-memory", "9" * 30), ("--kv-memory=", "more memory than any")),
+    CliCase("kv-memory-empty", ("plan", "--kv-memory", ""), ("--kv-memory: is empty",)),
+    CliCase("kv-memory-zero", ("plan", "--kv-memory", "0"), ("--kv-memory='0': is zero",), absent=("Budget.",)),
+    CliCase("preset-empty", ("plan", "--preset", ""), ("--preset: is empty",)),
+    CliCase("weights-memory-empty", ("plan", "--gpu", "H100", "--weights-memory", ""), ("--weights-memory: is empty",)),
+    CliCase("weights-bigger-than-gpu", ("plan", "--gpu", "H100", "--weights-memory", "100GiB"),
+            ("--gpu='H100': weights 100.00 GiB per rank (--weights-memory)", "leave nothing of 71.68 GiB"),
+            absent=("Budget.", "weights_bytes")),
+    CliCase("preset-weights-need-more-ranks", ("plan", "--preset", "qwen3-next-80b-a3b", "--gpu", "H100", "--tp", "2"),
+            ("weights 75.74 GiB per rank", "--tp >= 3")),
+    CliCase("activation-memory-without-gpu", ("plan", "--activation-memory", "2GiB"),
+            ("--activation-memory='2GiB': only applies with --gpu",)),
+    CliCase("graph-reserve-too-small", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "1MiB"),
+            ("--graph-reserve=1048576", "raise --graph-reserve to >="), absent=("graph_reserve_bytes",)),
+    CliCase("step-tokens-1e9-on-h100", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100",
+                                        "--max-num-batched-tokens", "1e9"),
+            ("--max-num-batched-tokens=1000000000", "lower --max-num-batched-tokens to <= ")),
+    CliCase("count-not-a-number", ("plan", "--max-num-seqs", "many"), ("--max-num-seqs: 'many' is not a whole number",)),
+    CliCase("count-out-of-range", ("plan", "--max-model-len", str(2**40)), ("--max-model-len: must be 'auto' or",)),
+    CliCase("concurrency-zero", ("plan", "--concurrency", "0"), ("--concurrency: '0' must be between 1 and",)),
+    CliCase("concurrency-too-many-for-length", ("plan", "--preset", "llama-3.1-8b", "--kv-memory", "16GiB",
+                                                "--max-model-len", "16384", "--concurrency", "16"),
+            ("--concurrency=16: only 7 request(s)", "lower --concurrency to <= 7, or lower --max-model-len to <= 8176")),
+    CliCase("api-field-names-become-flags", ("plan", "--preset", "llama-3.1-8b", "--num-blocks-override", "32",
+                                             "--max-model-len", "16384"),
+            ("--max-model-len=16384", "raise --num-blocks-override to >= 1025"), absent=("num_blocks_override",)),
+    CliCase("backend-listed-once", ("plan", "--preset", "llama-3.1-8b", "--block-size", "17"),
+            ("all of flash_attn [MultipleOf(16)] and divides 17",), absent=("flash_attn [MultipleOf(16)], flash_attn",)),
+    CliCase("utilization-out-of-range", ("plan", "--gpu", "H100", "--utilization", "1.5"),
+            ("--utilization: '1.5' must be in (0, 1]",)),
+    CliCase("emit-unknown-engine", ("plan", "--emit", "sglang"), ("--emit: invalid choice: 'sglang'",)),
+    CliCase("demo-seed-2-pow-70", ("demo", "--seed", str(2**70)), ("--seed:", "must be between 0 and")),
+    CliCase("demo-pool-beyond-memory", ("demo", "--kv-memory", "100TiB", "--device", "cpu"),
+            ("--kv-memory='100TiB'", "is available"), needs_torch=True),
+    CliCase("demo-cuda-without-cuda", ("demo", "--device", "cuda"),
+            ("--device='cuda': torch.cuda.is_available() is False",), needs_torch=True),
+    pytest.param(CliCase("hf-1e9-layers", ("plan", "--hf-config", "{path}"), ("num_hidden_layers",),
+                         setup=_config(num_hidden_layers=10**9)), marks=ISSUE_9, id="hf-1e9-layers"),
+    pytest.param(CliCase("hf-kv-heads-above-q-heads", ("plan", "--hf-config", "{path}"), ("num_key_value_heads",),
+                         setup=_config(num_key_value_heads=64)), marks=ISSUE_9, id="hf-kv-heads-above-q-heads"),
+    pytest.param(CliCase("hf-q-heads-not-divisible-by-kv", ("plan", "--hf-config", "{path}"), ("num_key_value_heads",),
+                         setup=_config(num_key_value_heads=6)), marks=ISSUE_9, id="hf-q-heads-not-divisible-by-kv"),
+    pytest.param(CliCase("hf-q-heads-not-divisible-by-tp", ("plan", "--hf-config", "{path}", "--tp", "8"),
+                         ("num_attention_heads",), setup=_config(num_attention_heads=36, num_key_value_heads=4,
+                                                                 head_dim=128)),
+                 marks=ISSUE_9, id="hf-q-heads-not-divisible-by-tp"),
+]
+
+
+def _prepare(case: CliCase, tmp_path: Any) -> tuple[str, ...]:
+    import os
+
+    path, directory = tmp_path / "config.json", tmp_path / "ckpt"
+    if case.setup == "fifo":
+        os.mkfifo(path)
+    elif case.setup == "deep":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif case.setup == "emptydir":
+        directory.mkdir()
+    elif case.setup.startswith("config:"):
+        path.write_text(case.setup[len("config:"):])
+    elif case.setup.startswith("raw:"):
+        path.write_text(case.setup[len("raw:"):])
+    return tuple(a.replace("{path}", str(path)).replace("{dir}", str(directory)) for a in case.argv)
+
+
+@pytest.fixture(scope="module")
+def torch_import_seconds() -> float:
+    """How long a fresh interpreter takes to import torch here (the demo cases pay it before any check)."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=120)
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id if isinstance(c, CliCase) else c.id for c in CLI_CASES])
+def test_cli_error_is_one_line_exit_2_within_a_second(case: CliCase, tmp_path: Any, torch_import_seconds: float):
+    """The command exits 2 within a second (plus torch's import for demo checks that need it) with one line on
+    stderr naming the flag, its value, the limit and a fix — no traceback, no hang, nothing on stdout."""
+    import subprocess
+    import sys
+    import time
+
+    argv = _prepare(case, tmp_path)
+    limit = 1.0 + (torch_import_seconds if case.needs_torch else 0.0)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "graphkv.cli", *argv], capture_output=True, text=True,
+                          timeout=max(3.0, 3 * limit), stdin=subprocess.DEVNULL, check=False)
+    elapsed = time.perf_counter() - start
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("graphkv: error: "), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    for needle in case.needles:
+        assert needle in lines[0]
+    for word in case.absent:
+        assert word not in lines[0]
+    assert elapsed < limit, f"{elapsed:.2f} s"

@@ -9,6 +9,7 @@ whose requests arrive while others decode. It prints the plan report, then the r
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -16,12 +17,15 @@ from typing import TextIO
 
 import attrs
 
+from graphkv.errors import Problem, SpecError
 from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
 from graphkv.plan import Plan, compile_plan
-from graphkv.spec.budget import Budget
+from graphkv.spec.budget import Budget, format_bytes
 from graphkv.spec.limits import CudaGraphMode, Limits
 
-__all__ = ["DemoOptions", "DemoResult", "demo_plan", "run_demo"]
+__all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "demo_plan", "run_demo"]
+
+MAX_SEED = (1 << 63) - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +42,7 @@ class DemoOptions:
     device: str = "auto"  # "auto": cuda when available
     capture: bool = True
     seed: int = 0
+    threads: int = 1  # torch CPU threads: 1 gives timings that do not depend on how busy the machine is
 
 
 @attrs.frozen(kw_only=True)
@@ -45,6 +50,7 @@ class DemoResult:
     """What a demo run measured."""
 
     device: str
+    threads: int  # torch.get_num_threads() during the run
     graphs: str  # what capture did, or why graphs are unavailable
     steps: int
     requests: int
@@ -61,6 +67,7 @@ class DemoResult:
     def __str__(self) -> str:
         return "\n".join([
             f"device          {self.device}",
+            f"threads         {self.threads} (torch.set_num_threads; --threads)",
             f"cuda graphs     {self.graphs}",
             f"requests        {self.requests} finished in {self.steps} steps (continuous batching)",
             f"tokens          {self.tokens} processed, {self.generated} generated",
@@ -81,6 +88,48 @@ def demo_plan(options: DemoOptions, config: TinyHybridConfig | None = None) -> P
     return compile_plan(model_kv(config), limits, Budget.kv_bytes(options.kv_memory))
 
 
+def _device(asked: str, cuda_available: bool) -> str:
+    if asked == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if asked == "cuda" and not cuda_available:
+        raise SpecError(Problem(field="--device", value=asked,
+                                limit="torch.cuda.is_available() is False (a CPU build of torch, or no GPU visible)",
+                                fix="use --device cpu (or auto), or run on a machine with a CUDA GPU"))
+    if asked not in ("cpu", "cuda"):
+        raise SpecError(Problem(field="--device", value=asked, limit="must be auto, cpu or cuda",
+                                fix="pick one of auto / cpu / cuda"))
+    return asked
+
+
+def _available_bytes(device: str) -> tuple[int, str]:
+    """Bytes the demo may allocate on ``device`` and where the number comes from."""
+    import torch
+
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        return free, f"free memory of {torch.cuda.get_device_name()}"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable of this machine (/proc/meminfo)"
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory of this machine"
+
+
+def _check_memory(plan: Plan, device: str, kv_memory: str) -> None:
+    """Refuse a pool (plus static buffers) the device cannot hold before allocating anything."""
+    need = plan.pool_bytes + plan.buffers.total_bytes
+    have, where = _available_bytes(device)
+    if need > have:
+        raise SpecError(Problem(
+            field="--kv-memory", value=kv_memory,
+            limit=(f"the pool ({format_bytes(plan.pool_bytes)}) and static buffers need {format_bytes(need)} on {device} "
+                   f"but only {format_bytes(have)} is available ({where})"),
+            fix=f"lower --kv-memory to below {format_bytes(have)} (the demo needs a few MiB)"))
+
+
 def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool = True) -> DemoResult:
     """Run the demo: print the plan report to ``out`` (default stdout), serve ``options.requests``
     requests, return the numbers."""
@@ -96,9 +145,17 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
 
     out = out if out is not None else sys.stdout
     config = TinyHybridConfig()
+    device = _device(options.device, torch.cuda.is_available())
+    if not 1 <= options.threads <= 1024:
+        raise SpecError(Problem(field="--threads", value=options.threads, limit="must be between 1 and 1024",
+                                fix="pass the number of CPU threads torch may use, e.g. 1"))
+    if not 0 <= options.seed <= MAX_SEED:
+        raise SpecError(Problem(field="--seed", value=options.seed, limit=f"must be in [0, {MAX_SEED}] (a 64-bit seed)",
+                                fix="pass a smaller seed"))
     plan = demo_plan(options, config)
+    _check_memory(plan, device, options.kv_memory)
+    torch.set_num_threads(options.threads)
     print(format_plan(plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
-    device = options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     model = PagedTinyHybrid(init_weights(config, seed=options.seed).to(device), allocate(plan, device))
     step = Step(plan, device)
     forward = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
@@ -131,6 +188,7 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     if device == "cuda":
         torch.cuda.synchronize()
     s = engine.stats
-    return DemoResult(device=str(device) if device == "cpu" else torch.cuda.get_device_name(), graphs=graphs,
+    return DemoResult(device=str(device) if device == "cpu" else torch.cuda.get_device_name(),
+                      threads=torch.get_num_threads(), graphs=graphs,
                       steps=s.steps, requests=s.finished, tokens=s.tokens, generated=s.generated,
                       pages_reused=s.pages_reused, seconds=time.perf_counter() - start)

@@ -10,6 +10,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.plan.block_size import choose_block_size, pad_mamba_layers
 from graphkv.plan.buffers import plan_buffers
 from graphkv.plan.capacity import PageCounter, check_admission, check_mamba_seqs, fit_max_model_len, plan_num_blocks
+from graphkv.plan.concurrency import check_concurrency, fit_for_concurrency, max_num_seqs_note
 from graphkv.plan.cudagraph import plan_cudagraph
 from graphkv.plan.groups import build_groups
 from graphkv.plan.kernel_blocks import choose_kernel_block_size
@@ -81,7 +82,14 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     usable = num_blocks - 1
     counter = PageCounter.for_limits(grouping.groups, limits)
     cap = model.max_position_embeddings
-    if limits.is_auto_len:
+    n_req = limits.concurrency
+    if limits.is_auto_len and n_req is not None:
+        max_model_len = fit_for_concurrency(counter, usable, n_req, cap, pool_bytes_per_block=pool_bytes_per_block,
+                                            num_blocks_reason=blocks_reason, from_override=from_override)
+        len_reason = (f"auto: the largest length at which concurrency={n_req} requests of "
+                      f"{counter.pages(max_model_len)} pages each fit {usable} usable pages"
+                      + (f" (capped by max_position_embeddings={cap})" if max_model_len == cap else ""))
+    elif limits.is_auto_len:
         max_model_len = fit_max_model_len(counter, usable, cap, pool_bytes_per_block=pool_bytes_per_block,
                                           num_blocks_reason=blocks_reason)
         len_reason = (f"auto: the largest length whose {counter.pages(max_model_len)} pages per request fit "
@@ -92,7 +100,11 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
         check_admission(counter, max_model_len, usable, num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
                         num_blocks_reason=blocks_reason, from_override=from_override, cap=cap)
         len_reason = f"max_model_len={max_model_len} set by the user; fits {usable} usable pages"
+        if n_req is not None:
+            check_concurrency(counter, max_model_len, usable, n_req, cap, pool_bytes_per_block=pool_bytes_per_block,
+                              num_blocks_reason=blocks_reason, from_override=from_override)
     check_mamba_seqs(counter, limits, usable)
+    seqs_note = max_num_seqs_note(limits, max_model_len, counter.pages(max_model_len), usable)
 
     groups = tuple(
         GroupPlan(index=i, spec=d.spec, layers=tuple(layer.index for layer in d.layers),
@@ -112,7 +124,8 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                   for j, page in enumerate(slot_pages))
     capacity = Capacity(num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
                         pages_per_request=counter.pages(max_model_len), max_model_len=max_model_len,
-                        max_model_len_reason=len_reason, num_blocks_reason=blocks_reason, from_override=from_override)
+                        max_model_len_reason=len_reason, num_blocks_reason=blocks_reason, from_override=from_override,
+                        max_position_embeddings=cap)
     buffers = plan_buffers(model, limits, groups, max_model_len=max_model_len, num_blocks=num_blocks)
     cudagraph = plan_cudagraph(groups, limits, layers)
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
@@ -120,4 +133,4 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
-                ledger=ledger, notes=grouping.notes)
+                ledger=ledger, notes=grouping.notes + ((seqs_note,) if seqs_note else ()))

@@ -33,7 +33,8 @@ def choose_kernel_block_size(block_size: int, backends: Sequence[Backend], *, gr
     fitting = [c for c in candidates if all(b.supports(c) for b in backends)]
     if fitting:
         return max(fitting)
-    sizes = ", ".join(f"{b.name} {b.describe_sizes()}" for b in backends)
+    distinct = {b.name: b for b in backends}  # a 32-layer group names flash_attn once, not 32 times
+    sizes = ", ".join(f"{b.name} {b.describe_sizes()}" for b in distinct.values())
     raise PlanError(Problem(
         field="block_size", value=block_size,
         limit=f"{group}: no kernel block size is supported by all of {sizes} and divides {block_size}",

@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from graphkv.plan.capacity import PageCounter
+from graphkv.plan.concurrency import capacity_tables, longest_len
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
@@ -94,6 +96,7 @@ class Capacity:
     max_model_len_reason: str
     num_blocks_reason: str
     from_override: bool
+    max_position_embeddings: int | None = None  # the model's cap on max_model_len, if it declares one
 
     @property
     def usable_pages(self) -> int:
@@ -257,6 +260,29 @@ class Plan:
         """Bytes of the whole pool."""
         return self.num_blocks * self.pool_bytes_per_block
 
+    def _page_counter(self) -> PageCounter:
+        return PageCounter.for_limits(self.groups, self.limits)  # type: ignore[arg-type]  # GroupPlan has spec, block_size
+
+    def pages_per_request_at(self, max_model_len: int) -> int:
+        """Worst-case pages one request of ``max_model_len`` tokens needs, summed over groups.
+
+        >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
+        >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
+        >>> compile(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB")).pages_per_request_at(1000)
+        63
+        """
+        return self._page_counter().pages(max_model_len)
+
+    def concurrency_at(self, max_model_len: int) -> int:
+        """How many requests of ``max_model_len`` tokens this pool holds at once."""
+        return self.capacity.usable_pages // self.pages_per_request_at(max_model_len)
+
+    def max_model_len_for(self, concurrency: int) -> int:
+        """The longest length at which ``concurrency`` requests fit this pool at once (0: none fits),
+        capped by the model's ``max_position_embeddings`` (else by this plan's ``max_model_len``)."""
+        hi = self.capacity.max_position_embeddings or self.max_model_len
+        return longest_len(self._page_counter(), self.capacity.usable_pages // concurrency, hi)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``graphkv plan --json`` object)."""
         return {
@@ -272,6 +298,10 @@ class Plan:
             "max_model_len_reason": self.capacity.max_model_len_reason,
             "pages_per_request": self.capacity.pages_per_request,
             "max_concurrency": self.capacity.max_concurrency,
+            "concurrency": self.limits.concurrency,
+            "pages_per_request_table": capacity_tables(
+                self.groups, self.limits, self.capacity.usable_pages,
+                self.capacity.max_position_embeddings or self.max_model_len, self.max_model_len),
             "group_size": self.group_size,
             "groups": [
                 {

@@ -13,13 +13,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["PAD_SLOT_ID", "BlockTables", "KVPool", "allocate"]
+from graphkv.extras import require
+
+require("runtime", "torch", needed_by="graphkv.runtime")
+
+__all__ = ["PAD_SLOT_ID", "Batch", "BlockTables", "KVPool", "Step", "allocate"]
 
 _LAZY = {
     "KVPool": "graphkv.runtime.kv_pool",
     "allocate": "graphkv.runtime.kv_pool",
     "BlockTables": "graphkv.runtime.block_tables",
     "PAD_SLOT_ID": "graphkv.runtime.padding",
+    "Step": "graphkv.runtime.step",
+    "Batch": "graphkv.runtime.step",
 }
 
 

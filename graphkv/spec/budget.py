@@ -11,7 +11,7 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
 
-__all__ = ["GPU", "KNOWN_GPUS", "Budget", "format_bytes", "parse_bytes"]
+__all__ = ["GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "format_bytes", "parse_bytes"]
 
 _MiB = 1 << 20
 
@@ -60,17 +60,37 @@ def _gpu_or_raw(value: object) -> object:
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+MAX_BYTES = 1 << 50  # 1 PiB: more memory than any one machine has; larger sizes are typing mistakes
+_MAX_SIZE_CHARS = 64
 
 
 def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
-    """Parse ``"40GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a plain integer into bytes."""
+    """Parse ``"40GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a plain integer into bytes.
+
+    Exact (decimal arithmetic, no float rounding or overflow); fractions of a byte are dropped.
+    Refuses empty text, negative numbers and sizes above :data:`MAX_BYTES` (1 PiB) with a
+    :class:`SpecError` naming ``field``.
+    """
     if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise SpecError(Problem(field=field, value=text, limit="must be a size like 40GiB, 512MiB, 1.5GB or a byte count",
-                                fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB"))
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        value = text
+    else:
+        raw = str(text)
+        if len(raw) > _MAX_SIZE_CHARS:
+            raise SpecError(Problem(field=field, value=raw[:24] + "…",
+                                    limit=f"is {len(raw)} characters long; no size needs more than {_MAX_SIZE_CHARS}",
+                                    fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB, e.g. 40GiB"))
+        match = re.fullmatch(r"\s*([0-9]*)(?:\.([0-9]*))?\s*([a-zA-Z]*)\s*", raw)
+        if match is None or not (match.group(1) or match.group(2)) or match.group(3).lower() not in _UNITS:
+            why = "is empty" if not raw.strip() else "must be a size like 40GiB, 512MiB, 1.5GB or a byte count"
+            raise SpecError(Problem(field=field, value=text, limit=why,
+                                    fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB"))
+        whole, frac, unit = match.group(1) or "0", match.group(2) or "", _UNITS[match.group(3).lower()]
+        value = (int(whole) * unit) + (int(frac) * unit // 10 ** len(frac) if frac else 0)
+    if value > MAX_BYTES:
+        raise SpecError(Problem(field=field, value=text, limit=f"is more than {format_bytes(MAX_BYTES)}, more memory "
+                                                                "than any one machine has",
+                                fix="check the number and its unit (e.g. 40GiB)"))
+    return value
 
 
 def format_bytes(n: int) -> str:

@@ -45,7 +45,11 @@ class Limits:
     """What the plan must serve.
 
     - ``max_model_len``: tokens per request (prompt + output), or ``"auto"`` for the longest the
-      pool can hold for one request;
+      pool can hold for one request — or for ``concurrency`` requests at once when that is set;
+    - ``concurrency``: requests of ``max_model_len`` tokens that must fit the pool at once
+      (``None``: one). With ``"auto"`` it picks the longest length at which that many fit; with a
+      fixed length, fewer fitting is a :class:`~graphkv.errors.CapacityError` naming the largest
+      count and the largest length for this count. It does not set ``max_num_seqs``;
     - ``max_num_seqs``: running requests per step; ``max_num_batched_tokens``: tokens per step;
     - ``num_blocks_override``: exact pool size in pages; it replaces the memory budget for every
       check (page 0 is the null page, so ``num_blocks_override - 1`` pages are usable);
@@ -55,6 +59,7 @@ class Limits:
     """
 
     max_model_len: MaxModelLen = AUTO
+    concurrency: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_blocks_override: int | None = None
@@ -70,6 +75,8 @@ class Limits:
         check = Checker("Limits")
         if self.max_model_len != AUTO:
             check.positive_int("max_model_len", self.max_model_len)
+        if self.concurrency is not None:
+            check.positive_int("concurrency", self.concurrency)
         check.positive_int("max_num_seqs", self.max_num_seqs)
         check.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.num_blocks_override is not None:

@@ -1,0 +1,65 @@
+"""Argument parsing that ends every mistake in one line: ``graphkv: error: <what>; <fix>``, exit 2.
+
+argparse prints a usage block before its error; :class:`OneLineParser` prints one line that names
+the flag and points at ``--help``. The value types refuse empty text and out-of-range counts at
+parse time, so nothing falls back silently to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from decimal import Decimal, InvalidOperation
+from typing import Callable, NoReturn
+
+__all__ = ["MAX_COUNT", "OneLineParser", "count", "nonempty", "real_fraction"]
+
+MAX_COUNT = (1 << 31) - 1  # page ids, positions and lengths live in int32 buffers
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr with exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``graphkv: error: <message>`` (no usage block) and exit 2."""
+        message = message.removeprefix("argument ").replace("\n", " ")
+        sys.stderr.write(f"graphkv: error: {message}; see `{self.prog} --help`\n")
+        raise SystemExit(2)
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    """A type that refuses empty or blank text (``--preset ''`` must not mean the default)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty; give {what}")
+        return text.strip()
+
+    return parse
+
+
+def count(minimum: int, *, maximum: int = MAX_COUNT) -> Callable[[str], int]:
+    """A type for whole counts in ``[minimum, maximum]``; accepts ``8192``, ``8_192`` and ``1e9``."""
+    def parse(text: str) -> int:
+        raw = text.strip().replace("_", "")
+        try:
+            value = Decimal(raw) if raw and len(raw) <= 32 else None
+        except InvalidOperation:
+            value = None
+        if value is None or not value.is_finite() or value != value.to_integral_value():
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number")
+        if not minimum <= value <= maximum:  # compared as Decimal: 1e999999 never becomes an int
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} must be between {minimum} and {maximum}")
+        return int(value)
+
+    return parse
+
+
+def real_fraction(text: str) -> float:
+    """A type for a fraction in (0, 1] (``--utilization``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1], e.g. 0.9")
+    return value

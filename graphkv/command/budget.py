@@ -1,0 +1,153 @@
+"""The memory budget a ``graphkv plan`` command describes, planned and explained.
+
+Three sources: ``--kv-memory SIZE`` (the pool itself), ``--gpu NAME`` (total x utilization minus
+weights, activations and the graph reserve; the plan's static buffers and graph pool must fit
+the reserve, see :mod:`graphkv.plan.gpu_fit`) or only ``--num-blocks-override``. Weights come from
+``--weights-memory``, else from the checkpoint (the preset's recorded bytes or the directory's
+safetensors metadata) divided by ``--tp``; an unknown weight is said to be unknown, never
+silently zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from graphkv.command.model_source import ModelSource
+from graphkv.errors import Problem, SpecError
+from graphkv.plan import Plan, compile_plan
+from graphkv.plan.gpu_fit import compile_for_gpu
+from graphkv.spec.budget import KNOWN_GPUS, Budget, format_bytes, parse_bytes
+from graphkv.spec.limits import Limits
+
+__all__ = ["BudgetFlags", "PlannedBudget", "plan_with_budget"]
+
+DEFAULT_UTILIZATION = 0.9
+
+
+@attrs.frozen(kw_only=True)
+class BudgetFlags:
+    """The budget flags as typed (``None``: not given)."""
+
+    kv_memory: str | None = None
+    gpu: str | None = None
+    utilization: float | None = None
+    weights_memory: str | None = None
+    activation_memory: str | None = None
+    graph_reserve: str | None = None
+    num_blocks_override: int | None = None
+    default_kv_memory: str = "20GiB"
+
+
+@attrs.frozen(kw_only=True)
+class PlannedBudget:
+    """The plan, the budget it used, and that budget in words (report) and as JSON."""
+
+    plan: Plan
+    budget: Budget | None
+    flag: str  # the flag that sets the budget as a whole: --kv-memory, --gpu or --num-blocks-override
+    text: str
+    as_json: dict[str, Any]
+
+
+def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
+    value = parse_bytes(text, field=flag)
+    if value == 0 and not allow_zero:
+        raise SpecError(Problem(field=flag, value=text, limit="is zero", fix=f"give {flag} a size above 0, e.g. 40GiB"))
+    return value
+
+
+def _weights(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[int, str]:
+    if flags.weights_memory is not None:
+        return _size("--weights-memory", flags.weights_memory, allow_zero=True), "--weights-memory"
+    if source.weights is None:
+        return 0, "unknown — 0 B assumed: no safetensors metadata for this model; give --weights-memory SIZE"
+    per_rank = source.weights.per_rank(tp)
+    split = f" / tp {tp}" if tp > 1 else ""
+    return per_rank, f"{source.weights.source}, {source.weights.total_bytes} B{split}"
+
+
+def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[Budget, dict[str, str]]:
+    assert flags.gpu is not None
+    gpu = KNOWN_GPUS.get(flags.gpu.strip().lower())
+    if gpu is None:
+        known = ", ".join(g.name for g in KNOWN_GPUS.values())
+        raise SpecError(Problem(field="--gpu", value=flags.gpu, limit=f"is not a known GPU; known: {known}",
+                                fix="pick one of those or give the KV pool size directly with --kv-memory SIZE"))
+    utilization = DEFAULT_UTILIZATION if flags.utilization is None else flags.utilization
+    weights, weights_from = _weights(flags, source, tp)
+    activations = 0 if flags.activation_memory is None else _size("--activation-memory", flags.activation_memory,
+                                                                  allow_zero=True)
+    reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
+    usable = int(gpu.total_memory_bytes * utilization)
+    if weights + activations + reserve >= usable:
+        ranks = ""
+        if weights and flags.weights_memory is None:
+            ranks = f", or --tp >= {tp * weights // max(usable - activations - reserve, 1) + 1}"
+        raise SpecError(Problem(
+            field="--gpu", value=flags.gpu,
+            limit=(f"weights {format_bytes(weights)} per rank ({weights_from}) + activations "
+                   f"{format_bytes(activations)} + graph reserve {format_bytes(reserve)} leave nothing of "
+                   f"{format_bytes(usable)} ({gpu.name} x utilization {utilization})"),
+            fix=f"use a larger GPU, quantized weights (--weights-memory SIZE), a higher --utilization{ranks}"))
+    budget = Budget.for_gpu(gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
+                            graph_reserve_bytes=reserve)
+    notes = {"weights": weights_from,
+             "activations": "--activation-memory" if flags.activation_memory is not None
+             else "not estimated: give --activation-memory SIZE, the forward's peak temporaries",
+             "graph_reserve": "--graph-reserve" if flags.graph_reserve is not None
+             else "auto: the plan's static buffers + estimated graph pool"}
+    return budget, notes
+
+
+def _gpu_text(budget: Budget, notes: dict[str, str]) -> str:
+    assert budget.gpu is not None
+    pad = "\n" + " " * 18
+    usable = int(budget.gpu.total_memory_bytes * budget.utilization)
+    return (f"{budget.gpu.name} {format_bytes(budget.gpu.total_memory_bytes)} x utilization {budget.utilization} = "
+            f"{format_bytes(usable)}"
+            f"{pad}- weights {format_bytes(budget.weights_bytes)} ({notes['weights']})"
+            f"{pad}- activations {format_bytes(budget.activation_bytes)} ({notes['activations']})"
+            f"{pad}- graph reserve {format_bytes(budget.graph_reserve_bytes)} ({notes['graph_reserve']})"
+            f"{pad}= {format_bytes(budget.kv_pool_bytes())} for the KV pool")
+
+
+def _json(budget: Budget | None, source: str, notes: dict[str, str] | None) -> dict[str, Any]:
+    gpu = budget.gpu if budget is not None else None
+    return {
+        "source": source,
+        "gpu": gpu.name if gpu is not None else None,
+        "total_bytes": gpu.total_memory_bytes if gpu is not None else None,
+        "utilization": budget.utilization if gpu is not None else None,
+        "weights_bytes": budget.weights_bytes if gpu is not None else None,
+        "activation_bytes": budget.activation_bytes if gpu is not None else None,
+        "graph_reserve_bytes": budget.graph_reserve_bytes if gpu is not None else None,
+        "kv_bytes": budget.kv_pool_bytes() if budget is not None else None,
+        "sources": notes,
+    }
+
+
+def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int) -> PlannedBudget:
+    """Build the budget the flags describe and compile the plan within it."""
+    if flags.gpu is None:
+        for flag, value in (("--utilization", flags.utilization), ("--weights-memory", flags.weights_memory),
+                            ("--activation-memory", flags.activation_memory), ("--graph-reserve", flags.graph_reserve)):
+            if value is not None:
+                raise SpecError(Problem(field=flag, value=value, limit="only applies with --gpu",
+                                        fix=f"add --gpu NAME or drop {flag}"))
+    if flags.gpu is not None:
+        budget, notes = _gpu_budget(flags, source, tp)
+        fitted = compile_for_gpu(source.model, limits, budget)
+        return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
+                             as_json=_json(fitted.budget, "gpu", notes))
+    if flags.kv_memory is None and flags.num_blocks_override is not None:
+        plan = compile_plan(source.model, limits, None)
+        return PlannedBudget(plan=plan, budget=None, flag="--num-blocks-override",
+                             text=f"no memory budget: --num-blocks-override {flags.num_blocks_override} sizes the pool",
+                             as_json=_json(None, "num_blocks_override", None))
+    kv = _size("--kv-memory", flags.kv_memory or flags.default_kv_memory)
+    budget = Budget(kv_cache_bytes=kv)
+    plan = compile_plan(source.model, limits, budget)
+    text = budget.describe() + ("" if flags.kv_memory else " (default --kv-memory)")
+    return PlannedBudget(plan=plan, budget=budget, flag="--kv-memory", text=text, as_json=_json(budget, "kv_memory", None))

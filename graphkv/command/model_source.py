@@ -1,0 +1,74 @@
+"""The model a ``graphkv plan`` command names: a bundled preset, or a config.json / checkpoint directory.
+
+Besides the per-rank :class:`~graphkv.spec.model.ModelKV`, it knows what an engine would load
+(the preset's Hugging Face repository, or the directory) and the checkpoint's weight bytes: the
+preset's recorded number, or the directory's safetensors metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from graphkv.errors import Problem, SpecError
+from graphkv.inputs import CheckpointWeights, checkpoint_weights, read_json_file
+from graphkv.presets import list_presets, load_preset_config, preset_model
+from graphkv.presets.weights import preset_weight_bytes
+from graphkv.spec.model import ModelKV
+
+__all__ = ["CONFIG_NAME", "ModelSource", "load_model_source"]
+
+CONFIG_NAME = "config.json"
+
+
+@attrs.frozen(kw_only=True)
+class ModelSource:
+    """The planned model and where it came from."""
+
+    model: ModelKV
+    description: dict[str, Any]  # {"preset": name} or {"hf_config": path}, for the JSON inputs
+    serve_name: str  # what `vllm serve` loads: a Hugging Face repository id or a local directory
+    weights: CheckpointWeights | None  # the whole checkpoint's bytes, when known
+
+
+def _config_path(path: str) -> tuple[str, str | None]:
+    """``(config file, checkpoint directory or None)`` for an --hf-config file or directory."""
+    if os.path.isdir(path):
+        return os.path.join(path, CONFIG_NAME), path
+    directory = os.path.dirname(os.path.abspath(path))
+    # Only a file named config.json sits in a checkpoint; elsewhere, neighbours are not its weights.
+    return path, (directory if os.path.basename(path) == CONFIG_NAME else None)
+
+
+def _from_hf_config(path: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
+    config_file, directory = _config_path(path)
+    config = read_json_file(config_file, field="--hf-config", what="a Hugging Face config.json")
+    if not isinstance(config, dict):
+        raise SpecError(Problem(field="--hf-config", value=path, limit=f"holds a JSON {type(config).__name__}, not an object",
+                                fix="pass a config.json whose top level is an object"))
+    model = ModelKV.from_hf_config(config, tp=tp, **overrides)
+    weights = checkpoint_weights(directory, field="--hf-config") if directory is not None else None
+    serve = directory if directory is not None else os.path.dirname(os.path.abspath(config_file))
+    return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights)
+
+
+def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
+    if name not in list_presets():
+        raise SpecError(Problem(field="--preset", value=name, limit=f"is not a bundled preset; known: {', '.join(list_presets())}",
+                                fix="pick one of those (`graphkv presets` lists them) or pass --hf-config PATH"))
+    repo = str(load_preset_config(name).get("_source", name))
+    total = preset_weight_bytes(name)
+    weights = None if total is None else CheckpointWeights(total_bytes=total, source=f"preset: the {repo} checkpoint")
+    return ModelSource(model=preset_model(name, tp=tp, **overrides), description={"preset": name}, serve_name=repo,
+                       weights=weights)
+
+
+def load_model_source(*, preset: str | None, hf_config: str | None, default_preset: str, tp: int,
+                      overrides: dict[str, Any]) -> ModelSource:
+    """The model of ``--hf-config`` (a file or a checkpoint directory) or ``--preset`` (default
+    ``default_preset``), split for ``tp`` ranks, with the dtype / backend ``overrides``."""
+    if hf_config is not None:
+        return _from_hf_config(hf_config, tp, overrides)
+    return _from_preset(preset or default_preset, tp, overrides)

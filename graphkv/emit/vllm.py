@@ -1,0 +1,193 @@
+"""The ``vllm serve`` command line that realizes a plan (flag names and defaults of vLLM 0.33).
+
+Every flag whose value differs from what the engine would pick by itself gets a ``#`` comment
+above the command saying the engine's default and why the plan's value is used. The defaults
+are those of vLLM 0.33's source: ``CacheConfig`` (``config/cache.py``: 16-token pages before the
+backend and hybrid alignment, ``gpu_memory_utilization`` 0.92, prefix caching on for generative
+models), ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``: ``vllm serve`` on a GPU of
+at least 70 GiB other than an A100 takes 1024 sequences and 8192 tokens per step, smaller GPUs
+256 and 2048), ``VllmConfig._set_cudagraph_sizes`` (``config/vllm.py``: capture sizes 1, 2, 4,
+every 8 below 256, every 16 from 256, up to ``min(2 x max_num_seqs, 512)`` tokens on Hopper) and
+``CompilationConfig.cudagraph_mode`` (FULL_AND_PIECEWISE). In vLLM 0.33 ``--mamba-cache-mode``
+is deprecated and ignored — the Mamba mode follows ``--enable-prefix-caching`` (on: ``align``,
+off: ``none``) — so that is the flag emitted for hybrid models.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Sequence
+
+import attrs
+
+from graphkv.plan.plan import Plan
+from graphkv.spec.budget import format_bytes
+from graphkv.spec.layers import MambaCacheMode
+from graphkv.spec.limits import CudaGraphMode
+
+__all__ = ["VLLM_VERSION", "VllmTarget", "vllm_default_capture_sizes", "vllm_serve_command"]
+
+VLLM_VERSION = "0.33"
+_DEFAULT_MODE = CudaGraphMode.FULL_AND_PIECEWISE
+_HOPPER_MAX_CAPTURE = 512
+_BIG_GPU_BYTES = 70 << 30  # get_batch_defaults: >= 70 GiB and not an A100 -> the larger defaults
+_BACKEND_NAMES = {"flash_attn": "FLASH_ATTN", "flashinfer": "FLASHINFER", "flex": "FLEX_ATTENTION",
+                  "triton_paged": "TRITON_ATTN", "flashmla": "FLASHMLA", "triton_mla": "TRITON_MLA"}
+_CACHE_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2"}
+
+
+@attrs.frozen(kw_only=True)
+class VllmTarget:
+    """What the command needs besides the plan.
+
+    ``model``: the repository id or directory ``vllm serve`` loads; ``engine_block_size``: the
+    page size the planner picks with no ``block_size`` given (the engine's own choice);
+    ``gpu_name`` / ``gpu_bytes``: the GPU when planned with ``--gpu`` (``None``: unknown);
+    ``kv_cache_dtype``, ``mamba_ssm_dtype``, ``attention_backend``: the overrides given, if any.
+    """
+
+    model: str
+    tensor_parallel_size: int = 1
+    engine_block_size: int | None = None
+    gpu_name: str | None = None
+    gpu_bytes: int | None = None
+    kv_cache_dtype: str | None = None
+    mamba_ssm_dtype: str | None = None
+    attention_backend: str | None = None
+
+
+def vllm_default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """The capture sizes vLLM 0.33 picks by itself on Hopper without speculative decoding."""
+    ceiling = min(min(2 * max_num_seqs, _HOPPER_MAX_CAPTURE), max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= ceiling]
+    sizes += list(range(8, min(ceiling + 1, 256), 8)) + list(range(256, ceiling + 1, 16))
+    sizes += [s for s in (max_num_batched_tokens, max_num_seqs) if s <= ceiling]
+    return tuple(sorted(set(sizes)))
+
+
+def _batch_defaults(target: VllmTarget) -> tuple[str, int | None, int | None]:
+    if target.gpu_bytes is None or target.gpu_name is None:
+        return "1024 sequences / 8192 tokens on H100-class GPUs, 256 / 2048 on smaller ones", None, None
+    if target.gpu_bytes >= _BIG_GPU_BYTES and "a100" not in target.gpu_name.lower():
+        return f"1024 sequences / 8192 tokens on an {target.gpu_name}", 1024, 8192
+    return f"256 sequences / 2048 tokens on an {target.gpu_name}", 256, 2048
+
+
+def _span(sizes: Sequence[int]) -> str:
+    return f"{len(sizes)} sizes, {sizes[0]}..{sizes[-1]}" if sizes else "none"
+
+
+def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
+    """The commented ``vllm serve ...`` command (a shell snippet) that realizes ``plan``.
+
+    >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
+    >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
+    >>> plan = compile(model, Limits(max_model_len=4096, max_num_seqs=64), Budget.kv_bytes("1GiB"))
+    >>> print(vllm_serve_command(plan, VllmTarget(model="my/model")).splitlines()[-1])
+      --cudagraph-capture-sizes 1 2 4 8 16 24 32 40 48 56 64 128 256 512 1024 2048 4096 8192
+    """
+    lim, cap = plan.limits, plan.capacity
+    notes: list[str] = []
+    flags: list[tuple[str, str]] = [("--tensor-parallel-size", str(target.tensor_parallel_size))]
+
+    flags.append(("--max-model-len", str(plan.max_model_len)))
+    if plan.max_model_len != cap.max_position_embeddings:
+        engine = (f"max_position_embeddings={cap.max_position_embeddings}" if cap.max_position_embeddings
+                  else "the config's max_position_embeddings")
+        notes.append(f"--max-model-len {plan.max_model_len}: the engine's default is {engine}; "
+                     f"graphkv: {cap.max_model_len_reason}")
+
+    defaults, seqs_default, tokens_default = _batch_defaults(target)
+    flags.append(("--max-num-seqs", str(lim.max_num_seqs)))
+    flags.append(("--max-num-batched-tokens", str(lim.max_num_batched_tokens)))
+    if (seqs_default, tokens_default) != (lim.max_num_seqs, lim.max_num_batched_tokens):
+        notes.append(f"--max-num-seqs {lim.max_num_seqs} --max-num-batched-tokens {lim.max_num_batched_tokens}: "
+                     f"vllm serve defaults to {defaults}; the plan's block tables, state pages and graphs are sized "
+                     "for these values")
+
+    if target.engine_block_size is not None and plan.block_size != target.engine_block_size:
+        flags.append(("--block-size", str(plan.block_size)))
+        notes.append(f"--block-size {plan.block_size}: without it the engine picks {target.engine_block_size} "
+                     f"tokens per page; graphkv: {plan.block.reason}")
+
+    if cap.from_override:
+        flags.append(("--num-gpu-blocks-override", str(plan.num_blocks)))
+        notes.append(f"--num-gpu-blocks-override {plan.num_blocks}: the engine would size the pool from memory "
+                     "profiling; the plan fixes the page count")
+    else:
+        pool = plan.num_blocks * plan.pool_bytes_per_block
+        flags.append(("--kv-cache-memory-bytes", str(pool)))
+        notes.append(f"--kv-cache-memory-bytes {pool}: the engine's default profiles memory and gives the pool "
+                     f"gpu_memory_utilization (0.92) x total minus what it measured; this pins the planned pool "
+                     f"({plan.num_blocks} pages x {plan.pool_bytes_per_block} B = {format_bytes(pool)}, per GPU) "
+                     "and skips profiling")
+
+    if target.kv_cache_dtype is not None:
+        attention = next((g.spec for g in plan.groups if not g.is_ssm), None)
+        dtype = getattr(attention, "dtype", None)
+        name = _CACHE_DTYPES.get(dtype.value, dtype.value) if dtype is not None else target.kv_cache_dtype
+        flags.append(("--kv-cache-dtype", name))
+        notes.append(f"--kv-cache-dtype {name}: the engine's default is the model's dtype ('auto'); planned with "
+                     f"{target.kv_cache_dtype}")
+    if target.mamba_ssm_dtype is not None:
+        flags.append(("--mamba-ssm-cache-dtype", target.mamba_ssm_dtype))
+        notes.append(f"--mamba-ssm-cache-dtype {target.mamba_ssm_dtype}: planned with this state dtype; the "
+                     "engine's default follows the model ('auto')")
+    if target.attention_backend is not None:
+        name = _BACKEND_NAMES.get(target.attention_backend, target.attention_backend.upper())
+        flags.append(("--attention-backend", name))
+        notes.append(f"--attention-backend {name}: planned for this backend's page sizes; the engine would pick "
+                     "one by itself")
+
+    if any(g.is_ssm for g in plan.groups):
+        _mamba_flags(plan, flags, notes)
+
+    _graph_flags(plan, target, flags, notes)
+
+    if lim.num_speculative_tokens:
+        notes.append(f"speculative decoding: planned for {lim.num_speculative_tokens} draft tokens per step; add "
+                     f"--speculative-config '{{\"method\": \"...\", \"num_speculative_tokens\": "
+                     f"{lim.num_speculative_tokens}}}' with your draft method")
+
+    header = [f"# vllm serve (vLLM {VLLM_VERSION} flags) realizing graphkv's plan for {plan.model_name}"]
+    header += [f"# {note}" for note in notes]
+    lines = [f"vllm serve {shlex.quote(target.model)}"] + [f"  {flag} {value}".rstrip() for flag, value in flags]
+    return "\n".join(header + [" \\\n".join(lines)])
+
+
+def _mamba_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[str]) -> None:
+    mode = plan.limits.mamba_cache_mode
+    if mode is MambaCacheMode.NONE:
+        flags.append(("--no-enable-prefix-caching", ""))
+        notes.append("--no-enable-prefix-caching: the engine enables prefix caching by default, which puts hybrid "
+                     "models in Mamba 'align' mode (two state pages per request); the plan keeps one state per "
+                     "request (mamba_cache_mode=none). --mamba-cache-mode itself is ignored by vLLM 0.33")
+        return
+    if mode is MambaCacheMode.ALL:
+        notes.append("WARNING: vLLM 0.33 has no mamba_cache_mode 'all' (only none / align, chosen by prefix caching); "
+                     "this plan cannot be realized exactly — replan with --mamba-cache-mode align")
+    mamba_block = plan.block.mamba_block_size
+    if mamba_block is not None and mamba_block != plan.block_size:
+        flags.append(("--mamba-block-size", str(mamba_block)))
+        notes.append(f"--mamba-block-size {mamba_block}: the engine's default in align mode is block_size "
+                     f"({plan.block_size})")
+
+
+def _graph_flags(plan: Plan, target: VllmTarget, flags: list[tuple[str, str]], notes: list[str]) -> None:
+    cg, lim = plan.cudagraph, plan.limits
+    if cg.mode is not _DEFAULT_MODE:
+        flags.append(("--compilation-config", shlex.quote(json.dumps({"cudagraph_mode": cg.mode.value}))))
+        why = "; ".join(cg.downgrades) or f"cudagraph_mode={cg.requested_mode.value} was asked for"
+        notes.append(f"--compilation-config cudagraph_mode={cg.mode.value}: the engine's default is "
+                     f"{_DEFAULT_MODE.value}; graphkv: {why}")
+    sizes = tuple(sorted(set(cg.capture_sizes.decode) | set(cg.capture_sizes.mixed)))
+    if not sizes:
+        return
+    default = vllm_default_capture_sizes(lim.max_num_seqs, lim.max_num_batched_tokens)
+    if sizes != default or lim.num_speculative_tokens:
+        flags.append(("--cudagraph-capture-sizes", " ".join(str(s) for s in sizes)))
+        notes.append(f"--cudagraph-capture-sizes ({_span(sizes)}): the engine's default on Hopper is "
+                     f"{_span(default)} (up to min(2 x max_num_seqs, 512) tokens); the plan captures decode steps up "
+                     f"to max_num_seqs and mixed steps up to max_num_batched_tokens={lim.max_num_batched_tokens} "
+                     "(graph pool estimate in the plan's ledger)")

@@ -1,0 +1,95 @@
+"""`--emit vllm`: the vllm serve command that realizes a plan, each non-default value commented."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphkv.cli import main
+from graphkv.emit.vllm import vllm_default_capture_sizes
+
+LADDER = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), 1024, 2048, 4096, 8192]  # the plan's 8192-token ladder
+
+
+def emit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[str], list[str]]:
+    """(comment lines, command lines) of `graphkv plan ... --emit vllm`."""
+    assert main(["plan", *argv, "--emit", "vllm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return [x for x in lines if x.startswith("#")], [x for x in lines if not x.startswith("#")]
+
+
+def test_qwen3_next_64_users(capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-Next at 20 GiB for 64 users: the lengths, the pinned pool, prefix caching off, the capture sizes."""
+    notes, command = emit(capsys, "--preset", "qwen3-next-80b-a3b", "--kv-memory", "20GiB", "--concurrency", "64")
+    pool = 1606 * 13369344
+    assert command == [
+        "vllm serve Qwen/Qwen3-Next-80B-A3B-Instruct \\",
+        "  --tensor-parallel-size 1 \\",
+        "  --max-model-len 11968 \\",
+        "  --max-num-seqs 256 \\",
+        "  --max-num-batched-tokens 8192 \\",
+        f"  --kv-cache-memory-bytes {pool} \\",
+        "  --no-enable-prefix-caching \\",
+        "  --cudagraph-capture-sizes " + " ".join(map(str, LADDER)),
+    ]
+    assert notes[0] == "# vllm serve (vLLM 0.33 flags) realizing graphkv's plan for qwen3-next-80b-a3b"
+    assert notes[1] == ("# --max-model-len 11968: the engine's default is max_position_embeddings=262144; graphkv: auto: "
+                        "the largest length at which concurrency=64 requests of 25 pages each fit 1605 usable pages")
+    assert any(n.startswith("# --no-enable-prefix-caching: the engine enables prefix caching by default") for n in notes)
+    assert any(n.startswith(f"# --kv-cache-memory-bytes {pool}: the engine's default profiles memory") for n in notes)
+    assert all("--block-size" not in line for line in command)  # 544 is the engine's own hybrid alignment too
+
+
+def test_qwen3_next_explicit_block_size_and_align_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """A block size the engine would not pick is emitted with why; align mode is the engine's default (no flag)."""
+    notes, command = emit(capsys, "--preset", "qwen3-next-80b-a3b", "--block-size", "1088", "--mamba-cache-mode",
+                          "align", "--max-num-seqs", "128")
+    assert "  --block-size 1088 \\" in command
+    assert "--no-enable-prefix-caching" not in " ".join(command)
+    assert any(n.startswith("# --block-size 1088: without it the engine picks 544 tokens per page") for n in notes)
+
+
+def gpt_oss_pages(length: int, *, window: int = 128, step_tokens: int = 8192, block: int = 16,
+                  in_flight_steps: int = 1) -> int:
+    """Worst-case pages of one gpt-oss request: full attention cdiv(L, 16) + sliding window
+    cdiv(min(window - 1 + in_flight_steps x step_tokens, L), 16) + 1 (in_flight_steps becomes
+    Limits.max_concurrent_batches when that lands; vLLM 0.33's default is 2)."""
+    return -(-length // block) + (-(-min(window - 1 + in_flight_steps * step_tokens, length) // block) + 1)
+
+
+def test_gpt_oss_120b_for_32_users(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-120b at 20 GiB for 32 users: the longest length by the sliding + full page formula."""
+    num_blocks = (20 << 30) // (18 * 16 * 8 * 128 * 2)  # 18 layers per slot x 32 KiB pages
+    usable = num_blocks - 1
+    expected_len = max(n for n in range(16, 131073, 16) if 32 * gpt_oss_pages(n) <= usable)
+    notes, command = emit(capsys, "--preset", "gpt-oss-120b", "--kv-memory", "20GiB", "--concurrency", "32",
+                          "--max-num-seqs", "32", "--max-num-batched-tokens", "8192")
+    assert num_blocks == 36408
+    assert command[:6] == [
+        "vllm serve openai/gpt-oss-120b \\",
+        "  --tensor-parallel-size 1 \\",
+        f"  --max-model-len {expected_len} \\",
+        "  --max-num-seqs 32 \\",
+        "  --max-num-batched-tokens 8192 \\",
+        f"  --kv-cache-memory-bytes {num_blocks * 18 * 16 * 8 * 128 * 2} \\",
+    ]
+    assert command[6] == "  --cudagraph-capture-sizes " + " ".join(map(str, LADDER))  # mixed steps: every size
+    assert not any("prefix-caching" in line for line in command)  # no Mamba layers: prefix caching changes nothing
+    assert any(n.startswith("# --cudagraph-capture-sizes (55 sizes, 1..8192): the engine's default on Hopper is "
+                            "11 sizes, 1..64") for n in notes)
+
+
+def test_gpt_oss_on_an_h100_uses_the_checkpoint_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --gpu, the pool left after the preset's 65.25 GB of weights is pinned; the H100's own batch defaults
+    (1024 sequences, 8192 tokens) get no comment."""
+    notes, command = emit(capsys, "--preset", "gpt-oss-120b", "--gpu", "H100", "--max-num-seqs", "1024")
+    assert "  --max-num-seqs 1024 \\" in command
+    assert not any(n.startswith("# --max-num-seqs") for n in notes)
+    pool = int(next(line.split()[1] for line in command if line.strip().startswith("--kv-cache-memory-bytes")))
+    assert 0 < pool < int(81559 * (1 << 20) * 0.9) - 65_248_815_744
+
+
+def test_vllm_default_capture_sizes_follow_the_engine() -> None:
+    """vLLM 0.33 on Hopper: 1, 2, 4, every 8 below 256, every 16 up to min(2 x max_num_seqs, 512)."""
+    assert vllm_default_capture_sizes(256, 8192) == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+    assert vllm_default_capture_sizes(4, 8192) == (1, 2, 4, 8)
+    assert vllm_default_capture_sizes(32, 40) == (1, 2, 4, 8, 16, 24, 32, 40)

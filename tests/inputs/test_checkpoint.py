@@ -1,0 +1,84 @@
+"""Weight bytes read from a checkpoint's metadata: the safetensors index, else the file headers."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from graphkv.errors import SpecError
+from graphkv.inputs import checkpoint_weights, read_json_file
+from graphkv.inputs.checkpoint import INDEX_NAME
+
+
+def write_safetensors(path: Path, tensor_bytes: list[int]) -> None:
+    """A safetensors file: 8-byte header length, JSON header with data_offsets, then the data."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for i, n in enumerate(tensor_bytes):
+        header[f"t{i}"] = {"dtype": "U8", "shape": [n], "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def test_index_total_size_is_read(tmp_path: Path) -> None:
+    """model.safetensors.index.json metadata.total_size is the checkpoint's weight bytes."""
+    (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 16060522496},
+                                                   "weight_map": {"lm_head.weight": "model-00004-of-00004.safetensors"}}))
+    weights = checkpoint_weights(str(tmp_path))
+    assert weights is not None
+    assert weights.total_bytes == 16060522496
+    assert weights.source == "model.safetensors.index.json metadata.total_size"
+    assert weights.per_rank(2) == 8030261248 and weights.per_rank(3) == 5353507499
+
+
+def test_headers_are_summed_without_an_index(tmp_path: Path) -> None:
+    """Without an index, the data sizes in every .safetensors header are summed (tensors are not read)."""
+    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", [100, 28])
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", [1000])
+    weights = checkpoint_weights(str(tmp_path))
+    assert weights is not None and weights.total_bytes == 1128
+    assert weights.source == "headers of 2 .safetensors files"
+
+
+def test_directory_without_weights_is_none(tmp_path: Path) -> None:
+    """A directory with only a config.json has no known weights."""
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_weights(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("header_len, body, why", [
+    (10**12, b"", "declares a 1000000000000-byte header"),
+    (4, b"nope", "has a header that is not JSON"),
+    (2, b"[]", "has a header that is not a JSON object"),
+])
+def test_malformed_safetensors_headers_are_refused(tmp_path: Path, header_len: int, body: bytes, why: str) -> None:
+    """A header longer than the file, or not a JSON object, is a SpecError on the flag."""
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", header_len) + body)
+    with pytest.raises(SpecError, match=why) as info:
+        checkpoint_weights(str(tmp_path), field="--hf-config")
+    assert info.value.field == "--hf-config"
+
+
+def test_bad_total_size_is_refused(tmp_path: Path) -> None:
+    """A total_size that is not a positive integer is refused rather than planned as 0 bytes."""
+    (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": "16GB"}}))
+    with pytest.raises(SpecError, match="metadata.total_size='16GB', not a positive integer"):
+        checkpoint_weights(str(tmp_path))
+
+
+def test_json_reader_bounds_depth_and_size(tmp_path: Path) -> None:
+    """Nesting beyond 64 levels and files over the cap are refused before parsing."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SpecError, match="nests more than 64 levels deep"):
+        read_json_file(str(deep), field="--hf-config")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"a": "x" * 200}))
+    with pytest.raises(SpecError, match="over the 128 B cap"):
+        read_json_file(str(big), field="--hf-config", max_bytes=128)
+    brackets_in_strings = tmp_path / "ok.json"
+    brackets_in_strings.write_text(json.dumps({"pattern": "[" * 500, "n": [[1]]}))
+    assert read_json_file(str(brackets_in_strings), field="--hf-config")["n"] == [[1]]
