@@ -120,4 +120,4 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
-                ledger=ledger, notes=grouping.notes)
+                ledger=ledger, notes=(*model.notes, *grouping.notes), cacheless=model.cacheless)
