@@ -4,7 +4,8 @@ Per layer role (:mod:`.layout`) the entries are:
 
 - full / sliding / chunked attention: one attention entry, or one MLA entry when the config has
   ``kv_lora_rank`` (two for LongCat-Flash, which runs two attentions per layer);
-- indexed attention: an MLA entry and the indexer's key cache;
+- indexed attention: an MLA entry and the indexer's key cache (none for a layer whose
+  ``indexer_types`` entry is ``shared``: it reads an earlier layer's indexer keys);
 - linear attention / conv: one state entry (:mod:`.states`);
 - hybrid: an attention entry and a state entry (Falcon-H1, Zamba2's hybrid layers);
 - MLP / MoE, and layers that read another layer's KV (:mod:`.sharing`): no entry, declared in
@@ -72,6 +73,7 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
     conv = read_conv_state(cfg, opts) if Role.CONV in present else None
     cfg.raise_if_any()
 
+    indexer_owner = _indexer_owners(cfg, len(roles)) if Role.INDEXED in present else []
     entries = _Entries(len(roles))
     cacheless: list[CachelessDecl] = []
     per_layer = family.attentions_per_layer if family is not None else 1
@@ -88,7 +90,7 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
             assert latent.latent is not None
             for k in range(per_layer):
                 entries.add(i, f"attn{k}" if k else "", latent.latent, opts.mla_backend)
-            if role is Role.INDEXED:
+            if role is Role.INDEXED and indexer_owner[i]:
                 entries.add(i, "indexer", latent.indexer, "indexer")
         else:
             assert attention is not None
@@ -98,6 +100,19 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
                 entries.add(i, state.variant, state, STATE_BACKENDS[state.variant])
     cfg.raise_if_any()
     return entries.layers + entries.extra, cacheless
+
+
+def _indexer_owners(cfg: ConfigReader, count: int) -> list[bool]:
+    """Per layer: whether its indexer caches its own keys (``indexer_types`` ``full``) or reuses an
+    earlier layer's (``shared``); every indexed layer owns its keys when the field is absent."""
+    value = cfg.get("indexer_types")
+    if value is None:
+        return [True] * count
+    if not isinstance(value, (list, tuple)) or len(value) != count or not set(value) <= {"full", "shared"}:
+        cfg.fail("indexer_types", value if not isinstance(value, (list, tuple)) or len(value) <= 8
+                 else f"<{len(value)} entries>", f"must list 'full' or 'shared' for each of the {count} layers",
+                 "copy indexer_types from the model's config.json")
+    return [v == "full" for v in value]
 
 
 def probe_layers(cfg: ConfigReader, opts: Options) -> None:

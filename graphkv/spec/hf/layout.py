@@ -179,7 +179,7 @@ def _chunked(cfg: ConfigReader, count: int) -> Layout:
         cfg.raise_if_any()
     assert interval is not None
     roles = tuple(Role.FULL if (i + 1) % interval == 0 else Role.CHUNKED for i in range(count))
-    return Layout(roles=roles, source=f"attention_chunk_size, every {interval}th layer global (NoPE)")
+    return Layout(roles=roles, source=f"attention_chunk_size, 1 global (NoPE) layer in every {interval}")
 
 
 def _every(count: int, is_special: Callable[[int], bool], special: Role, other: Role) -> tuple[Role, ...]:
@@ -199,11 +199,11 @@ def _sliding_pattern(cfg: ConfigReader, count: int, family: Family | None) -> La
             cfg.raise_if_any()
         assert period is not None
         return Layout(roles=_every(count, lambda i: (i + 1) % period == 0, Role.FULL, Role.SLIDING),
-                      source=f"{key}={period} (every {period}th layer full)")
+                      source=f"{key}={period} (1 full layer in every {period})")
     if family is not None and family.sliding_pattern is not None and cfg.has("sliding_window"):
         period = family.sliding_pattern
         return Layout(roles=_every(count, lambda i: (i + 1) % period == 0, Role.FULL, Role.SLIDING),
-                      source=f"the {family.model_type} default: every {period}th layer full, the others slide")
+                      source=f"the {family.model_type} default: 1 full layer in every {period}, the others slide")
     return None
 
 
@@ -282,6 +282,10 @@ def _interleaved(cfg: ConfigReader, count: int, family: Family | None) -> Layout
                  "says which layers are which",
                  "add layer_types (full_attention / linear_attention / hybrid per layer) or the family's own layout "
                  "field (hybrid_override_pattern, full_attention_interval, attn_layer_period, attn_layer_indices, …)")
+    if cfg.has("conv_L_cache"):
+        cfg.fail("layer_types", MISSING, "is needed: the config has short-convolution fields (conv_L_cache) but no "
+                 "field says which layers are convolutions", "add layer_types (full_attention / conv per layer) or "
+                 "full_attn_idxs from the model's config.json")
     return (_sliding_pattern(cfg, count, family) or _qwen_style(cfg, count)
             or Layout(roles=(Role.FULL,) * count, source="no layout field: every layer full attention"))
 
