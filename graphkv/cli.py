@@ -22,11 +22,12 @@ from graphkv.plan import Plan, compile_plan
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_plan, format_table
 from graphkv.spec.budget import KNOWN_GPUS, Budget, parse_bytes
+from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
 from graphkv.spec.model import ModelKV
 
-__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main"]
+__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table"]
 
 DEFAULT_PRESET = "qwen3-next-80b-a3b"  # hybrid: gated-delta states + full attention every 4th layer
 DEFAULT_KV_MEMORY = "20GiB"
@@ -87,6 +88,12 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, metavar="N", help="tokens per page (default: chosen by the planner)")
     g.add_argument("--mamba-block-size", type=int, metavar="N", help="Mamba block size for --mamba-cache-mode "
                                                                      "align/all (default: chosen by the planner)")
+    g.add_argument("--max-concurrent-batches", type=int, default=d["max_concurrent_batches"], metavar="N",
+                   help="steps in flight whose sliding-window pages are not freed yet: 2 with async scheduling, "
+                        "the pipeline depth with pipeline parallelism (default: %(default)s)")
+    g.add_argument("--speculative-lookahead-tokens", type=int, default=d["speculative_lookahead_tokens"],
+                   metavar="N", help="prefill tokens a drafter reads ahead (multi-module MTP: the draft length); "
+                                     "sliding windows keep N - 1 more (default: %(default)s)")
     g.add_argument("--cudagraph-mode", type=str.upper, choices=[m.value for m in CudaGraphMode],
                    default=d["cudagraph_mode"].value, help="requested capture mode; downgraded with a note if the "
                                                            "backends cannot (default: %(default)s)")
@@ -109,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_dict() plus the inputs)")
     sub.add_parser("presets", help="list the bundled model presets")
+    models = sub.add_parser("models", help="list the model families graphkv reads from a config.json",
+                            description="The families graphkv reads, the layer kinds each maps to, and the reference "
+                                        "checkpoint whose config transformers' AutoConfig.for_model mirrors. Other "
+                                        "configs plan too when their fields say what their layers are.")
+    models.add_argument("--markdown", action="store_true", help="print a Markdown table (the README's)")
     demo = sub.add_parser("demo", help="serve a tiny hybrid model end to end on the planned pool (tokens/s)",
                           description="Plan, allocate and serve a tiny random-weight hybrid model (gated linear "
                                       "recurrences + flex attention in one shared pool) with continuous batching; "
@@ -196,7 +208,8 @@ def _build_limits(args: argparse.Namespace) -> Limits:
                   max_num_batched_tokens=args.max_num_batched_tokens, num_blocks_override=args.num_blocks_override,
                   mamba_cache_mode=args.mamba_cache_mode, num_speculative_tokens=args.num_speculative_tokens,
                   tensor_parallel_size=args.tp, block_size=args.block_size, mamba_block_size=args.mamba_block_size,
-                  cudagraph_mode=args.cudagraph_mode)
+                  cudagraph_mode=args.cudagraph_mode, max_concurrent_batches=args.max_concurrent_batches,
+                  speculative_lookahead_tokens=args.speculative_lookahead_tokens)
 
 
 def _inputs(source: dict[str, Any], budget: Budget | None, limits: Limits, args: argparse.Namespace) -> dict[str, Any]:
@@ -239,6 +252,17 @@ def _run_presets() -> int:
     return 0
 
 
+def models_table(*, markdown: bool = False) -> str:
+    """The families graphkv reads (``graphkv models``): family, layer kinds, reference checkpoint."""
+    headers = ["family", "layer kinds", "reference checkpoint"]
+    rows = [[f.model_type, ", ".join(f.kinds), f.checkpoint] for f in FAMILIES]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "| --- | --- | --- |"]
+        lines += ["| " + " | ".join(f"`{c}`" if i != 1 else c for i, c in enumerate(row)) + " |" for row in rows]
+        return "\n".join(lines)
+    return "\n".join(format_table(headers, rows, indent=""))
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     for flag in ("requests", "new_tokens", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) < 1:
@@ -259,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "models":
+            print(models_table(markdown=args.markdown))
+            return 0
         return _run_plan(args) if args.command == "plan" else _run_presets()
     except GraphkvError as e:
         print(f"graphkv: error: {e}", file=sys.stderr)

@@ -61,7 +61,8 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
 
     if len(buckets) > 1 and _uniform_type(buckets):
         # One attention type whose layers differ only in size: one group, one slot per layer.
-        slot_pages = tuple(layer.spec.page_size_bytes(block_size) for layer in layers)
+        pages = {spec: spec.page_size_bytes(block_size) for spec in buckets}
+        slot_pages = tuple(pages[layer.spec] for layer in layers)
         group = GroupDraft(spec=layers[0].spec, layers=tuple(layers), block_size=block_size,
                            page_size_bytes=max(slot_pages))
         return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages,

@@ -30,7 +30,7 @@ from graphkv.spec.layers._base import LayerKind, PageDemand, check_dtype, dtype_
 __all__ = ["ChunkedLocalSpec", "FullAttentionSpec", "SlidingWindowSpec"]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class FullAttentionSpec:
     """Full (global causal) attention: every past token is kept.
 
@@ -105,7 +105,7 @@ class FullAttentionSpec:
         return fields
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class SlidingWindowSpec(FullAttentionSpec):
     """Sliding-window attention over the last ``window`` tokens.
 
@@ -143,7 +143,7 @@ class SlidingWindowSpec(FullAttentionSpec):
         return {**super().to_dict(), "sliding_window": self.window}
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class ChunkedLocalSpec(FullAttentionSpec):
     """Chunked local attention (Llama-4): tokens attend within fixed chunks of ``chunk`` tokens.
 

@@ -48,7 +48,7 @@ class _Cacheless:
         return 0
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class KVSharedSpec(_Cacheless):
     """An attention layer that reads the cache of layer ``source`` (a layer name) and writes none."""
 
@@ -72,7 +72,7 @@ class KVSharedSpec(_Cacheless):
         return {"kind": self.kind.value, "source": self.source}
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class NoCacheSpec(_Cacheless):
     """A layer that keeps nothing between steps; ``role`` says what it computes (``mlp``, ``moe``)."""
 

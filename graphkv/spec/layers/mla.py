@@ -77,7 +77,7 @@ class _LatentCache:
         return cdiv(demand.max_model_len, demand.block_size)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class MLASpec(_LatentCache):
     """Multi-head latent attention: one latent vector of ``kv_lora_rank + rope_dim`` per token.
 
@@ -115,7 +115,7 @@ class MLASpec(_LatentCache):
                 "num_kv_heads": 1, "head_size": self.head_size, "dtype": self.dtype.value}
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class IndexerKeySpec(_LatentCache):
     """The key cache of a sparse-attention indexer: ``head_size`` elements per token.
 

@@ -57,7 +57,7 @@ def _default_checkpoint_pages(spec: "MambaSpec") -> int:
     return 1 if spec.variant in _CHECKPOINT_VARIANTS else 0
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class MambaSpec:
     """Recurrent state of a Mamba / gated-delta / linear-attention / short-conv layer.
 
