@@ -287,3 +287,23 @@ def test_unlisted_wrapper_plans_its_text_config_by_the_text_family(model_type: s
     assert len(model.layers) == layers
     assert {signature(layer.spec) for layer in model.layers} == {(kv, head, head, None)}
     assert f"read text_config of {model_type} as family {family}" in model.notes[0]
+
+
+_JUNK = [None, "x", -1, 0, 2.5, True, [], {}, [1], 10 ** 9]
+
+
+@pytest.mark.parametrize("model_type", ["gemma3n_text", "deepseek_v32", "falcon_h1", "kimi_linear", "minimax",
+                                        "lfm3", "zamba2", "mimo_v2_flash", "llama4_text", "gemma4_text"])
+def test_junk_in_any_field_of_a_new_kind_gives_a_model_or_a_spec_error(model_type: str):
+    """Replacing any field of these configs with junk never lets a raw exception escape the reader."""
+    from graphkv.errors import SpecError
+
+    base = transformers.AutoConfig.for_model(model_type).to_dict()
+    for key in [k for k in base if not k.startswith("_") and k not in ("id2label", "label2id")]:
+        for junk in _JUNK:
+            try:
+                model = model_from_hf_config({**base, key: junk}, tp=2)
+            except SpecError:
+                continue
+            assert all(all(d > 0 for d in shape) for layer in model.layers if layer.spec.is_ssm
+                       for shape in layer.spec.shapes)
