@@ -45,7 +45,7 @@ from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
 from graphkv.spec.hf.layout import read_layout
 from graphkv.spec.hf.sharing import kv_sources
-from graphkv.spec.hf.source import resolve_source
+from graphkv.spec.hf.source import ConfigSource, resolve_source
 from graphkv.spec.model import LayerDecl, ModelKV
 
 __all__ = ["SUPPORTED_FAMILIES", "model_from_hf_config"]
@@ -83,7 +83,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     cfg.label = family.model_type if family else (source.model_type or source.architecture or "this")
     opts = _resolve_options(cfg, family, tp=tp, kv_cache_dtype=kv_cache_dtype, mamba_ssm_dtype=mamba_ssm_dtype,
                             attention_backend=attention_backend)
-    model_name = _model_name(cfg, name)
+    model_name = _model_name(cfg, source, name)
     hidden_size = cfg.optional_int(_HIDDEN_KEYS[0], also=_HIDDEN_KEYS[1:], cap="width")
     max_positions = cfg.optional_int(_POSITION_KEYS[0], also=_POSITION_KEYS[1:])
     layout = read_layout(cfg, family)
@@ -158,16 +158,12 @@ def _check_backend_used(cfg: ConfigReader, attention_backend: Any, layers: list[
                          f"use one of {wanted}, or leave attention_backend unset")
 
 
-def _model_name(cfg: ConfigReader, name: Any) -> str:
+def _model_name(cfg: ConfigReader, source: ConfigSource, name: Any) -> str:
     if name is not None:
         if isinstance(name, str) and name:
             return name
         cfg.argument_problem("name", name, "must be a non-empty string", "pass a model name or leave it unset")
-    for key in ("_name_or_path", "model_type"):
-        value = cfg.get(key)
-        if isinstance(value, str) and value:
-            return value
-    architectures = cfg.get("architectures")
-    if isinstance(architectures, (list, tuple)) and architectures and isinstance(architectures[0], str):
-        return architectures[0]
-    return "model"
+    path = cfg.get("_name_or_path")
+    if isinstance(path, str) and path:
+        return path
+    return source.model_type or source.architecture or "model"

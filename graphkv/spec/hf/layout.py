@@ -143,8 +143,9 @@ def _flags(cfg: ConfigReader, key: str, count: int, if_one: Role, if_zero: Role)
     return Layout(roles=tuple(if_one if v else if_zero for v in value), source=key)
 
 
-def _indices(cfg: ConfigReader, key: str, count: int, *, base: int = 0) -> set[int]:
-    value = cfg.get(key, [])
+def _indices(cfg: ConfigReader, key: str, count: int, *, base: int = 0, value: object = MISSING) -> set[int]:
+    """The layer indices ``key`` lists (``value`` when given: a field nested in another), shifted by ``base``."""
+    value = cfg.get(key, []) if value is MISSING else value
     if (not isinstance(value, (list, tuple))
             or not all(isinstance(v, int) and not isinstance(v, bool) and base <= v < count + base for v in value)):
         cfg.fail(key, value if not isinstance(value, (list, tuple)) or len(value) <= 8 else f"<{len(value)} entries>",
@@ -160,9 +161,8 @@ def _kimi(cfg: ConfigReader, count: int) -> Layout | None:
     section = cfg.get("linear_attn_config")
     if not isinstance(section, dict) or "full_attn_layers" not in section or "kda_layers" not in section:
         return None
-    sub = ConfigReader(section)
-    full = _indices(sub, "full_attn_layers", count, base=1)
-    state = _indices(sub, "kda_layers", count, base=1)
+    full = _indices(cfg, "linear_attn_config.full_attn_layers", count, base=1, value=section["full_attn_layers"])
+    state = _indices(cfg, "linear_attn_config.kda_layers", count, base=1, value=section["kda_layers"])
     if full & state or len(full | state) != count:
         cfg.fail("linear_attn_config", {k: section[k] for k in ("full_attn_layers", "kda_layers")},
                  f"full_attn_layers and kda_layers must split the {count} layers between them (1-indexed)",

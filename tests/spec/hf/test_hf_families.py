@@ -307,3 +307,19 @@ def test_junk_in_any_field_of_a_new_kind_gives_a_model_or_a_spec_error(model_typ
                 continue
             assert all(all(d > 0 for d in shape) for layer in model.layers if layer.spec.is_ssm
                        for shape in layer.spec.shapes)
+
+
+def test_nemotron_h_saved_by_transformers_5_reads_like_the_original_config():
+    """transformers 5 saves Nemotron-H-8B as layers_block_type without num_hidden_layers: same entries as the preset."""
+    from graphkv.presets import load_preset_config
+
+    original = load_preset_config("nemotron-h-8b")
+    saved = transformers.AutoConfig.for_model(
+        "nemotron_h", hybrid_override_pattern=original["hybrid_override_pattern"], num_hidden_layers=52,
+        hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128).to_dict()
+    assert "hybrid_override_pattern" not in saved and "num_hidden_layers" not in saved
+    assert len(saved["layers_block_type"]) == 52
+    old, new = model_from_hf_config(original), model_from_hf_config(saved)
+    assert new.layers == old.layers and new.cacheless == old.cacheless
+    assert [x.index for x in new.layers if not x.spec.is_ssm] == [7, 18, 29, 40]
