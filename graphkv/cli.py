@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_dict() plus the inputs)")
     sub.add_parser("presets", help="list the bundled model presets")
     models = sub.add_parser("models", help="list the model families graphkv reads from a config.json",
-                            description="The families graphkv reads, the layer kinds each maps to, and the reference "
-                                        "checkpoint whose config transformers' AutoConfig.for_model mirrors. Other "
+                            description="The families graphkv reads (each checked against transformers' reference "
+                                        "config), the layer kinds each maps to, and a reference checkpoint. Other "
                                         "configs plan too when their fields say what their layers are.")
     models.add_argument("--markdown", action="store_true", help="print a Markdown table (the README's)")
     demo = sub.add_parser("demo", help="serve a tiny hybrid model end to end on the planned pool (tokens/s)",

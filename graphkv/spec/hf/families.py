@@ -2,9 +2,10 @@
 
 The reader does not dispatch on this table — it follows the config's fields, so a family missing
 here still plans when its fields say what its layers are. A row names the family's
-``model_type``, its reference checkpoint (the public repository whose config
-``transformers.AutoConfig.for_model(model_type)`` mirrors), the layer kinds its layers map to, and
-the few defaults its configs do not write:
+``model_type``, its reference checkpoint (a representative public repository of the family), the
+layer kinds its layers map to — checked against ``transformers.AutoConfig.for_model(model_type)``,
+the family's reference config, by ``tests/spec/hf/test_hf_families.py`` — and the few defaults its
+configs do not write:
 
 - ``sliding_pattern``: every N-th layer is full attention, the others slide, when the config
   has neither ``layer_types`` nor a pattern field (Gemma-2 alternates; its config.json says only
