@@ -6,10 +6,10 @@ Importing graphkv does not import torch; only the runtime does.
 
 from graphkv.errors import CapacityError, CaptureError, GraphkvError, PlanError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
-from graphkv.spec import (AUTO, BUILTIN_BACKENDS, Backend, Budget, CacheOrder, ChunkedLocalSpec, CudaGraphMode,
-                          CudaGraphSupport, DType, FullAttentionSpec, KVLayout, LayerDecl, LayerKind, Limits,
-                          MambaCacheMode, MambaSpec, MLASpec, ModelKV, MultipleOf, SlidingWindowSpec, StrideOrder,
-                          get_backend)
+from graphkv.spec import (AUTO, BUILTIN_BACKENDS, Backend, Budget, CacheOrder, CachelessDecl, ChunkedLocalSpec,
+                          CudaGraphMode, CudaGraphSupport, DType, FullAttentionSpec, IndexerKeySpec, KVLayout,
+                          KVSharedSpec, LayerDecl, LayerKind, Limits, MambaCacheMode, MambaSpec, MLASpec, ModelKV,
+                          MultipleOf, NoCacheSpec, SlidingWindowSpec, StrideOrder, get_backend)
 
 compile = compile_plan  # noqa: A001 — the verb of the architecture: spec --compile--> plan
 
@@ -24,8 +24,9 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'graphkv' has no attribute {name!r}")
 
 __all__ = [
-    "AUTO", "BUILTIN_BACKENDS", "Backend", "Budget", "CacheOrder", "CapacityError", "CaptureError", "ChunkedLocalSpec",
-    "CudaGraphMode", "CudaGraphSupport", "DType", "FullAttentionSpec", "GraphkvError", "KVLayout", "LayerDecl",
-    "LayerKind", "Limits", "MLASpec", "MambaCacheMode", "MambaSpec", "ModelKV", "MultipleOf", "Plan", "PlanError",
-    "Problem", "SlidingWindowSpec", "SpecError", "StrideOrder", "capture", "compile", "compile_plan", "get_backend",
+    "AUTO", "BUILTIN_BACKENDS", "Backend", "Budget", "CacheOrder", "CachelessDecl", "CapacityError", "CaptureError",
+    "ChunkedLocalSpec", "CudaGraphMode", "CudaGraphSupport", "DType", "FullAttentionSpec", "GraphkvError",
+    "IndexerKeySpec", "KVLayout", "KVSharedSpec", "LayerDecl", "LayerKind", "Limits", "MLASpec", "MambaCacheMode",
+    "MambaSpec", "ModelKV", "MultipleOf", "NoCacheSpec", "Plan", "PlanError", "Problem", "SlidingWindowSpec",
+    "SpecError", "StrideOrder", "capture", "compile", "compile_plan", "get_backend",
 ]

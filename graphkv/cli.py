@@ -32,10 +32,11 @@ from graphkv.plan.block_size import choose_block_size
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_plan, format_table
 from graphkv.spec.budget import KNOWN_GPUS
+from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
 
-__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "plan_from_args"]
+__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table", "plan_from_args"]
 
 DEFAULT_PRESET = "qwen3-next-80b-a3b"  # hybrid: gated-delta states + full attention every 4th layer
 DEFAULT_KV_MEMORY = "20GiB"
@@ -112,6 +113,13 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=count(1), metavar="N", help="tokens per page (default: chosen by the planner)")
     g.add_argument("--mamba-block-size", type=count(1), metavar="N",
                    help="Mamba block size for --mamba-cache-mode align/all (default: chosen by the planner)")
+    g.add_argument("--max-concurrent-batches", type=count(1, maximum=1024), default=d["max_concurrent_batches"],
+                   metavar="N", help="steps in flight whose sliding-window pages are not freed yet: 2 with async "
+                                     "scheduling, the pipeline depth with pipeline parallelism (default: %(default)s)")
+    g.add_argument("--speculative-lookahead-tokens", type=count(0, maximum=1024),
+                   default=d["speculative_lookahead_tokens"], metavar="N",
+                   help="prefill tokens a drafter reads ahead (multi-module MTP: the draft length); sliding windows "
+                        "keep N - 1 more (default: %(default)s)")
     g.add_argument("--cudagraph-mode", type=str.upper, choices=[m.value for m in CudaGraphMode],
                    default=d["cudagraph_mode"].value, help="requested capture mode; downgraded with a note if the "
                                                            "backends cannot (default: %(default)s)")
@@ -165,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--emit", choices=["vllm"], help="print the engine command that realizes the plan, each value "
                                                       "that differs from the engine's default commented")
     sub.add_parser("presets", help="list the bundled model presets")
+    models = sub.add_parser("models", help="list the model families graphkv reads from a config.json",
+                            description="The families graphkv reads (each checked against transformers' reference "
+                                        "config), the layer kinds each maps to, and a reference checkpoint. Other "
+                                        "configs plan too when their fields say what their layers are.")
+    models.add_argument("--markdown", action="store_true", help="print a Markdown table (the README's)")
     _add_demo(sub)
     return parser
 
@@ -179,7 +192,8 @@ def _build_limits(args: argparse.Namespace) -> Limits:
                   max_num_batched_tokens=args.max_num_batched_tokens, num_blocks_override=args.num_blocks_override,
                   mamba_cache_mode=args.mamba_cache_mode, num_speculative_tokens=args.num_speculative_tokens,
                   tensor_parallel_size=args.tp, block_size=args.block_size, mamba_block_size=args.mamba_block_size,
-                  cudagraph_mode=args.cudagraph_mode)
+                  cudagraph_mode=args.cudagraph_mode, max_concurrent_batches=args.max_concurrent_batches,
+                  speculative_lookahead_tokens=args.speculative_lookahead_tokens)
 
 
 def _budget_flags(args: argparse.Namespace) -> BudgetFlags:
@@ -253,6 +267,17 @@ def _run_presets() -> int:
     return 0
 
 
+def models_table(*, markdown: bool = False) -> str:
+    """The families graphkv reads (``graphkv models``): family, layer kinds, reference checkpoint."""
+    headers = ["family", "layer kinds", "reference checkpoint"]
+    rows = [[f.model_type, ", ".join(f.kinds), f.checkpoint] for f in FAMILIES]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "| --- | --- | --- |"]
+        lines += ["| " + " | ".join(f"`{c}`" if i != 1 else c for i, c in enumerate(row)) + " |" for row in rows]
+        return "\n".join(lines)
+    return "\n".join(format_table(headers, rows, indent=""))
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from graphkv.extras import require
 
@@ -277,6 +302,9 @@ def _budget_flag(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "models":
+        print(models_table(markdown=args.markdown))
+        return 0
     return _run_plan(args) if args.command == "plan" else _run_presets()
 
 

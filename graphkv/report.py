@@ -57,7 +57,13 @@ def format_layers(layers: Sequence[int]) -> str:
 
 def _layer_kinds(plan: Plan) -> str:
     counts = Counter(layer.spec.kind.value for layer in plan.layers)
-    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    text = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    if plan.cacheless:
+        none = Counter(c.spec.kind for c in plan.cacheless)
+        parts = [f"{n} {'read earlier layers’ KV' if kind.value == 'kv_shared' else 'hold nothing (MLP / MoE)'}"
+                 for kind, n in none.items()]
+        text += f"; {len(plan.cacheless)} layers without a cache: " + ", ".join(parts)
+    return text
 
 
 def _group_rows(groups: Sequence[GroupPlan]) -> list[list[str]]:
@@ -140,7 +146,7 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
     budget = budget_text if budget_text is not None else f"{format_bytes(plan.ledger.budget_bytes)} for the KV pool"
     lines = [
         f"graphkv plan: {plan.model_name}",
-        f"  layers          {len(plan.layers)} KV layers: {_layer_kinds(plan)}",
+        f"  layers          {len(plan.layers)} KV {'layer' if len(plan.layers) == 1 else 'layers'}: {_layer_kinds(plan)}",
         f"  budget          {budget}",
         f"  block size      {plan.block_size} tokens per page — {block.reason}",
         f"  mamba block     {mamba_bs}",

@@ -269,3 +269,51 @@ def test_kv_memory_budget_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(out)["budget"] == {"source": "kv_memory", "gpu": None, "total_bytes": None, "utilization": None,
                                          "weights_bytes": None, "activation_bytes": None, "graph_reserve_bytes": None,
                                          "kv_bytes": 24 << 30, "sources": None}
+
+
+def test_json_lists_every_layer_and_spec_objects(capsys: pytest.CaptureFixture[str]) -> None:
+    """--json has a layers list (index, name, kind, group, kv_source) and each group's spec as an object."""
+    code, out, _ = run(capsys, "plan", "--preset", "nemotron-h-8b", "--max-num-seqs", "128", "--max-model-len",
+                       "8192", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [(x["index"], x["kind"], x["group"] is None) for x in data["layers"][:3]] == [
+        (0, "mamba", False), (1, "none", True), (2, "mamba", False)]
+    assert set(data["layers"][0]) == {"index", "name", "kind", "group", "kv_source"}
+    state = data["groups"][0]
+    assert state["spec"]["state_shapes"] == [[3, 10240], [128, 64, 128]]
+    assert state["spec"]["state_dtypes"] == ["bfloat16", "float32"]
+    assert state["spec_text"] == "mamba2 state (3, 10240):bfloat16 + (128, 64, 128):float32"
+
+
+def test_max_concurrent_batches_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-concurrent-batches 1 plans gpt-oss-20b's sliding layers at 137 pages instead of 265 (2048 tokens/step)."""
+    pages = []
+    for batches in ("2", "1"):
+        code, out, _ = run(capsys, "plan", "--preset", "gpt-oss-20b", "--max-num-batched-tokens", "2048",
+                           "--max-model-len", "32768", "--max-concurrent-batches", batches, "--json")
+        assert code == 0
+        data = json.loads(out)
+        pages.append(data["groups"][0]["pages_per_request"])
+        assert data["inputs"]["limits"]["max_concurrent_batches"] == int(batches)
+    assert pages == [265, 137]
+
+
+def test_models_lists_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv models` prints one row per family: its model_type, layer kinds and reference checkpoint."""
+    from graphkv.spec.hf.families import FAMILIES
+
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["family", "layer", "kinds", "reference", "checkpoint"]
+    assert len(lines) == 1 + len(FAMILIES) >= 71
+    assert any(line.split()[:3] == ["nemotron_h", "full_attention,", "mamba2,"] for line in lines)
+
+
+def test_readme_family_table_is_generated_from_graphkv_models(capsys: pytest.CaptureFixture[str]) -> None:
+    """README's family table is exactly `graphkv models --markdown`."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    code, out, _ = run(capsys, "models", "--markdown")
+    assert code == 0
+    assert out.strip() in readme

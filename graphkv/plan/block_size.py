@@ -30,6 +30,9 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     """
     attention = [layer for layer in model.layers if not layer.spec.is_ssm]
     mamba = [layer for layer in model.layers if layer.spec.is_ssm]
+    # sizes are asked once per distinct spec / backend (models repeat a few specs over many layers)
+    attention_specs = set(layer.spec for layer in attention)
+    mamba_specs = set(layer.spec for layer in mamba)
 
     if limits.block_size is not None:
         block_size, reason = limits.block_size, f"block_size={limits.block_size} set by the user"
@@ -48,19 +51,20 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
         return BlockSizeChoice(block_size=block_size, mamba_block_size=None, reason=reason)
 
     # M: what one page must hold (a user's page_size_padded counts); the record keeps the real bytes.
-    state_bytes = max(layer.spec.page_size_bytes(block_size) for layer in mamba)
-    real_state_bytes = max(layer.spec.real_page_size_bytes() for layer in mamba)
+    state_bytes = max(spec.page_size_bytes(block_size) for spec in mamba_specs)
+    real_state_bytes = max(spec.real_page_size_bytes() for spec in mamba_specs)
     if not attention:
         block_size, mamba_bs, reason = _without_attention(block_size, reason, limits)
         return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
                                mamba_state_bytes=real_state_bytes, mamba_page_bytes=state_bytes)
 
-    bytes_per_token = max(layer.spec.bytes_per_token() for layer in attention)
-    kernel_min = max(layer.backend.smallest_kernel_block_size() for layer in attention)
+    bytes_per_token = max(spec.bytes_per_token() for spec in attention_specs)
+    kernel_min = max(backend.smallest_kernel_block_size() for backend in {layer.backend.name: layer.backend
+                                                                          for layer in attention}.values())
     align = max(kernel_min, block_size)
     mode = limits.mamba_cache_mode
     if mode is MambaCacheMode.ALL:
-        chunk = limits.mamba_block_size or max(layer.spec.chunk_size for layer in mamba if isinstance(layer.spec, MambaSpec))
+        chunk = limits.mamba_block_size or max(spec.chunk_size for spec in mamba_specs if isinstance(spec, MambaSpec))
         step = math.lcm(chunk, align)
         aligned = step * cdiv(cdiv(state_bytes, bytes_per_token), step)
         if limits.mamba_block_size is not None and limits.mamba_block_size != aligned:
@@ -95,7 +99,7 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
                                 fix="leave mamba_block_size unset, or use mamba_cache_mode='align' or 'all'"))
     # The largest attention page is block_size * A1 unless a page_size_padded makes it larger;
     # Mamba pages must equal it exactly so any page index holds either.
-    attention_page = max(layer.spec.page_size_bytes(block_size) for layer in attention)
+    attention_page = max(spec.page_size_bytes(block_size) for spec in attention_specs)
     return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
                            mamba_state_bytes=real_state_bytes, mamba_page_bytes=attention_page)
 
@@ -126,11 +130,13 @@ def _without_attention(block_size: int, reason: str, limits: Limits) -> tuple[in
 
 
 def pad_mamba_layers(model: ModelKV, choice: BlockSizeChoice) -> tuple[LayerDecl, ...]:
-    """The model's layers with every Mamba page padded to ``choice.mamba_page_bytes``."""
-    if not choice.mamba_page_bytes:
+    """The model's layers with every Mamba page padded to ``choice.mamba_page_bytes`` (each distinct
+    spec is padded once)."""
+    target = choice.mamba_page_bytes
+    if not target:
         return model.layers
-    return tuple(
-        attrs.evolve(layer, spec=attrs.evolve(layer.spec, page_size_padded=choice.mamba_page_bytes))
-        if layer.spec.is_ssm and layer.spec.page_size_bytes() != choice.mamba_page_bytes else layer
-        for layer in model.layers
-    )
+    padded = {spec: attrs.evolve(spec, page_size_padded=target)
+              for spec in {layer.spec for layer in model.layers if layer.spec.is_ssm}
+              if spec.page_size_bytes() != target}
+    return tuple(attrs.evolve(layer, spec=padded[layer.spec]) if layer.spec in padded else layer
+                 for layer in model.layers)

@@ -48,9 +48,9 @@ def plan_buffers(model: ModelKV, limits: Limits, groups: Sequence[GroupPlan], *,
             reason=f"group {g.index}: {g.pages_per_request} pages x bpk {g.bpk} kernel blocks per request row"))
     buffers.append(BufferSpec(name="slot_mapping", shape=(len(groups), tokens), dtype=DType.INT64,
                               reason=f"one slot per token per group ({len(groups)} groups, {per_step})"))
+    backend_of = {layer.index: layer.backend for layer in model.layers}  # one pass: linear in layers
     for g in groups:
-        tiles = [layer.backend.q_tile_tokens for layer in model.layers
-                 if layer.index in g.layers and layer.backend.q_tile_tokens is not None]
+        tiles = [backend_of[i].q_tile_tokens for i in g.layers if backend_of[i].q_tile_tokens is not None]
         if not tiles:
             continue
         q_tile = max(tiles)

@@ -15,7 +15,7 @@ import attrs
 from graphkv.errors import CapacityError, Problem
 from graphkv.plan.groups import GroupDraft
 from graphkv.spec.budget import Budget, format_bytes
-from graphkv.spec.layers import FullAttentionSpec, MLASpec, MambaCacheMode, PageDemand
+from graphkv.spec.layers import MambaCacheMode, PageDemand
 from graphkv.spec.limits import Limits
 
 __all__ = ["PageCounter", "fit_max_model_len", "plan_num_blocks"]
@@ -29,19 +29,24 @@ class PageCounter:
     max_num_batched_tokens: int
     mamba_cache_mode: MambaCacheMode
     num_speculative_blocks: int
+    max_concurrent_batches: int = 1
+    extra_retained_tokens: int = 0
 
     @classmethod
     def for_limits(cls, groups: Sequence[GroupDraft], limits: Limits) -> "PageCounter":
-        """A counter using the limits' step budget, Mamba mode and speculative tokens."""
+        """A counter using the limits' step budget, steps in flight, Mamba mode and speculative tokens."""
         return cls(groups=tuple(groups), max_num_batched_tokens=limits.max_num_batched_tokens,
-                   mamba_cache_mode=limits.mamba_cache_mode, num_speculative_blocks=limits.num_speculative_tokens)
+                   mamba_cache_mode=limits.mamba_cache_mode, num_speculative_blocks=limits.num_speculative_tokens,
+                   max_concurrent_batches=limits.max_concurrent_batches,
+                   extra_retained_tokens=limits.extra_retained_tokens)
 
     def group_pages(self, group: GroupDraft, max_model_len: int) -> int:
         """Worst-case pages of one group for a request of ``max_model_len`` tokens."""
         return group.spec.max_pages(PageDemand(
             block_size=group.block_size, max_model_len=max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens, mamba_cache_mode=self.mamba_cache_mode,
-            num_speculative_blocks=self.num_speculative_blocks))
+            num_speculative_blocks=self.num_speculative_blocks, max_concurrent_batches=self.max_concurrent_batches,
+            extra_retained_tokens=self.extra_retained_tokens))
 
     def pages(self, max_model_len: int) -> int:
         """Worst-case pages over all groups (what one request of that length must be able to get)."""
@@ -50,7 +55,7 @@ class PageCounter:
     @property
     def grows_without_bound(self) -> bool:
         """Whether some group's need grows with the length (full attention, MLA, Mamba 'all')."""
-        return any(type(g.spec) in (FullAttentionSpec, MLASpec)
+        return any(g.spec.uniform_type_key == ("full",)
                    or (g.spec.is_ssm and self.mamba_cache_mode is MambaCacheMode.ALL) for g in self.groups)
 
 

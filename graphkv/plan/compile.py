@@ -106,13 +106,21 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     check_mamba_seqs(counter, limits, usable)
     seqs_note = max_num_seqs_note(limits, max_model_len, counter.pages(max_model_len), usable)
 
+    real_bytes: dict[tuple[object, int], int] = {}  # (spec, block size) -> real page bytes, once per distinct spec
+
+    def real(spec: object, block_size: int) -> int:
+        key = (spec, block_size)
+        if key not in real_bytes:
+            real_bytes[key] = spec.real_page_size_bytes(block_size)  # type: ignore[attr-defined]
+        return real_bytes[key]
+
     groups = tuple(
         GroupPlan(index=i, spec=d.spec, layers=tuple(layer.index for layer in d.layers),
                   layer_names=tuple(layer.name for layer in d.layers),
                   backends=tuple(dict.fromkeys(layer.backend.name for layer in d.layers)),
                   block_size=d.block_size, kernel_block_size=kernel_sizes[i], page_size_bytes=d.page_size_bytes,
-                  real_page_size_bytes=d.spec.real_page_size_bytes(d.block_size),
-                  layer_real_page_bytes=tuple(layer.spec.real_page_size_bytes(d.block_size) for layer in d.layers),
+                  real_page_size_bytes=real(d.spec, d.block_size),
+                  layer_real_page_bytes=tuple(real(layer.spec, d.block_size) for layer in d.layers),
                   pages_per_request=counter.group_pages(d, max_model_len))
         for i, d in enumerate(grouping.groups))
     slot_layers = [tuple(g.layers[j] for g in groups if j < len(g.layers)) for j in range(len(slot_pages))]
@@ -133,4 +141,5 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
-                ledger=ledger, notes=grouping.notes + ((seqs_note,) if seqs_note else ()))
+                ledger=ledger, notes=(*model.notes, *grouping.notes, *((seqs_note,) if seqs_note else ())),
+                cacheless=model.cacheless)

@@ -1,10 +1,16 @@
 """Step 3: bucket layers into KV-cache groups that share block tables and pool slots.
 
-Layers with equal specs form a bucket. Pages must all be one size so any page index can hold any
-group's page: a smaller attention page divides the largest and that bucket's block size is scaled
-up. The group size ``gs`` (layers per group, = slots in the pool) is the smallest bucket, unless
-the largest bucket is under 1.5x the smallest, then the largest; a bucket of ``n`` layers becomes
-``cdiv(n, gs)`` groups, group ``i`` of ``g`` taking layers ``i, i+g, i+2g, …``.
+Layers with equal specs form a bucket. When every layer needs the same pages per request
+(one ``uniform_type_key``: full attention and MLA alike, or sliding layers of one window, or
+chunked layers of one chunk) but their page sizes differ, all of them form one group with a
+slot each (vLLM's ``UniformTypeKVCacheSpecs``). Otherwise pages must all be one size so any page
+index can hold any group's page: a smaller page that divides the largest scales that bucket's
+block size up; a non-MLA attention page that does not keeps its block size and is padded to the
+largest page (vLLM 0.33 ``unify_kv_cache_spec_page_size``; the padding is a ledger entry); an
+MLA page that does not divide is refused. The group size ``gs`` (layers per group, = slots in
+the pool) is the smallest bucket, unless the largest bucket is under 1.5x the smallest, then the
+largest; a bucket of ``n`` layers becomes ``cdiv(n, gs)`` groups, group ``i`` of ``g`` taking
+layers ``i, i+g, i+2g, …``.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import attrs
 
 from graphkv.errors import PlanError, Problem
 from graphkv.spec._checks import cdiv
-from graphkv.spec.layers import FullAttentionSpec, LayerSpec, MLASpec
+from graphkv.spec.layers import LayerKind, LayerSpec
 from graphkv.spec.model import LayerDecl
 
 __all__ = ["GroupDraft", "Grouping", "build_groups", "group_size_rule"]
@@ -48,19 +54,20 @@ def group_size_rule(bucket_sizes: Sequence[int]) -> int:
 
 
 def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
-    """Group ``layers`` (Mamba pages already padded) at ``block_size``. Pure."""
+    """Group ``layers`` (Mamba pages already padded) at ``block_size``. Pure; linear in layers."""
     buckets: dict[LayerSpec, list[LayerDecl]] = {}
     for layer in layers:
         buckets.setdefault(layer.spec, []).append(layer)
 
     if len(buckets) > 1 and _uniform_type(buckets):
         # One attention type whose layers differ only in size: one group, one slot per layer.
+        pages = {spec: spec.page_size_bytes(block_size) for spec in buckets}
+        slot_pages = tuple(pages[layer.spec] for layer in layers)
         group = GroupDraft(spec=layers[0].spec, layers=tuple(layers), block_size=block_size,
-                           page_size_bytes=max(layer.spec.page_size_bytes(block_size) for layer in layers))
-        return Grouping(groups=(group,), group_size=len(layers),
-                        slot_page_bytes=tuple(layer.spec.page_size_bytes(block_size) for layer in layers),
-                        notes=("layers share one attention type but differ in size: one group, each layer its own "
-                               "slot sized to its own page",))
+                           page_size_bytes=max(slot_pages))
+        return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages,
+                        notes=("layers need the same pages per request but differ in page size: one group, each "
+                               "layer its own slot sized to its own page",))
 
     largest = max(spec.page_size_bytes(block_size) for spec in buckets)
     notes: list[str] = []
@@ -69,14 +76,20 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
         page = spec.page_size_bytes(block_size)
         bucket_bs = block_size
         if page != largest:
-            if spec.is_ssm or largest % page:
+            if not spec.is_ssm and largest % page == 0:
+                bucket_bs = block_size * (largest // page)
+                notes.append(f"{spec.describe()}: page {page} B < {largest} B, block size scaled to {bucket_bs} tokens")
+            elif not spec.is_ssm and spec.kind not in _UNPADDABLE:
+                # vLLM 0.33 unify_kv_cache_spec_page_size: a non-MLA attention page that does not divide is padded
+                notes.append(f"{spec.describe()}: page {page} B does not divide {largest} B, padded to {largest} B "
+                             f"({largest - page} B padding per page, a ledger entry)")
+            else:
                 raise PlanError(Problem(
                     field="layers", value=f"{members[0].name} ({spec.describe()})",
                     limit=f"its page of {page} bytes at block_size={block_size} must divide the largest page "
-                          f"({largest} bytes) so all groups share one page size",
+                          f"({largest} bytes) so all groups share one page size; only non-MLA attention pages are "
+                          "padded (as vLLM 0.33)",
                     fix="pad the smaller page (page_size_padded) or choose a block_size where page sizes divide"))
-            bucket_bs = block_size * (largest // page)
-            notes.append(f"{spec.describe()}: page {page} B < {largest} B, block size scaled to {bucket_bs} tokens")
         drafts.append((spec, members, bucket_bs))
 
     gs = group_size_rule([len(members) for _, members, _ in drafts])
@@ -89,6 +102,10 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
     return Grouping(groups=tuple(groups), group_size=gs, slot_page_bytes=(largest,) * gs, notes=tuple(notes))
 
 
+_UNPADDABLE = (LayerKind.MLA, LayerKind.INDEXER)  # latent caches are indexed in whole token rows
+
+
 def _uniform_type(buckets: dict[LayerSpec, list[LayerDecl]]) -> bool:
-    types = {type(spec) for spec in buckets}
-    return len(types) == 1 and next(iter(types)) in (FullAttentionSpec, MLASpec)
+    """Whether every bucket needs the same pages per request (one ``uniform_type_key``, not a state)."""
+    keys = {spec.uniform_type_key for spec in buckets}
+    return len(keys) == 1 and None not in keys

@@ -21,6 +21,7 @@ def choose_kernel_block_size(block_size: int, backends: Sequence[Backend], *, gr
     >>> choose_kernel_block_size(64, [get_backend("flashinfer")])
     64
     """
+    backends = list({b.name: b for b in backends}.values())  # one entry per backend, in first-seen order
     if all(b.is_ssm for b in backends) or all(b.supports(block_size) for b in backends):
         return block_size
     candidates: set[int] = set()

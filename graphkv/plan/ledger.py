@@ -45,8 +45,12 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
         padding = pages * sum(s.page_size_bytes - real for s, real in zip(slots, g.layer_real_page_bytes))
         empty = pages * sum(s.page_size_bytes for s in slots[n_layers:])
         why = f"{conc} requests x {g.pages_per_request} page(s) x {n_layers} layer(s)"
+        if len(set(g.layer_real_page_bytes)) == 1:
+            real_reason = f"{why} x {g.real_page_size_bytes} B real page"
+        else:  # one group of layers with different page sizes (a slot each)
+            real_reason = f"{why} of different sizes, {sum(g.layer_real_page_bytes)} B real per page index"
         entries.append(LedgerEntry(name=f"group {g.index} {g.kind.value} KV", nbytes=data, in_kv_budget=True,
-                                   reason=f"{why} x {g.real_page_size_bytes} B real page"))
+                                   reason=real_reason))
         if padding:
             entries.append(LedgerEntry(name=f"group {g.index} page padding", nbytes=padding, in_kv_budget=True,
                                        reason=f"{why} x {g.page_size_bytes - g.real_page_size_bytes} B padding per page"))

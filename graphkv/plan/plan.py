@@ -13,7 +13,7 @@ from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
 from graphkv.spec.limits import CudaGraphMode, Limits
-from graphkv.spec.model import LayerDecl
+from graphkv.spec.model import CachelessDecl, LayerDecl
 
 __all__ = ["BlockSizeChoice", "BufferSpec", "Capacity", "CaptureSizes", "CudaGraphPlan", "GroupPlan", "Ledger",
            "LedgerEntry", "Plan", "SlotPlan", "StaticBuffers"]
@@ -215,6 +215,7 @@ class Plan:
     cudagraph: CudaGraphPlan
     ledger: Ledger
     notes: tuple[str, ...] = ()
+    cacheless: tuple[CachelessDecl, ...] = ()  # layers that hold no cache of their own (KV-shared, MLP)
 
     def group_of(self, layer_index: int) -> GroupPlan:
         """The group holding model layer ``layer_index``."""
@@ -283,6 +284,25 @@ class Plan:
         hi = self.capacity.max_position_embeddings or self.max_model_len
         return longest_len(self._page_counter(), self.capacity.usable_pages // concurrency, hi)
 
+    def layer_entries(self) -> list[dict[str, Any]]:
+        """What every layer became, in stack order: ``{"index", "name", "kind", "group", "kv_source"}``
+        per cache entry (``index``: the model layer; ``kv_source``: the entry whose cache it reads,
+        itself for a cache holder, ``None`` for a layer that holds nothing; ``group``: ``None`` for a
+        layer without a cache of its own). Linear in the number of layers."""
+        group_of = {i: g.index for g in self.groups for i in g.layers}
+        rows: list[tuple[int, int, dict[str, Any]]] = []
+        for order, decl in enumerate(self.layers):
+            rows.append((decl.model_layer, order, {"index": decl.model_layer, "name": decl.name,
+                                                   "kind": decl.spec.kind.value, "group": group_of[decl.index],
+                                                   "kv_source": decl.name}))
+        for order, other in enumerate(self.cacheless, start=len(self.layers)):
+            source = getattr(other.spec, "source", None)
+            rows.append((other.model_layer, order, {"index": other.model_layer, "name": other.name,
+                                                    "kind": other.spec.kind.value, "group": None,
+                                                    "kv_source": source}))
+        rows.sort(key=lambda row: row[:2])
+        return [row[2] for row in rows]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``graphkv plan --json`` object)."""
         return {
@@ -303,10 +323,12 @@ class Plan:
                 self.groups, self.limits, self.capacity.usable_pages,
                 self.capacity.max_position_embeddings or self.max_model_len, self.max_model_len),
             "group_size": self.group_size,
+            "layers": self.layer_entries(),
             "groups": [
                 {
                     "kind": g.kind.value,
-                    "spec": g.spec.describe(),
+                    "spec": g.spec.to_dict(),
+                    "spec_text": g.spec.describe(),
                     "layers": list(g.layers),
                     "backends": list(g.backends),
                     "block_size": g.block_size,

@@ -213,11 +213,22 @@ BUILTIN_BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
         Backend(name="triton_mla", supported_kernel_block_sizes=(MultipleOf(16),),
                 cudagraph_support=CudaGraphSupport.UNIFORM_BATCH,
                 kv_layout=KVLayout(order=CacheOrder.LATENT), is_mla=True),
+        # DeepSeek-V3.2 / GLM-5 indexer keys: 64-token pages on CUDA (vLLM 0.33 DeepseekV32IndexerBackend).
+        Backend(name="indexer", supported_kernel_block_sizes=(64,),
+                cudagraph_support=CudaGraphSupport.UNIFORM_BATCH,
+                kv_layout=KVLayout(order=CacheOrder.LATENT), is_mla=True),
         # State backends: one page holds one whole state.
         Backend(name="mamba", supported_kernel_block_sizes=(MultipleOf(1),),
                 cudagraph_support=CudaGraphSupport.UNIFORM_BATCH, kv_layout=_STATE, is_ssm=True),
         Backend(name="gdn", supported_kernel_block_sizes=(MultipleOf(1),),
                 cudagraph_support=CudaGraphSupport.UNIFORM_BATCH, kv_layout=_STATE, is_ssm=True),
+        Backend(name="kda", supported_kernel_block_sizes=(MultipleOf(1),),
+                cudagraph_support=CudaGraphSupport.UNIFORM_BATCH, kv_layout=_STATE, is_ssm=True),
+        Backend(name="short_conv", supported_kernel_block_sizes=(MultipleOf(1),),
+                cudagraph_support=CudaGraphSupport.UNIFORM_BATCH, kv_layout=_STATE, is_ssm=True),
+        # MiniMax lightning attention: vLLM 0.33's linear-attention backend captures single-token decode only.
+        Backend(name="lightning", supported_kernel_block_sizes=(MultipleOf(1),),
+                cudagraph_support=CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, kv_layout=_STATE, is_ssm=True),
     )
 })
 

@@ -55,7 +55,14 @@ class Limits:
       check (page 0 is the null page, so ``num_blocks_override - 1`` pages are usable);
     - ``mamba_cache_mode``, ``num_speculative_tokens``, ``tensor_parallel_size`` (``None``: the
       model's), ``block_size`` / ``mamba_block_size`` (``None``: chosen by the planner),
-      ``cudagraph_mode``: the requested capture mode (downgraded, with a note, if unsupported).
+      ``cudagraph_mode``: the requested capture mode (downgraded, with a note, if unsupported);
+    - ``max_concurrent_batches``: steps scheduled but not yet settled — 2 under async scheduling on
+      one pipeline stage (vLLM 0.33 ``VllmConfig.max_concurrent_batches``), the pipeline depth
+      under pipeline parallelism, 1 for a synchronous scheduler. Sliding-window and chunked layers
+      keep the pages of every step in flight: ``max_concurrent_batches * max_num_batched_tokens``;
+    - ``speculative_lookahead_tokens``: prefill tokens a drafter reads past the scheduled range
+      (vLLM's ``num_prefill_lookahead_tokens``: ``num_speculative_tokens`` for multi-module MTP, 1
+      for other EAGLE drafters, 0 without one); sliding windows retain ``max(0, this - 1)`` more.
     """
 
     max_model_len: MaxModelLen = AUTO
@@ -70,6 +77,8 @@ class Limits:
     mamba_block_size: int | None = None
     cudagraph_mode: CudaGraphMode = attrs.field(default=CudaGraphMode.FULL_AND_PIECEWISE,
                                                 converter=_enum(CudaGraphMode))
+    max_concurrent_batches: int = 2
+    speculative_lookahead_tokens: int = 0
 
     def __attrs_post_init__(self) -> None:
         check = Checker("Limits")
@@ -94,6 +103,8 @@ class Limits:
             check.positive_int("block_size", self.block_size)
         if self.mamba_block_size is not None:
             check.positive_int("mamba_block_size", self.mamba_block_size)
+        check.positive_int("max_concurrent_batches", self.max_concurrent_batches)
+        check.non_negative_int("speculative_lookahead_tokens", self.speculative_lookahead_tokens)
         if not isinstance(self.cudagraph_mode, CudaGraphMode):
             check.add("cudagraph_mode", self.cudagraph_mode, f"must be one of {[m.value for m in CudaGraphMode]}",
                       "pick a CudaGraphMode")
@@ -108,6 +119,12 @@ class Limits:
                       f"raise max_num_batched_tokens to >= {1 + self.num_speculative_tokens} or lower "
                       "num_speculative_tokens")
         check.raise_if_any()
+
+    @property
+    def extra_retained_tokens(self) -> int:
+        """Tokens below a sliding window kept for a drafter that re-prefills them (vLLM 0.33
+        ``get_kv_cache_configs``: ``max(0, num_prefill_lookahead_tokens - 1)``)."""
+        return max(0, self.speculative_lookahead_tokens - 1)
 
     @property
     def is_auto_len(self) -> bool:

@@ -1,7 +1,8 @@
-"""A model declaration: every KV-holding layer with its spec and backend."""
+"""A model declaration: every cache entry with its spec and backend, and the layers that hold none."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import attrs
@@ -9,24 +10,52 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
 from graphkv.spec.backends import Backend, get_backend
-from graphkv.spec.layers import ChunkedLocalSpec, FullAttentionSpec, LayerSpec, MambaSpec, MLASpec, SlidingWindowSpec
+from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKeySpec, KVSharedSpec, LayerKind,
+                                 LayerSpec, MambaSpec, MLASpec, NoCacheSpec, SlidingWindowSpec)
 
-__all__ = ["LayerDecl", "ModelKV"]
+__all__ = ["CachelessDecl", "LayerDecl", "ModelKV"]
 
-_LAYER_SPEC_TYPES = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, MambaSpec)
+_LAYER_SPEC_TYPES = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, IndexerKeySpec, MambaSpec)
+_CACHELESS_SPEC_TYPES = (KVSharedSpec, NoCacheSpec)
+_LATENT_KINDS = (LayerKind.MLA, LayerKind.INDEXER)  # one-"head" caches: need an MLA (latent) backend
 
 
 @attrs.frozen(kw_only=True)
 class LayerDecl:
-    """One layer of the model: its position, name, KV spec and backend."""
+    """One cache entry of the model: its index, name, KV spec and backend.
+
+    ``index`` is unique per entry and is what groups and slots list; ``layer_index`` is the model
+    layer the entry belongs to when a layer holds more than one cache (Falcon-H1's attention and
+    Mamba state, DeepSeek-V3.2's latent and indexer keys) — ``None`` means ``index``.
+    """
 
     index: int
     name: str
     spec: LayerSpec
     backend: Backend = attrs.field(converter=get_backend)
+    layer_index: int | None = None
+
+    @property
+    def model_layer(self) -> int:
+        """The position of the entry's layer in the model's stack."""
+        return self.index if self.layer_index is None else self.layer_index
 
 
-def _layers(value: Any) -> Any:
+@attrs.frozen(kw_only=True)
+class CachelessDecl:
+    """A model layer that holds no cache of its own (a KV-shared attention layer, an MLP block)."""
+
+    index: int
+    name: str
+    spec: "KVSharedSpec | NoCacheSpec"
+
+    @property
+    def model_layer(self) -> int:
+        """The position of the layer in the model's stack."""
+        return self.index
+
+
+def _tuple(value: Any) -> Any:
     try:
         return tuple(value)
     except TypeError:
@@ -37,17 +66,20 @@ def _layers(value: Any) -> Any:
 class ModelKV:
     """What one GPU (one tensor-parallel rank) caches for a model.
 
-    ``layers`` lists only the layers that hold a cache (embedding / MLP layers are left out);
-    ``max_position_embeddings`` caps ``max_model_len``; ``tensor_parallel_size`` records the
-    sharding the specs were built for; ``hidden_size`` and ``dtype`` size the estimated
-    activations of captured graphs.
+    ``layers`` lists the cache entries (layers that hold a cache); ``cacheless`` the layers that
+    hold none, declared so a plan can say what every layer became (optional). ``max_position_embeddings``
+    caps ``max_model_len``; ``tensor_parallel_size`` records the sharding the specs were built for;
+    ``hidden_size`` sizes the estimated activations of captured graphs; ``notes`` (e.g. which
+    config reader built the model) are copied into the plan.
     """
 
     name: str
-    layers: tuple[LayerDecl, ...] = attrs.field(converter=_layers)
+    layers: tuple[LayerDecl, ...] = attrs.field(converter=_tuple)
     max_position_embeddings: int | None = None
     tensor_parallel_size: int = 1
     hidden_size: int | None = None
+    cacheless: tuple[CachelessDecl, ...] = attrs.field(default=(), converter=_tuple)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"ModelKV[{self.name}]")
@@ -56,42 +88,81 @@ class ModelKV:
                       "add LayerDecl entries (a model without attention or state layers needs no KV plan)")
         else:
             for i, layer in enumerate(self.layers):
-                if not isinstance(layer, LayerDecl):
-                    check.add(f"layers[{i}]", layer, "must be a LayerDecl", "wrap each layer in LayerDecl(...)")
-                    continue
-                if not isinstance(layer.spec, _LAYER_SPEC_TYPES):
-                    check.add(f"layers[{i}].spec", layer.spec,
-                              f"must be one of {[t.__name__ for t in _LAYER_SPEC_TYPES]}",
-                              "build the layer's spec with FullAttentionSpec(...), MambaSpec(...), etc.")
-                    continue
-                if isinstance(layer.index, bool) or not isinstance(layer.index, int) or layer.index < 0:
-                    check.add(f"layers[{i}].index", layer.index, "must be an integer >= 0",
-                              "give each layer its position in the model")
-                if not isinstance(layer.name, str) or not layer.name:
-                    check.add(f"layers[{i}].name", layer.name, "must be a non-empty string",
-                              "name each layer, e.g. 'model.layers.0.self_attn'")
-                if layer.spec.is_ssm != layer.backend.is_ssm:
-                    want = "a state backend such as 'mamba' or 'gdn'" if layer.spec.is_ssm else "an attention backend"
-                    check.add(f"layers[{i}].backend", layer.backend.name,
-                              f"{layer.spec.kind.value} layers need {want}", "pick a backend that matches the layer kind")
-                elif not layer.spec.is_ssm and (layer.spec.kind.value == "mla") != layer.backend.is_mla:
-                    check.add(f"layers[{i}].backend", layer.backend.name,
-                              "MLA layers need an MLA backend and other attention layers a non-MLA one",
-                              "use 'flashmla' / 'triton_mla' for MLA layers")
-            decls = [layer for layer in self.layers if isinstance(layer, LayerDecl)]
-            names = [x.name for x in decls if isinstance(x.name, str)]
-            indices = [x.index for x in decls if isinstance(x.index, int)]
-            for what, values in (("name", names), ("index", indices)):
-                repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
-                if repeated:
-                    check.add("layers", repeated, f"layer {what}s must be unique; these repeat",
-                              f"give every layer its own {what}")
+                self._check_layer(check, i, layer)
+        if not isinstance(self.cacheless, tuple):
+            check.add("cacheless", self.cacheless, "must be a sequence of CachelessDecl", "pass a tuple or list")
+        else:
+            for i, decl in enumerate(self.cacheless):
+                self._check_cacheless(check, i, decl)
+        if not check.problems:
+            self._check_unique(check)
         if self.max_position_embeddings is not None:
             check.positive_int("max_position_embeddings", self.max_position_embeddings)
         check.positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.hidden_size is not None:
             check.positive_int("hidden_size", self.hidden_size)
+        if not isinstance(self.notes, tuple) or not all(isinstance(n, str) for n in self.notes):
+            check.add("notes", self.notes, "must be a sequence of strings", "pass notes as a tuple of str")
         check.raise_if_any()
+
+    @staticmethod
+    def _check_layer(check: Checker, i: int, layer: Any) -> None:
+        if not isinstance(layer, LayerDecl):
+            check.add(f"layers[{i}]", layer, "must be a LayerDecl", "wrap each layer in LayerDecl(...)")
+            return
+        if not isinstance(layer.spec, _LAYER_SPEC_TYPES):
+            check.add(f"layers[{i}].spec", layer.spec, f"must be one of {[t.__name__ for t in _LAYER_SPEC_TYPES]}",
+                      "build the layer's spec with FullAttentionSpec(...), MambaSpec(...), etc. (layers that hold "
+                      "no cache go in cacheless)")
+            return
+        for field in ("index", "layer_index"):
+            value = getattr(layer, field)
+            if field == "layer_index" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                check.add(f"layers[{i}].{field}", value, "must be an integer >= 0",
+                          "give each layer its position in the model")
+        if not isinstance(layer.name, str) or not layer.name:
+            check.add(f"layers[{i}].name", layer.name, "must be a non-empty string",
+                      "name each layer, e.g. 'model.layers.0.self_attn'")
+        if layer.spec.is_ssm != layer.backend.is_ssm:
+            want = "a state backend such as 'mamba' or 'gdn'" if layer.spec.is_ssm else "an attention backend"
+            check.add(f"layers[{i}].backend", layer.backend.name,
+                      f"{layer.spec.kind.value} layers need {want}", "pick a backend that matches the layer kind")
+        elif not layer.spec.is_ssm and (layer.spec.kind in _LATENT_KINDS) != layer.backend.is_mla:
+            check.add(f"layers[{i}].backend", layer.backend.name,
+                      "MLA and indexer layers need an MLA backend and other attention layers a non-MLA one",
+                      "use 'flashmla' / 'triton_mla' for MLA layers, 'indexer' for indexer keys")
+
+    @staticmethod
+    def _check_cacheless(check: Checker, i: int, decl: Any) -> None:
+        if not isinstance(decl, CachelessDecl) or not isinstance(decl.spec, _CACHELESS_SPEC_TYPES):
+            check.add(f"cacheless[{i}]", decl, "must be a CachelessDecl with a KVSharedSpec or NoCacheSpec",
+                      "wrap the layer in CachelessDecl(index=..., name=..., spec=NoCacheSpec())")
+            return
+        if isinstance(decl.index, bool) or not isinstance(decl.index, int) or decl.index < 0:
+            check.add(f"cacheless[{i}].index", decl.index, "must be an integer >= 0",
+                      "give each layer its position in the model")
+        if not isinstance(decl.name, str) or not decl.name:
+            check.add(f"cacheless[{i}].name", decl.name, "must be a non-empty string", "name each layer")
+
+    def _check_unique(self, check: Checker) -> None:
+        """Names and indices are unique across cache entries and cacheless layers (linear time)."""
+        entries = (*self.layers, *self.cacheless)
+        for what in ("name", "index"):
+            counts = Counter(getattr(x, what) for x in entries)
+            repeated = sorted((v for v, n in counts.items() if n > 1), key=str)
+            if repeated:
+                check.add("layers", repeated, f"layer {what}s must be unique; these repeat",
+                          f"give every layer its own {what}")
+        holders = {layer.name: layer for layer in self.layers}
+        for i, decl in enumerate(self.cacheless):
+            if isinstance(decl.spec, KVSharedSpec):
+                source = holders.get(decl.spec.source)
+                if source is None or source.spec.is_ssm:
+                    check.add(f"cacheless[{i}].spec.source", decl.spec.source,
+                              "must name an attention layer of this model that holds a cache",
+                              f"use one of {[x.name for x in self.layers if not x.spec.is_ssm][:4]}…")
 
     @classmethod
     def from_specs(cls, name: str, specs: Sequence[tuple[LayerSpec, "str | Backend"]], **kwargs: Any) -> "ModelKV":
@@ -104,8 +175,9 @@ class ModelKV:
     def from_hf_config(cls, config: Mapping[str, Any], *, tp: int = 1, **overrides: Any) -> "ModelKV":
         """Derive every layer's KV spec from a Hugging Face ``config.json`` dict.
 
-        Supports Llama-style, Qwen3-Next, Nemotron-H, Jamba, gpt-oss and DeepSeek-V3 (MLA)
-        architectures; see :mod:`graphkv.spec.hf_config` for the fields read and ``overrides``.
+        The reader follows what the config says (``layer_types``, each family's older fields,
+        legacy names, ``text_config``), not its class name; see :mod:`graphkv.spec.hf_config` for
+        the fields read and ``overrides``, and ``graphkv models`` for the families covered.
         """
         from graphkv.spec.hf_config import model_from_hf_config
 
@@ -127,7 +199,7 @@ class ModelKV:
         return self.has_attention and self.has_ssm
 
     def layer(self, name: str) -> LayerDecl:
-        """The layer called ``name``."""
+        """The cache entry called ``name``."""
         for layer in self.layers:
             if layer.name == name:
                 return layer

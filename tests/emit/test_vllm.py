@@ -49,10 +49,10 @@ def test_qwen3_next_explicit_block_size_and_align_mode(capsys: pytest.CaptureFix
 
 
 def gpt_oss_pages(length: int, *, window: int = 128, step_tokens: int = 8192, block: int = 16,
-                  in_flight_steps: int = 1) -> int:
+                  in_flight_steps: int = 2) -> int:
     """Worst-case pages of one gpt-oss request: full attention cdiv(L, 16) + sliding window
-    cdiv(min(window - 1 + in_flight_steps x step_tokens, L), 16) + 1 (in_flight_steps becomes
-    Limits.max_concurrent_batches when that lands; vLLM 0.33's default is 2)."""
+    cdiv(min(window - 1 + in_flight_steps x step_tokens, L), 16) + 1 (in_flight_steps is
+    Limits.max_concurrent_batches, 2 by default as vLLM 0.33's async scheduling)."""
     return -(-length // block) + (-(-min(window - 1 + in_flight_steps * step_tokens, length) // block) + 1)
 
 

@@ -65,13 +65,14 @@ def test_hybrid_auto_length_request_fits_and_one_more_token_does_not():
 
 
 def test_hybrid_align_mode_sets_mamba_block_size_to_block_size():
-    """Mode 'align': same B as 'none', mamba_block_size == block_size and 2 Mamba pages per group."""
-    # B = 272 as in 'none'. Need: cdiv(L, 272) + 3 groups x 2 pages <= 99 -> L <= 93 * 272 = 25296.
-    # 16 sequences x 3 groups x 2 live pages = 96 <= 99 usable pages.
-    plan = compile_plan(hybrid(), limits(mamba_cache_mode="align", max_num_seqs=16), Budget.kv_bytes(100 * 278528))
+    """Mode 'align': same B as 'none', mamba_block_size == block_size and 3 Mamba2 pages per group."""
+    # B = 272 as in 'none'. Mamba2 in align mode keeps 2 pages + 1 prefill checkpoint (vLLM 0.33), so
+    # cdiv(L, 272) + 3 groups x 3 pages <= 99 -> L <= 90 * 272 = 24480.
+    # 11 sequences x 3 groups x 3 live pages = 99 <= 99 usable pages.
+    plan = compile_plan(hybrid(), limits(mamba_cache_mode="align", max_num_seqs=11), Budget.kv_bytes(100 * 278528))
     assert plan.block_size == 272
     assert plan.block.mamba_block_size == 272
-    assert plan.max_model_len == 25296
+    assert plan.max_model_len == 24480
 
 
 def test_hybrid_all_mode_uses_lcm_of_chunk_and_kernel_alignment():
@@ -210,13 +211,19 @@ def test_mamba_only_user_mamba_block_size_becomes_the_page():
 def test_mamba_only_align_mode_defaults_mamba_block_size_to_block_size():
     """Without attention and without a user value, 'align' uses mamba_block_size == block_size == 16."""
     model = ModelKV.from_specs("ssm", [(MAMBA, "mamba")], max_position_embeddings=4096)
-    plan = compile_plan(model, Limits(mamba_cache_mode="align", max_num_seqs=4, max_num_batched_tokens=64),
+    # 3 sequences x 3 align pages (Mamba2: 2 + 1 checkpoint) = 9 = the 9 usable pages.
+    plan = compile_plan(model, Limits(mamba_cache_mode="align", max_num_seqs=3, max_num_batched_tokens=64),
                         Budget.kv_bytes(10 * 137216))
     assert (plan.block_size, plan.block.mamba_block_size) == (16, 16)
 
 
 def test_align_mode_counts_two_live_state_pages_per_sequence():
-    """Mode 'align' holds 2 state pages per sequence per Mamba group, so 17 sequences (102 pages) exceed 99."""
-    # 17 x 3 groups x 2 = 102 > 99 usable pages -> at most 99 // 6 = 16 sequences.
-    with pytest.raises(CapacityError, match=r"max_num_seqs=17.*102 pages.*99 usable.*<= 16"):
+    """Mode 'align' holds 2 state pages per sequence per Mamba group (+1 checkpoint page for Mamba2 layers)."""
+    # Mamba2: 17 x 3 groups x 3 = 153 > 99 usable pages -> at most 99 // 9 = 11 sequences.
+    with pytest.raises(CapacityError, match=r"max_num_seqs=17.*153 pages.*99 usable.*<= 11"):
         compile_plan(hybrid(), limits(mamba_cache_mode="align", max_num_seqs=17), Budget.kv_bytes(100 * 278528))
+    # gated-delta layers keep no checkpoint page: 17 x 3 x 2 = 102 > 99 -> at most 99 // 6 = 16.
+    gdn = MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, variant="gated_delta")
+    with pytest.raises(CapacityError, match=r"max_num_seqs=17.*102 pages.*99 usable.*<= 16"):
+        compile_plan(hybrid(mamba=gdn), limits(mamba_cache_mode="align", max_num_seqs=17),
+                     Budget.kv_bytes(100 * 278528))

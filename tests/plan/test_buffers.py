@@ -12,9 +12,9 @@ def test_block_tables_per_group_have_their_own_widths():
     model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (sliding, "flash_attn")])
     plan = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=1024),
                         Budget.kv_bytes("1GiB"))
-    # full: cdiv(4096, 16) = 256; sliding: cdiv(min(255 + 1024, 4096) = 1279, 16) + 1 = 80 + 1 = 81.
+    # full: cdiv(4096, 16) = 256; sliding, 2 steps in flight: cdiv(min(255 + 2 x 1024, 4096) = 2303, 16) + 1 = 145.
     assert plan.buffers["block_table.0"].shape == (8, 256)
-    assert plan.buffers["block_table.1"].shape == (8, 81)
+    assert plan.buffers["block_table.1"].shape == (8, 145)
     assert plan.buffers["block_table.0"].dtype is DType.INT32
     assert plan.buffers["block_table.0"].nbytes == 8 * 256 * 4
 

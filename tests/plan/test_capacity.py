@@ -1,5 +1,6 @@
 """Step 4: pool size in pages, worst-case pages per request, the max-length fit and admission checks."""
 
+import attrs
 import pytest
 
 from graphkv import (Budget, CapacityError, ChunkedLocalSpec, FullAttentionSpec, Limits, MambaCacheMode, MambaSpec,
@@ -50,11 +51,11 @@ def test_full_attention_pages_formula():
 
 
 @pytest.mark.parametrize(("mode", "spec_blocks", "expected"), [
-    ("none", 0, 1), ("align", 0, 2), ("all", 0, 63),  # all: cdiv(1000, 16) = 63
-    ("none", 2, 3), ("align", 2, 4), ("all", 2, 65),
+    ("none", 0, 1), ("align", 0, 3), ("all", 0, 63),  # align: 2 + 1 Mamba2 checkpoint page; all: cdiv(1000, 16)
+    ("none", 2, 3), ("align", 2, 5), ("all", 2, 65),
 ])
 def test_mamba_pages_per_mode_and_speculative_blocks(mode, spec_blocks, expected):
-    """Mamba pages: none 1, align 2, all cdiv(max_model_len, block_size), each + num_speculative_blocks."""
+    """Mamba2 pages: none 1, align 2 + 1 checkpoint, all cdiv(max_model_len, block_size), each + speculative blocks."""
     d = demand(max_model_len=1000, mamba_cache_mode=MambaCacheMode(mode), num_speculative_blocks=spec_blocks)
     assert MAMBA.max_pages(d) == expected
 
@@ -106,9 +107,13 @@ def test_auto_fit_is_exact_with_sliding_and_full_groups():
     sliding = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=128)
     model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (sliding, "flash_attn")])
     limits = Limits(max_num_seqs=16, max_num_batched_tokens=256, num_blocks_override=126)
-    # usable 125; for L >= 383 the sliding group needs cdiv(127 + 256, 16) + 1 = 24 + 1 = 25 pages,
-    # so cdiv(L, 16) <= 100 -> L = 1600 (1601 would need 101 + 25 = 126).
+    # usable 125; two steps in flight: for L >= 639 the sliding group needs cdiv(127 + 2 x 256, 16) + 1 = 40 + 1
+    # = 41 pages, so cdiv(L, 16) <= 84 -> L = 1344 (1345 would need 85 + 41 = 126).
     plan = compile_plan(model, limits)
+    assert plan.max_model_len == 1344
+    assert [g.pages_per_request for g in plan.groups] == [84, 41]
+    # one step in flight (a synchronous scheduler): 127 + 256 -> 25 pages, cdiv(L, 16) <= 100 -> L = 1600.
+    plan = compile_plan(model, attrs.evolve(limits, max_concurrent_batches=1))
     assert plan.max_model_len == 1600
     assert [g.pages_per_request for g in plan.groups] == [100, 25]
 
@@ -175,13 +180,17 @@ def test_auto_with_only_sliding_layers_and_no_position_cap_is_an_error():
 
 
 def test_auto_with_only_sliding_layers_uses_the_position_cap():
-    """With max_position_embeddings=4096 a sliding-only model gets max_model_len 4096 (193 pages)."""
+    """With max_position_embeddings=4096 a sliding-only model gets max_model_len 4096 (257 pages, 193 with one step)."""
     sliding = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=1024)
     model = ModelKV.from_specs("s", [(sliding, "flash_attn")], max_position_embeddings=4096)
     plan = compile_plan(model, Limits(max_num_batched_tokens=2048), Budget.kv_bytes("1GiB"))
-    # min(1023 + 2048, 4096) = 3071 -> cdiv(3071, 16) = 192, + 1 = 193.
+    # two steps in flight: min(1023 + 2 x 2048, 4096) = 4096 -> cdiv(4096, 16) = 256, + 1 = 257.
     assert plan.max_model_len == 4096
-    assert plan.capacity.pages_per_request == 193
+    assert plan.capacity.pages_per_request == 257
+    one_step = compile_plan(model, Limits(max_num_batched_tokens=2048, max_concurrent_batches=1),
+                            Budget.kv_bytes("1GiB"))
+    # one step: min(1023 + 2048, 4096) = 3071 -> cdiv(3071, 16) = 192, + 1 = 193.
+    assert one_step.capacity.pages_per_request == 193
 
 
 def test_auto_is_capped_by_max_position_embeddings():

@@ -107,14 +107,18 @@ def test_default_limits_are_used_when_none_given():
     assert plan.capacity.pages_per_request == 257
 
 
-def test_planning_imports_no_torch_or_triton():
-    """Importing graphkv and compiling a plan loads neither torch nor triton."""
+def test_planning_imports_no_torch_triton_or_transformers():
+    """Reading a config, compiling a plan and listing the families loads neither torch, triton nor transformers."""
     code = (
         "import sys, graphkv\n"
+        "from graphkv.presets import preset_model\n"
+        "from graphkv.cli import main\n"
         "spec = graphkv.FullAttentionSpec(num_kv_heads=8, head_size=128)\n"
         "model = graphkv.ModelKV.from_specs('m', [(spec, 'flex')])\n"
         "graphkv.compile(model, graphkv.Limits(max_model_len=1024), graphkv.Budget.kv_bytes('1GiB'))\n"
-        "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
+        "graphkv.compile(preset_model('nemotron-h-8b'), graphkv.Limits(max_num_seqs=64), graphkv.Budget.kv_bytes('20GiB'))\n"
+        "main(['models'])\n"
+        "bad = [m for m in ('torch', 'triton', 'transformers') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

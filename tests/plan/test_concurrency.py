@@ -50,7 +50,7 @@ def test_fixed_length_with_too_many_requests_names_both_answers(llama) -> None:
 def test_fixed_length_that_fits_the_concurrency_plans(llama) -> None:
     """7 requests of 16,384 tokens fit 8191 pages (7 x 1024 = 7168)."""
     plan = graphkv.compile(llama, Limits(concurrency=7, max_model_len=16384), Budget.kv_bytes("16GiB"))
-    assert plan.capacity.max_concurrency == 7 and plan.notes[0].startswith("max_num_seqs=256 exceeds the 7 request(s)")
+    assert plan.capacity.max_concurrency == 7 and plan.notes[-1].startswith("max_num_seqs=256 exceeds the 7 request(s)")
 
 
 def test_concurrency_where_even_one_token_does_not_fit(qwen3_next) -> None:
@@ -63,12 +63,14 @@ def test_concurrency_where_even_one_token_does_not_fit(qwen3_next) -> None:
 def test_max_num_seqs_above_full_length_concurrency_is_a_note(llama) -> None:
     """max_num_seqs=256 with 16 full-length requests fitting plans, with a note giving both numbers."""
     plan = graphkv.compile(llama, Limits(concurrency=16), Budget.kv_bytes("16GiB"))
-    assert plan.notes == (
+    reader_note = plan.notes[0]
+    assert reader_note.startswith("config reader: read LlamaForCausalLM as family llama")
+    assert plan.notes[1:] == (
         "max_num_seqs=256 exceeds the 16 request(s) of max_model_len=8176 that fit at once (511 pages each, 8191 "
         "usable pages): beyond 16, requests run only while shorter, else the scheduler waits or preempts; for "
         "full-length requests, max_num_seqs <= 16",)
     quiet = graphkv.compile(llama, Limits(concurrency=16, max_num_seqs=16), Budget.kv_bytes("16GiB"))
-    assert quiet.notes == ()
+    assert quiet.notes == (reader_note,)
 
 
 def test_reverse_questions_from_the_plan(qwen3_next) -> None:

@@ -30,7 +30,7 @@ def test_auto_reserve_holds_the_plans_own_buffers(llama) -> None:
     assert fitted.plan.num_blocks == (H100_USABLE - LLAMA_WEIGHTS - reserve) // LLAMA_PAGE_INDEX
     # 32k context on one H100: 2048 pages per request, 14 of them at once
     assert fitted.plan.capacity.max_concurrency == 14
-    assert fitted.plan.notes[0].endswith("for full-length requests, max_num_seqs <= 14")
+    assert fitted.plan.notes[-1].endswith("for full-length requests, max_num_seqs <= 14")
 
 
 def test_a_billion_tokens_per_step_is_refused_naming_the_largest_that_fits(llama) -> None:

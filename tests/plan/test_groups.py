@@ -55,22 +55,48 @@ def test_smaller_page_that_divides_the_largest_gets_a_scaled_block_size():
 
 
 def test_mla_page_scaled_to_the_attention_page():
-    """An MLA page that divides the full-attention page is scaled: 1152 B/token x 4 = 4608 B/token."""
-    full = FullAttentionSpec(num_kv_heads=9, head_size=128)  # 9 * 256 * 2 = 4608 B/token, 73728 B per page
+    """An MLA page that divides the sliding page is scaled: 1152 B/token x 4 = 4608 B/token."""
+    sliding = SlidingWindowSpec(num_kv_heads=9, head_size=128, window=512)  # 9 * 256 * 2 = 4608 B/token, 73728 B/page
     mla = MLASpec(kv_lora_rank=512, rope_dim=64)  # 576 * 2 = 1152 B/token, 18432 B per 16-token page
-    model = ModelKV.from_specs("m", [(full, "flash_attn"), (mla, "flashmla")])
-    plan = compile_plan(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB"))
+    model = ModelKV.from_specs("m", [(sliding, "flash_attn"), (mla, "flashmla")])
+    plan = compile_plan(model, Limits(max_model_len=4096, max_num_batched_tokens=1024), Budget.kv_bytes("1GiB"))
     # ratio 73728 / 18432 = 4 -> MLA block 64, which flashmla's [64] supports.
     assert [(g.block_size, g.kernel_block_size) for g in plan.groups] == [(16, 16), (64, 64)]
-    # Pages per request at 4096: full cdiv(4096, 16) = 256, MLA cdiv(4096, 64) = 64.
-    assert [g.pages_per_request for g in plan.groups] == [256, 64]
+    # Pages per request at 4096: sliding cdiv(min(511 + 2 x 1024, 4096), 16) + 1 = 160 + 1, MLA cdiv(4096, 64) = 64.
+    assert [g.pages_per_request for g in plan.groups] == [161, 64]
 
 
-def test_page_that_does_not_divide_the_largest_is_an_error():
-    """A 3-head sliding page (24576 B) does not divide 65536 B: PlanError naming the layer."""
+def test_mla_and_full_attention_share_one_group():
+    """MLA keeps every token like full attention (vLLM groups both under FullAttentionSpec): one group, a slot each."""
+    full = FullAttentionSpec(num_kv_heads=9, head_size=128)  # 9 * 256 * 2 = 4608 B/token
+    mla = MLASpec(kv_lora_rank=512, rope_dim=64)  # 1152 B/token -> 73728 B per 64-token page
+    model = ModelKV.from_specs("m", [(full, "flash_attn"), (mla, "flashmla")])
+    plan = compile_plan(model, Limits(block_size=64, max_model_len=4096), Budget.kv_bytes("1GiB"))
+    assert [g.layers for g in plan.groups] == [(0, 1)]
+    # full at 64 tokens: 64 * 9 * 256 * 2 = 294912 B; MLA: 64 * 1152 = 73728 B.
+    assert [s.page_size_bytes for s in plan.slots] == [294912, 73728]
+    assert plan.groups[0].pages_per_request == 64
+
+
+def test_page_that_does_not_divide_the_largest_is_padded():
+    """A 3-head sliding page (24576 B) does not divide 65536 B: kept at block 16, padded, padding in the ledger."""
     odd = SlidingWindowSpec(num_kv_heads=3, head_size=128, window=512)
     model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (odd, "flash_attn")])
-    with pytest.raises(PlanError, match=r"layers.1 .*page of 24576 bytes .* must divide the largest page \(65536"):
+    plan = compile_plan(model, Limits(max_model_len=4096, max_num_batched_tokens=1024), Budget.kv_bytes("1GiB"))
+    assert [(g.block_size, g.page_size_bytes, g.real_page_size_bytes) for g in plan.groups] == [
+        (16, 65536, 65536), (16, 65536, 24576)]
+    # 1 GiB // 65536 = 16384 pages; per request 256 full + cdiv(min(511 + 2048, 4096), 16) + 1 = 161 sliding.
+    assert plan.num_blocks == 16384 and plan.capacity.max_concurrency == 16383 // (256 + 161)
+    padding = {e.name: e.nbytes for e in plan.ledger.entries}["group 1 page padding"]
+    assert padding == 39 * 161 * (65536 - 24576)
+    assert any("padded to 65536 B" in note for note in plan.notes)
+
+
+def test_mla_page_that_does_not_divide_is_an_error():
+    """An MLA page (18432 B) that does not divide a 40960 B sliding page is refused (MLA is never padded)."""
+    odd = SlidingWindowSpec(num_kv_heads=5, head_size=128, window=512)  # 5 * 256 * 2 * 16 = 40960 B
+    model = ModelKV.from_specs("m", [(odd, "flash_attn"), (MLASpec(kv_lora_rank=512, rope_dim=64), "triton_mla")])
+    with pytest.raises(PlanError, match=r"layers.1 .*page of 18432 bytes .* must divide the largest page \(40960"):
         compile_plan(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB"))
 
 

@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphkv import (AUTO, Budget, CapacityError, ChunkedLocalSpec, CudaGraphMode, FullAttentionSpec, GraphkvError,
-                     Limits, MambaCacheMode, MambaSpec, MLASpec, ModelKV, SlidingWindowSpec, SpecError, compile_plan)
+                     IndexerKeySpec, Limits, MambaCacheMode, MambaSpec, MLASpec, ModelKV, SlidingWindowSpec, SpecError,
+                     compile_plan)
 from graphkv.spec.budget import KNOWN_GPUS
 
 ATTENTION_BACKENDS = ("flash_attn", "flashinfer", "flex", "triton_paged")
 MLA_BACKENDS = ("flashmla", "triton_mla")
-STATE_BACKENDS = ("mamba", "gdn")
+STATE_BACKENDS = ("mamba", "gdn", "kda", "lightning", "short_conv")
 ATTENTION_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 STATE_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -31,14 +32,16 @@ def cdiv(a: int, b: int) -> int:
 
 def reference_pages(spec, block_size: int, max_model_len: int, limits: Limits) -> int:
     """Worst-case pages per request of one group, straight from the DESIGN formulas."""
+    in_flight = limits.max_concurrent_batches * limits.max_num_batched_tokens
     if isinstance(spec, MambaSpec):
         mode = limits.mamba_cache_mode
-        base = {MambaCacheMode.NONE: 1, MambaCacheMode.ALIGN: 2}.get(mode) or cdiv(max_model_len, block_size)
+        align = 2 + (1 if spec.variant == "mamba2" else 0)  # Mamba2 keeps a prefill-checkpoint page
+        base = {MambaCacheMode.NONE: 1, MambaCacheMode.ALIGN: align}.get(mode) or cdiv(max_model_len, block_size)
         return base + limits.num_speculative_tokens
     if isinstance(spec, SlidingWindowSpec):
-        return cdiv(min(spec.window - 1 + limits.max_num_batched_tokens, max_model_len), block_size) + 1
+        return cdiv(min(spec.window - 1 + limits.extra_retained_tokens + in_flight, max_model_len), block_size) + 1
     if isinstance(spec, ChunkedLocalSpec):
-        return cdiv(min(spec.chunk + limits.max_num_batched_tokens, max_model_len), block_size)
+        return cdiv(min(spec.chunk + in_flight, max_model_len), block_size)
     return cdiv(max_model_len, block_size)
 
 
@@ -54,8 +57,11 @@ def attention_specs(draw):
     if rarely(draw, True, False):
         spec = MLASpec(kv_lora_rank=draw(st.sampled_from([256, 512])), rope_dim=64, dtype=dtype)
         return spec, MLA_BACKENDS
+    if rarely(draw, True, False, one_in=20):
+        return IndexerKeySpec(head_size=draw(st.sampled_from([132, 264]))), ("indexer",)
     common = dict(num_kv_heads=draw(st.sampled_from([1, 2, 4, 8])),
                   head_size=draw(st.sampled_from([32, 64, 96, 128])), dtype=dtype,
+                  head_size_v=rarely(draw, draw(st.sampled_from([64, 128])), None),
                   page_size_padded=rarely(draw, draw(st.integers(1, 1 << 20)), None, one_in=20))
     kind = draw(st.sampled_from(["full", "sliding", "chunked"]))
     if kind == "sliding":
@@ -73,7 +79,8 @@ def mamba_specs(draw):
         shapes.append((draw(st.integers(1, 3)), draw(st.sampled_from([64, 128, 256, 1024, 1536]))))
     shapes.append((draw(st.integers(1, 8)), draw(st.sampled_from([16, 32, 64])), draw(st.sampled_from([16, 64, 128]))))
     dtypes = [draw(st.sampled_from(STATE_DTYPES)) for _ in shapes]
-    spec = MambaSpec(shapes=shapes, dtypes=dtypes, chunk_size=draw(st.sampled_from([64, 128, 256])))
+    spec = MambaSpec(shapes=shapes, dtypes=dtypes, chunk_size=draw(st.sampled_from([64, 128, 256])),
+                     variant=draw(st.sampled_from(["mamba2", "gated_delta", "mamba1", "kda", "lightning"])))
     if rarely(draw, True, False):
         spec = attrs.evolve(spec, page_size_padded=spec.real_page_size_bytes() + draw(st.integers(0, 4096)))
     return spec
@@ -111,6 +118,8 @@ def limits_kwargs(draw):
         block_size=rarely(draw, draw(st.sampled_from([16, 32, 48, 64, 128, 256, 528])), None, one_in=3),
         mamba_block_size=rarely(draw, draw(st.sampled_from([64, 256, 512])), None),
         cudagraph_mode=draw(st.sampled_from(list(CudaGraphMode))),
+        max_concurrent_batches=draw(st.sampled_from([1, 2, 2, 4])),
+        speculative_lookahead_tokens=draw(st.sampled_from([0, 0, 1, 3])),
     )
 
 

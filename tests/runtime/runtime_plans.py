@@ -64,4 +64,4 @@ def widths_plan() -> graphkv.Plan:
     k16 = backend(sizes=(16,), name="k16")
     model = ModelKV.from_specs("widths", [(full, k16), (window, k16), (mamba, "mamba")])
     return graphkv.compile(model, Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32,
-                                         block_size=32, num_blocks_override=64), None)
+                                         block_size=32, num_blocks_override=64, max_concurrent_batches=1), None)

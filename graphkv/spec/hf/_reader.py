@@ -2,20 +2,25 @@
 
 Every problem is recorded once per field on one :class:`~graphkv.spec._checks.Checker` (config
 fields are named ``config.<field>``, keyword overrides by their own name) and raised together
-by :meth:`ConfigReader.raise_if_any` — never a ``KeyError`` or ``TypeError``.
+by :meth:`ConfigReader.raise_if_any` — never a ``KeyError`` or ``TypeError``. A config whose
+layers cannot be understood at all stops at once with one problem (:meth:`ConfigReader.fail`).
+
+Counts and sizes are checked against plausibility caps (:data:`CAPS`): no served model comes
+near them, so a larger value is a typo or a corrupt file, and is refused with the cap in the
+message rather than planned into absurd numbers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 import attrs
 
-from graphkv.errors import Problem
+from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
 from graphkv.spec.dtypes import DType
 
-__all__ = ["MISSING", "ConfigReader", "Options"]
+__all__ = ["CAPS", "MISSING", "ConfigReader", "Options"]
 
 
 class _Missing:
@@ -27,17 +32,32 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
+CAPS: Mapping[str, int] = {
+    "layers": 16_384,  # decoder layers (largest served: ~130)
+    "heads": 16_384,  # attention, KV, Mamba or linear-attention heads (largest: 256)
+    "dim": 65_536,  # head dims, latent ranks, state sizes (largest: 640)
+    "width": 1 << 20,  # hidden sizes and channel counts (largest: ~30k)
+    "kernel": 1_024,  # convolution kernels (largest: 4)
+}
+"""Plausibility caps per kind of number (see the module docstring)."""
+
 
 @attrs.frozen(kw_only=True)
 class Options:
     """The keyword overrides of ``model_from_hf_config``, resolved against the config."""
 
     tp: int
-    model_dtype: DType  # the checkpoint's dtype: Mamba conv states use it
+    model_dtype: DType  # the checkpoint's dtype: conv states use it
     attention_dtype: DType  # attention / MLA cache
-    ssm_dtype: DType  # Mamba ssm / gated-delta recurrent state
+    ssm_dtype: DType | None  # recurrent state asked for by the user or config; None: the family's default
     attention_backend: str  # non-MLA attention layers
     mla_backend: str  # MLA layers
+
+    def state_dtype(self, default: DType | None = None) -> DType:
+        """The recurrent-state dtype: the one asked for, else ``default``, else the model dtype."""
+        if self.ssm_dtype is not None:
+            return self.ssm_dtype
+        return self.model_dtype if default is None else default
 
 
 def _divisors(value: int, limit: int = 64) -> list[int]:
@@ -45,12 +65,12 @@ def _divisors(value: int, limit: int = 64) -> list[int]:
 
 
 class ConfigReader:
-    """Reads fields of one config; ``label`` (the architecture) appears in "is required" messages."""
+    """Reads fields of one config; ``label`` (the family) appears in "is required" messages."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
         self.check = Checker("config")
-        self.label = ""  # the architecture, once known
+        self.label = ""  # the family, once known
         self._reported: set[str] = set()
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -61,6 +81,10 @@ class ConfigReader:
     def has(self, key: str) -> bool:
         """Whether ``key`` is present and not ``null``."""
         return self.config.get(key) is not None
+
+    def present(self, key: str) -> bool:
+        """Whether ``key`` is written at all, even as ``null``."""
+        return key in self.config
 
     def first_present(self, *keys: str) -> str:
         """The first of ``keys`` the config sets (the first key if none): for renamed fields."""
@@ -78,27 +102,50 @@ class ConfigReader:
             self._reported.add(field)
             self.check.problems.append(Problem(field=field, value=value, limit=limit, fix=fix))
 
+    def fail(self, key: str, value: Any, limit: str, fix: str) -> NoReturn:
+        """Stop reading: the layers cannot be understood; one problem, one line, naming ``key``."""
+        raise SpecError(Problem(field=f"config.{key}", value=value, limit=limit, fix=fix))
+
     def raise_if_any(self) -> None:
         """Raise one SpecError with every problem recorded so far."""
         self.check.raise_if_any()
 
-    def int_field(self, key: str, *, default: Any = MISSING, minimum: int = 1, why: str = "") -> int | None:
-        """An int >= ``minimum``; records a problem and returns ``None`` otherwise."""
-        value = self.get(key, default)
+    def int_field(self, key: str, *, default: Any = MISSING, minimum: int = 1, cap: str | None = None,
+                  why: str = "", also: tuple[str, ...] = ()) -> int | None:
+        """An int >= ``minimum`` (and <= ``CAPS[cap]``) read from ``key`` or, when absent, the
+        first of its older names ``also``; records a problem and returns ``None`` otherwise."""
+        name = next((k for k in (key, *also) if self.has(k)), key)
+        value = self.get(name, default)
         if value is MISSING:
             reason = why or (f"for {self.label} configs" if self.label else "")
-            self.problem(key, MISSING, f"is required {reason}".rstrip(),
+            older = f" (or its older name {' / '.join(also)})" if also else ""
+            self.problem(key, MISSING, f"is required{older} {reason}".rstrip(),
                          f"add {key} (an integer >= {minimum}) from the model's config.json")
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.problem(key, value, f"must be an integer >= {minimum}",
-                         f"set {key} to the integer from the model's config.json")
+            self.problem(name, value, f"must be an integer >= {minimum}",
+                         f"set {name} to the integer from the model's config.json")
+            return None
+        if cap is not None and value > CAPS[cap]:
+            self.problem(name, value, f"must be <= {CAPS[cap]} (plausibility cap: no served model comes close, so "
+                                      "this is a typo or a corrupt config)",
+                         f"check {name} against the model's config.json")
             return None
         return value
 
-    def optional_int(self, key: str) -> int | None:
+    def optional_int(self, key: str, *, cap: str | None = None, also: tuple[str, ...] = ()) -> int | None:
         """A positive int when set, ``None`` when absent; a bad value records a problem."""
-        return self.int_field(key) if self.has(key) else None
+        if not any(self.has(k) for k in (key, *also)):
+            return None
+        return self.int_field(key, cap=cap, also=also)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        """A boolean field; anything else records a problem and reads as ``default``."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            self.problem(key, value, "must be true or false", f"set {key} to a boolean")
+            return default
+        return value
 
     def shard(self, key: str, value: int | None, tp: int) -> int | None:
         """``value // tp`` for a head or channel count that tensor parallelism splits."""
@@ -120,22 +167,3 @@ class ConfigReader:
                          f"use tp={heads} or a multiple of it, or a tp that divides {heads}")
             return None
         return 1
-
-    def str_list(self, key: str, allowed: tuple[str, ...], length: int | None) -> list[str] | None:
-        """A list of strings from ``allowed``, ``length`` long when known."""
-        value = self.get(key)
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            self.problem(key, value, f"must be a list of strings from {list(allowed)}",
-                         f"set {key} to one entry per layer")
-            return None
-        unknown = sorted({v for v in value if v not in allowed})
-        if unknown:
-            self.problem(key, value if len(value) <= 8 else f"<{len(value)} entries>",
-                         f"has unknown entries {unknown}; allowed: {list(allowed)}",
-                         f"use only {list(allowed)} in {key}")
-            return None
-        if length is not None and len(value) != length:
-            self.problem(key, f"<{len(value)} entries>", f"must have one entry per layer (num_hidden_layers={length})",
-                         f"make {key} and num_hidden_layers agree")
-            return None
-        return list(value)

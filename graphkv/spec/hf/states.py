@@ -1,0 +1,208 @@
+"""Recurrent state layers from a config: which recurrence its fields describe, and its per-rank shapes.
+
+The fields decide the family of the state (``layer_types`` only says ``linear_attention``), in
+this order:
+
+- gated-delta (Qwen3-Next, Qwen3.5, OLMo-Hybrid): ``linear_num_key_heads``,
+  ``linear_num_value_heads``, ``linear_key_head_dim``, ``linear_value_head_dim``,
+  ``linear_conv_kernel_dim`` — conv ``(k - 1, (2 * kh * kd + vh * vd) / tp)``, recurrent
+  ``(vh / tp, vd, kd)`` (vLLM 0.33 ``gated_delta_net_state_shape``);
+- KDA (Kimi-Linear, Ling): ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``
+  (or Kimi's ``linear_attn_config``) — conv ``(k - 1, 3 * h * d / tp)``, recurrent
+  ``(h / tp, d, d)`` in float32 unless asked otherwise (``kda_state_shape`` / ``kda_state_dtype``);
+- Mamba2 (Mamba2, Nemotron-H, Bamba, Granite-4.0-H, Zamba2, Falcon-H1): heads
+  (``mamba_num_heads`` / ``mamba_n_heads`` / ``n_mamba_heads`` / ``num_heads``), head size
+  (``mamba_head_dim`` / ``mamba_d_head`` / ``mamba_headdim`` / ``head_dim``), state
+  (``ssm_state_size`` / ``mamba_d_state`` / ``state_size``), groups (``n_groups`` /
+  ``mamba_n_groups`` / ``mamba_ngroups``), conv kernel (``conv_kernel`` / ``mamba_d_conv``);
+  inner size ``mamba_d_ssm`` or heads x head size; conv ``(k - 1, (inner + 2 * G * state) / tp)``
+  where a group count that ``tp`` does not divide must be 1 and is replicated (``G = tp``), ssm
+  ``(heads / tp, head size, state)`` (``mamba2_state_shape``);
+- Mamba1 (Mamba, Falcon-Mamba, Jamba): state ``mamba_d_state`` / ``state_size``, inner size
+  ``mamba_expand * hidden_size`` (else ``intermediate_size``, else ``expand * hidden_size``) —
+  conv ``(k - 1, inner / tp)``, ssm ``(inner / tp, state)`` (``mamba1_state_shape``);
+- lightning attention (MiniMax-Text-01, marked by ``linear_attn_alpha_factor`` or
+  ``attn_type_list``): ``(heads / tp, head_dim, head_dim)`` in the model dtype
+  (``linear_attention_state_shape``);
+- short convolution (LFM2 ``conv`` layers): ``(conv_L_cache - 1, conv_dim / tp)`` with
+  ``conv_dim`` defaulting to ``hidden_size`` (``short_conv_state_shape``).
+
+Conv states use the checkpoint dtype; ssm / recurrent states use the dtype asked for (the
+``mamba_ssm_dtype`` argument, else the config's ``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``,
+else the family's default), else the variant's default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from graphkv.spec.dtypes import DType
+from graphkv.spec.hf._reader import ConfigReader, Options
+from graphkv.spec.hf.attention import HEAD_KEYS, HIDDEN_KEYS
+from graphkv.spec.layers import MambaSpec
+
+__all__ = ["STATE_BACKENDS", "read_conv_state", "read_state", "state_variant"]
+
+STATE_BACKENDS: Mapping[str, str] = {"mamba1": "mamba", "mamba2": "mamba", "gated_delta": "gdn", "kda": "kda",
+                                     "lightning": "lightning", "short_conv": "short_conv"}
+"""The state backend each variant runs on."""
+
+GATED_DELTA_CHUNK_TOKENS = 64  # chunk length of the chunked gated-delta / KDA prefill kernels
+_MAMBA2_HEADS = ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
+
+
+def state_variant(cfg: ConfigReader) -> str | None:
+    """Which recurrence the config's fields describe, or ``None`` when none does."""
+    if any(cfg.has(k) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                "linear_value_head_dim")):
+        return "gated_delta"
+    if cfg.has("linear_num_heads") or cfg.has("linear_head_dim") or isinstance(cfg.get("linear_attn_config"), Mapping):
+        return "kda"
+    if any(cfg.has(k) for k in _MAMBA2_HEADS) or (cfg.has("num_heads") and cfg.has("state_size")
+                                                    and not cfg.has("num_attention_heads")):
+        return "mamba2"
+    if any(cfg.has(k) for k in ("mamba_d_state", "state_size", "ssm_state_size", "mamba_expand", "mamba_d_conv")):
+        return "mamba1"
+    if cfg.has("linear_attn_alpha_factor") or cfg.has("attn_type_list"):
+        return "lightning"
+    return None
+
+
+def _first(cfg: ConfigReader, keys: tuple[str, ...], *, cap: str, minimum: int = 1,
+           default: Any = None, why: str = "") -> int | None:
+    if default is not None and not any(cfg.has(k) for k in keys):
+        return default
+    return cfg.int_field(keys[0], also=keys[1:], cap=cap, minimum=minimum, why=why)
+
+
+def _mamba1(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    kernel = _first(cfg, ("mamba_d_conv", "conv_kernel"), cap="kernel", minimum=2)
+    state = _first(cfg, ("mamba_d_state", "state_size"), cap="dim")
+    if cfg.has("mamba_expand") or not cfg.has("intermediate_size"):
+        expand = _first(cfg, ("mamba_expand", "expand"), cap="dim")
+        hidden = cfg.int_field(HIDDEN_KEYS[0], also=HIDDEN_KEYS[1:], cap="width")
+        inner = None if expand is None or hidden is None else expand * hidden
+        name = "mamba_expand * hidden_size" if cfg.has("mamba_expand") else "expand * hidden_size"
+    else:
+        inner, name = cfg.int_field("intermediate_size", cap="width"), "intermediate_size"
+    inner = cfg.shard(name, inner, opts.tp)
+    if None in (kernel, state, inner):
+        return None
+    assert kernel is not None and state is not None and inner is not None
+    return MambaSpec(shapes=((kernel - 1, inner), (inner, state)), dtypes=(opts.model_dtype, opts.state_dtype()),
+                     variant="mamba1")
+
+
+def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    head_key = cfg.first_present(*_MAMBA2_HEADS, "num_heads")
+    heads = cfg.int_field(head_key, cap="heads")
+    head_dim = _first(cfg, ("mamba_head_dim", "mamba_d_head", "mamba_headdim", "head_dim"), cap="dim")
+    state = _first(cfg, ("ssm_state_size", "mamba_d_state", "state_size"), cap="dim")
+    groups_key = cfg.first_present("n_groups", "mamba_n_groups", "mamba_ngroups")
+    groups = cfg.int_field(groups_key, cap="heads")
+    kernel = _first(cfg, ("conv_kernel", "mamba_d_conv"), cap="kernel", minimum=2)
+    chunk = _first(cfg, ("chunk_size", "mamba_chunk_size"), cap="width", default=256)
+    inner = cfg.optional_int("mamba_d_ssm", cap="width")
+    if inner is None and heads is not None and head_dim is not None:
+        inner = heads * head_dim
+    heads_rank = cfg.shard(head_key, heads, opts.tp)
+    if groups is not None and groups % opts.tp and groups != 1:
+        cfg.problem(groups_key, groups, f"must be divisible by tp={opts.tp}, or be 1 (one group is replicated on "
+                                        "every rank)", f"use a tensor-parallel size that divides {groups}")
+        groups = None
+    inner_rank = cfg.shard("mamba inner size (heads x head_dim)", inner, opts.tp)
+    if None in (heads_rank, head_dim, state, groups, kernel, chunk, inner_rank):
+        return None
+    assert heads_rank is not None and head_dim is not None and state is not None and groups is not None
+    assert kernel is not None and chunk is not None and inner_rank is not None
+    groups_rank = 1 if groups % opts.tp else groups // opts.tp  # vLLM extra_groups_for_head_shards: 1 group per rank
+    conv_dim = inner_rank + 2 * groups_rank * state
+    return MambaSpec(shapes=((kernel - 1, conv_dim), (heads_rank, head_dim, state)),
+                     dtypes=(opts.model_dtype, opts.state_dtype()), variant="mamba2", chunk_size=chunk)
+
+
+def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    kernel = cfg.int_field("linear_conv_kernel_dim", minimum=2, cap="kernel")
+    key_heads = cfg.shard("linear_num_key_heads", cfg.int_field("linear_num_key_heads", cap="heads"), opts.tp)
+    value_heads = cfg.shard("linear_num_value_heads", cfg.int_field("linear_num_value_heads", cap="heads"), opts.tp)
+    key_dim = cfg.int_field("linear_key_head_dim", cap="dim")
+    value_dim = cfg.int_field("linear_value_head_dim", cap="dim")
+    if None in (kernel, key_heads, value_heads, key_dim, value_dim):
+        return None
+    assert kernel is not None and key_heads is not None and value_heads is not None
+    assert key_dim is not None and value_dim is not None
+    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim  # per rank: q, k, v channels
+    return MambaSpec(shapes=((kernel - 1, conv_dim), (value_heads, value_dim, key_dim)),
+                     dtypes=(opts.model_dtype, opts.state_dtype()), variant="gated_delta",
+                     chunk_size=GATED_DELTA_CHUNK_TOKENS)
+
+
+def _kda(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    section = cfg.get("linear_attn_config")
+    sub = ConfigReader(section) if isinstance(section, Mapping) and not cfg.has("linear_num_heads") else cfg
+    prefix = "linear_attn_config." if sub is not cfg else ""
+    names = ("num_heads", "head_dim", "short_conv_kernel_size") if sub is not cfg else (
+        "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim")
+    heads = sub.int_field(names[0], cap="heads")
+    head_dim = sub.int_field(names[1], cap="dim")
+    kernel = sub.int_field(names[2], minimum=2, cap="kernel")
+    if sub is not cfg:
+        for p in sub.check.problems:
+            cfg.problem(prefix + p.field.split(".", 1)[1], p.value, p.limit, p.fix)
+    heads_rank = cfg.shard(prefix + names[0], heads, opts.tp)
+    if None in (heads_rank, head_dim, kernel):
+        return None
+    assert heads_rank is not None and head_dim is not None and kernel is not None
+    # vLLM 0.33 kda_state_dtype: the recurrent state is float32 unless a dtype is asked for
+    return MambaSpec(shapes=((kernel - 1, 3 * heads_rank * head_dim), (heads_rank, head_dim, head_dim)),
+                     dtypes=(opts.model_dtype, opts.state_dtype(DType.FLOAT32)), variant="kda",
+                     chunk_size=GATED_DELTA_CHUNK_TOKENS)
+
+
+def _lightning(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    heads = cfg.int_field(HEAD_KEYS[0], also=HEAD_KEYS[1:], cap="heads")
+    if cfg.has("head_dim"):
+        head_dim = cfg.int_field("head_dim", cap="dim")
+    else:
+        hidden = cfg.int_field(HIDDEN_KEYS[0], also=HIDDEN_KEYS[1:], cap="width")
+        head_dim = None if hidden is None or heads is None or hidden % heads else hidden // heads
+        if hidden is not None and heads is not None and hidden % heads:
+            cfg.problem("head_dim", None, f"is absent and hidden_size={hidden} is not divisible by "
+                                          f"num_attention_heads={heads}", "add head_dim to the config")
+    heads_rank = cfg.shard(cfg.first_present(*HEAD_KEYS), heads, opts.tp)
+    if heads_rank is None or head_dim is None:
+        return None
+    chunk = _first(cfg, ("block_size",), cap="width", default=256)
+    return MambaSpec(shapes=((heads_rank, head_dim, head_dim),), dtypes=(opts.model_dtype,), variant="lightning",
+                     chunk_size=chunk or 256)
+
+
+_READERS: Mapping[str, Callable[[ConfigReader, Options], MambaSpec | None]] = {
+    "mamba1": _mamba1, "mamba2": _mamba2, "gated_delta": _gated_delta, "kda": _kda, "lightning": _lightning}
+
+
+def read_state(cfg: ConfigReader, opts: Options, layer_types_key: str) -> MambaSpec | None:
+    """The recurrent state of ``linear_attention`` / Mamba layers; one line naming the field when
+    the config describes none (``layer_types_key`` is the field that asked for a state)."""
+    variant = state_variant(cfg)
+    if variant is None:
+        cfg.fail(layer_types_key, "linear_attention",
+                 "names recurrent layers but the config has no state fields graphkv reads (Mamba: "
+                 "mamba_d_state / ssm_state_size; Mamba2: mamba_num_heads; gated-delta: linear_num_value_heads; "
+                 "KDA: linear_num_heads; lightning: linear_attn_alpha_factor)",
+                 "pass the model's whole config.json, or declare the layers with ModelKV.from_specs")
+    return _READERS[variant](cfg, opts)
+
+
+def read_conv_state(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
+    """The short-convolution state of LFM2 ``conv`` layers."""
+    kernel = cfg.int_field("conv_L_cache", minimum=2, cap="kernel", why="because some layers are short convolutions")
+    if cfg.has("conv_dim"):
+        dim, name = cfg.int_field("conv_dim", cap="width"), "conv_dim"
+    else:
+        dim, name = cfg.int_field(HIDDEN_KEYS[0], also=HIDDEN_KEYS[1:], cap="width"), "hidden_size"
+    dim = cfg.shard(name, dim, opts.tp)
+    if kernel is None or dim is None:
+        return None
+    return MambaSpec(shapes=((kernel - 1, dim),), dtypes=(opts.model_dtype,), variant="short_conv",
+                     chunk_size=256)
