@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from graphkv.runtime.page_expansion import SMALL_EXPANSION_KERNEL_BLOCKS, write_expanded
-from graphkv.runtime.reference import expand_pages_ref
+from graphkv.runtime.tables.expansion import SMALL_EXPANSION_KERNEL_BLOCKS, write_expanded
+from graphkv.runtime.ops.reference import expand_pages_ref
 
 BPKS = (1, 2, 4, 17)
 PAGES = (1, 4, 16, 64, 256, 1024)

@@ -34,8 +34,8 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 import graphkv
 from graphkv import FullAttentionSpec, Limits, ModelKV
-from graphkv.runtime.flex_attention import paged_flex_attention
-from graphkv.runtime.flex_mask import FlexMaskBuilder
+from graphkv.runtime.flex.attention import paged_flex_attention
+from graphkv.runtime.flex.mask import FlexMaskBuilder
 
 CACHED_TOKENS = (1024, 2048, 4096, 8192, 16384)
 TARGET_RATIO = 10.0  # direct must be >= 10x faster at 4k+ cached tokens

@@ -32,9 +32,10 @@ import torch
 import graphkv
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, init_weights, model_kv
-from graphkv.runtime.capture import capture
-from graphkv.runtime.kv_pool import allocate
-from graphkv.runtime.step import Batch, Step
+from graphkv.runtime.capture.graphs import capture
+from graphkv.runtime.pool.allocate import allocate
+from graphkv.runtime.step.batch import Batch
+from graphkv.runtime.step.step import Step
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PROMPT = 8

@@ -142,8 +142,8 @@ def needed_blocks(mask_mod, *, num_tokens_padded: int, kv_tokens: int, q_tile: i
 def builder_for(batch: PagedBatch, *, bpk: int = 1, window: int | None = None, q_tile: int = 128):
     """A :class:`FlexMaskBuilder` bound to ``batch``'s tensors, sized like a plan would size it
     (``max_num_batched_tokens`` = the padded query length, the pool = the cache)."""
-    from graphkv.runtime.flex_geometry import FlexMaskGeometry
-    from graphkv.runtime.flex_mask import FlexMaskBuilder
+    from graphkv.runtime.flex.geometry import FlexMaskGeometry
+    from graphkv.runtime.flex.mask import FlexMaskBuilder
 
     seqs, width = batch.block_table.shape
     nkb = batch.kv_cache.shape[1]
