@@ -41,7 +41,7 @@ import torch
 from graphkv.errors import CaptureError, Problem
 from graphkv.plan.plan import Plan
 from graphkv.runtime.capture import piecewise
-from graphkv.runtime.capture.keys import GraphKey, capture_keys, dispatch, graph_mode
+from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
 from graphkv.runtime.capture.static_inputs import StaticInputs
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode
@@ -105,6 +105,7 @@ class CapturedForward:
         self.pool = pool
         self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
         self._graphs: dict[GraphKey, _Captured] = {}
+        self._dispatch = Dispatcher(plan.cudagraph, plan.limits)
         self._logged: set[str] = set()
         self._piecewise_missing: str | None = None
         functools.update_wrapper(self, fn, updated=())
@@ -139,11 +140,13 @@ class CapturedForward:
         """Tokens a call with these sizes runs on: the graph key's size when a captured graph
         replays it, ``num_tokens`` when it runs eagerly. A step fills its metadata (e.g. the flex
         mask) for this size before the call."""
-        if self.unavailable_reason is not None:
+        return self.step_size(self._dispatch(num_tokens, num_reqs, uniform), num_tokens)
+
+    def step_size(self, step: StepDispatch, num_tokens: int) -> int:
+        """:meth:`padded_tokens` for a step already dispatched (one dispatch per step)."""
+        if self.unavailable_reason is not None or step.key is None or step.key not in self._graphs:
             return num_tokens
-        key = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=num_reqs,
-                       uniform=uniform).key
-        return key.num_tokens if key is not None and key in self._graphs else num_tokens
+        return step.key.num_tokens
 
     def _refuse_never_groups(self) -> None:
         if self.mode not in _FULL_MODES:
@@ -266,9 +269,16 @@ class CapturedForward:
         forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs alias static
         buffers (overwritten by the next replay) unless ``copy_outputs``.
         """
+        return self.run(self._dispatch(num_tokens, num_reqs, uniform), num_tokens=num_tokens, num_reqs=num_reqs,
+                        uniform=uniform, inputs=inputs)
+
+    @torch.no_grad()
+    def run(self, step: StepDispatch, *, num_tokens: int, num_reqs: int, uniform: bool,
+            inputs: Mapping[str, torch.Tensor]) -> Any:
+        """:meth:`__call__` for a step already dispatched (``step``: the plan's
+        :class:`~graphkv.runtime.capture.keys.StepDispatch` of these sizes), so a serving step
+        dispatches once."""
         self.inputs.check_names(inputs)
-        step = dispatch(self.plan.cudagraph, self.plan.limits, num_tokens=num_tokens, num_reqs=num_reqs,
-                        uniform=uniform)
         detail = f" (first at num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})"
         if self.unavailable_reason is not None:
             return self._eager(self.unavailable_reason, logging.WARNING, num_tokens, inputs, detail)

@@ -36,7 +36,7 @@ from graphkv.plan.plan import CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 
-__all__ = ["GraphKey", "StepDispatch", "capture_keys", "dispatch", "graph_mode", "select_key"]
+__all__ = ["Dispatcher", "GraphKey", "StepDispatch", "capture_keys", "dispatch", "graph_mode", "select_key"]
 
 _FULL_DECODE_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
 _MIXED_MODES = (CudaGraphMode.FULL, CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
@@ -190,3 +190,33 @@ def select_key(cg: CudaGraphPlan, limits: Limits, *, num_tokens: int, num_reqs: 
     See :func:`dispatch` for the reason and the runtime mode. Pure; capture-safe.
     """
     return dispatch(cg, limits, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform).key
+
+
+class Dispatcher:
+    """:func:`dispatch` for one plan, remembered per step shape: a serving loop asks it once per step,
+    and repeated shapes (every decode step of a batch size) cost one dict lookup.
+
+    The answer for a valid step depends only on ``(num_tokens, uniform)`` (a mixed key holds any
+    request count up to ``max_num_seqs``; a uniform step's request count follows from its tokens),
+    so at most ``2 * max_num_batched_tokens`` answers are kept. Other steps are dispatched (and
+    refused) without the memo. Host-only; capture-safe.
+    """
+
+    def __init__(self, cg: CudaGraphPlan, limits: Limits) -> None:
+        self._cg, self._limits = cg, limits
+        self._query_len = 1 + limits.num_speculative_tokens
+        self._memo: dict[tuple[int, bool], StepDispatch] = {}
+
+    def __call__(self, num_tokens: int, num_reqs: int, uniform: bool) -> StepDispatch:
+        """:func:`dispatch` of a step of ``num_tokens`` tokens from ``num_reqs`` requests."""
+        valid = (type(num_tokens) is int and type(num_reqs) is int and type(uniform) is bool
+                 and 1 <= num_reqs <= min(num_tokens, self._limits.max_num_seqs)
+                 and (not uniform or num_tokens == num_reqs * self._query_len))
+        if not valid:  # an impossible step (dispatch says why) or one that runs eagerly
+            return dispatch(self._cg, self._limits, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform)
+        found = self._memo.get((num_tokens, uniform))
+        if found is None:
+            found = self._memo[(num_tokens, uniform)] = dispatch(self._cg, self._limits, num_tokens=num_tokens,
+                                                                 num_reqs=num_reqs, uniform=uniform)
+        return found
+

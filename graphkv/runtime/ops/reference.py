@@ -15,12 +15,22 @@ from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.spec.backends import CacheOrder, KVLayout
 
 __all__ = ["PAD_SLOT_ID", "expand_pages_ref", "gather_ref", "paged_decode_attention_ref", "reshape_and_cache_ref",
-           "slot_mapping_ref"]
+           "slot_mapping_ref", "write_pages_ref"]
 
 
 def expand_pages_ref(page_ids: Sequence[int], bpk: int) -> list[int]:
     """Kernel blocks of ``page_ids``: page ``b`` -> ``b*bpk .. b*bpk + bpk - 1``."""
     return [b * bpk + k for b in page_ids for k in range(bpk)]
+
+
+def write_pages_ref(flat: torch.Tensor, dst: Sequence[int], first: Sequence[int], bpk: Sequence[int]) -> torch.Tensor:
+    """A copy of ``flat`` with page entry ``e`` written: ``first[e] + k`` (0 when ``first[e] < 0``,
+    the null page) at ``dst[e] + k`` for ``k < bpk[e]``."""
+    out = flat.cpu().clone()
+    for d, f, b in zip(dst, first, bpk):
+        for k in range(b):
+            out[d + k] = 0 if f < 0 else f + k
+    return out
 
 
 def gather_ref(tables: Sequence[torch.Tensor], idx_mapping: torch.Tensor, num_reqs_padded: int) -> list[torch.Tensor]:

@@ -1,44 +1,44 @@
-"""Page -> kernel-block expansion: page ``b`` becomes kernel blocks ``b*bpk .. b*bpk + bpk - 1``.
+"""Page -> kernel-block expansion on host memory: the numpy twin of the ``write_pages`` kernel.
 
-Vectorized with numpy (``b * bpk + arange(bpk)`` broadcast, written straight into the host
-table row); tiny appends take a plain Python path, which is faster below
-:data:`SMALL_EXPANSION_KERNEL_BLOCKS` kernel blocks because converting a short list to an array
-costs more than the arithmetic (measured by ``benchmarks/block_tables.py``).
+A page entry ``(dst, first, bpk)`` writes kernel blocks ``first .. first + bpk - 1`` (``first =
+page * bpk``) at ``dst .. dst + bpk - 1`` of a flat int32 table buffer; ``first = -1`` is the null
+page and writes ``bpk`` zeros. On a CPU the "device" tables are host memory, so
+:class:`~graphkv.runtime.tables.device.DeviceTables` writes them with this function directly (no
+staging copy, no kernel); it is checked against the same reference as the Triton and torch
+versions (:func:`graphkv.runtime.ops.reference.write_pages_ref`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Union
-
 import numpy as np
 
-__all__ = ["PageIds", "SMALL_EXPANSION_KERNEL_BLOCKS", "write_expanded"]
-
-PageIds = Union[Sequence[int], np.ndarray]
-
-# At or below this many kernel blocks per append the Python path wins (see the benchmark).
-SMALL_EXPANSION_KERNEL_BLOCKS = 24
-
-_ARANGES: dict[int, np.ndarray] = {}
+__all__ = ["page_first_blocks", "write_pages_host"]
 
 
-def _arange(bpk: int) -> np.ndarray:
-    a = _ARANGES.get(bpk)
-    if a is None:
-        a = _ARANGES[bpk] = np.arange(bpk, dtype=np.int64)
-    return a
+def page_first_blocks(pages: np.ndarray, bpk: "np.ndarray | int") -> np.ndarray:
+    """``[n] int64`` first kernel block of each page (``page * bpk``), ``-1`` for the null page 0."""
+    return np.where(pages > 0, pages * bpk, -1)
 
 
-def write_expanded(row: np.ndarray, start: int, page_ids: PageIds, bpk: int) -> int:
-    """Write the kernel blocks of ``page_ids`` into ``row[start:]`` (``row``: ``[width] int32``
-    host table row); returns the end column. The caller checks the capacity first."""
-    n = len(page_ids)
-    end = start + n * bpk
-    if bpk == 1:
-        row[start:end] = page_ids
-    elif n * bpk <= SMALL_EXPANSION_KERNEL_BLOCKS:
-        row[start:end] = [b * bpk + k for b in page_ids for k in range(bpk)]
-    else:
-        ids = np.asarray(page_ids, dtype=np.int64)
-        np.add((ids * bpk)[:, None], _arange(bpk), out=row[start:end].reshape(n, bpk), casting="unsafe")
-    return end
+def write_pages_host(flat: np.ndarray, dst: np.ndarray, first: np.ndarray, bpk: "np.ndarray | int") -> None:
+    """Write page entries into ``flat`` (``[total] int32``, host memory): entry ``e`` puts ``first[e]
+    + k`` (zeros when ``first[e] < 0``) at ``dst[e] + k`` for ``k < bpk`` (an int for all entries,
+    or ``[n]`` per entry). ``dst`` / ``first``: ``[n] int64``. Entries must not overlap."""
+    if isinstance(bpk, (int, np.integer)):
+        if bpk == 1:
+            flat[dst] = np.maximum(first, 0)
+            return
+        k = np.arange(bpk)
+        values = first[:, None] + k
+        values[first < 0] = 0
+        flat[dst[:, None] + k] = values
+        return
+    width = int(bpk.max()) if bpk.size else 1
+    if width == 1 or (bpk == width).all():
+        write_pages_host(flat, dst, first, width)
+        return
+    k = np.arange(width)
+    inside = k < bpk[:, None]  # [n, width]: the kernel blocks each entry writes
+    values = first[:, None] + k
+    values[first < 0] = 0
+    flat[(dst[:, None] + k)[inside]] = values[inside]

@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from graphkv.kernels import block_tables, paged_attention, reshape_and_cache, slot_mapping  # noqa: E402
+from graphkv.kernels import block_tables, paged_attention, reshape_and_cache  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason=f"no ptxas bundled with Triton at {PTXAS}")
@@ -25,15 +25,11 @@ pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason=f"no ptxas bun
 ATTN = {"query_ptr": "*bf16", "cache_ptr": "*bf16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
         "out_ptr": "*bf16", "scale": "fp32"}
 CASES = {
-    "apply_row_writes": (block_tables._apply_row_writes_kernel, {"flat_ptr": "*i32", "staged_ptr": "*i64"},
-                         {"TILE": 256}),
+    "write_pages": (block_tables._write_pages_kernel, {"flat_ptr": "*i32", "staged_ptr": "*i64"},
+                    {"TILE_E": 64, "MAX_BPK": 32}),
     "gather_rows": (block_tables._gather_rows_kernel,
                     {"src_ptr": "*i32", "dst_ptr": "*i32", "offsets_ptr": "*i64", "widths_ptr": "*i32",
                      "idx_mapping_ptr": "*i32"}, {"TILE": 256}),
-    "slot_mapping": (slot_mapping._slot_mapping_kernel,
-                     {"tables_ptr": "*i32", "offsets_ptr": "*i64", "widths_ptr": "*i32",
-                      "kernel_block_sizes_ptr": "*i32", "state_groups_ptr": "*i32", "query_start_loc_ptr": "*i32",
-                      "positions_ptr": "*i64", "out_ptr": "*i64", "out_stride": "i64"}, {"PAD_SLOT": -1, "TILE": 128}),
     "reshape_and_cache": (reshape_and_cache._reshape_and_cache_kernel,
                           {"key_ptr": "*bf16", "value_ptr": "*bf16", "cache_ptr": "*bf16", "slot_mapping_ptr": "*i64",
                            "NUM_SLOTS": "i64"},

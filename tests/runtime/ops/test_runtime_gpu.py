@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from runtime_plans import attention_plan, widths_plan
@@ -9,7 +10,8 @@ from runtime_plans import attention_plan, widths_plan
 from graphkv.kernels.paged_attention import paged_decode_attention
 from graphkv.kernels.reshape_and_cache import reshape_and_cache
 from graphkv.runtime import BlockTables, allocate
-from graphkv.runtime.ops.reference import paged_decode_attention_ref, reshape_and_cache_ref, slot_mapping_ref
+from graphkv.kernels.block_tables import gather_rows
+from graphkv.runtime.ops.reference import gather_ref, paged_decode_attention_ref, reshape_and_cache_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (CPU runs check the same kernels under TRITON_INTERPRET)")
@@ -41,36 +43,28 @@ def test_write_and_decode_match_reference_on_gpu(order, stride, bpk):
     torch.testing.assert_close(out.cpu().double(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_gather_and_slot_mapping_replay_in_a_cuda_graph():
-    """Gather + slot mapping captured once replay correctly after the block tables change."""
+def test_page_writes_and_gather_on_gpu_and_gather_replays_in_a_cuda_graph():
+    """Committed page entries match the host mirror; a captured gather replays correctly after the tables change."""
     plan = widths_plan()
     tables = BlockTables(plan, device="cuda")
-    idx = torch.zeros(plan.limits.max_num_seqs, dtype=torch.int32, device="cuda")
-    qsl = torch.zeros(plan.limits.max_num_seqs + 1, dtype=torch.int32, device="cuda")
-    positions = torch.zeros(plan.limits.max_num_batched_tokens, dtype=torch.int64, device="cuda")
     tables.append(0, [[1], [2], [3]])
     tables.append(1, [[4, 5], [6], [7]])
-    tables.commit()
-    qsl[:3] = torch.tensor([0, 3, 8], device="cuda")
-    positions[:8] = torch.tensor([0, 1, 2, 40, 41, 42, 43, 44], device="cuda")
+    tables.sync(np.array([1, 0]), 3)
     torch.cuda.synchronize()
+    assert tables.input_tables[0][:2, :4].cpu().tolist() == [[8, 9, 10, 11], [2, 3, 0, 0]]
+    idx = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm up (compiles) outside the capture
-        tables.gather(idx[:2], 3)
-        tables.compute_slot_mappings(qsl, positions, 2)
+        gather_rows(tables._device_tables.persistent, tables._device_tables.inputs, idx, 3)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tables.gather(idx[:2], 3)
-        tables.compute_slot_mappings(qsl, positions, 2)
+        gather_rows(tables._device_tables.persistent, tables._device_tables.inputs, idx, 3)
     for step, mapping in enumerate(([1, 0], [0, 1])):
         tables.append(step, [[10 + step], None, None])
         tables.commit()
-        idx[:2] = torch.tensor(mapping, dtype=torch.int32, device="cuda")
+        idx.copy_(torch.tensor(mapping, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        kbs = [g.kernel_block_size for g in plan.groups]
-        want = slot_mapping_ref(qsl.cpu(), positions.cpu(), [t.cpu() for t in tables.input_tables], kbs, 2,
-                                plan.limits.max_num_batched_tokens, [g.is_ssm for g in plan.groups])
-        assert torch.equal(tables.slot_mappings.cpu(), want)
-        assert tables.input_tables[0][:2].cpu().tolist() == [tables.tables[0][r].cpu().tolist() for r in mapping]
+        want = gather_ref([t.cpu() for t in tables.tables], torch.tensor(mapping, dtype=torch.int32), 3)
+        assert all(torch.equal(t[:3].cpu(), w) for t, w in zip(tables.input_tables, want))

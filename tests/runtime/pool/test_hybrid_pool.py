@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from runtime_plans import hybrid_plan
@@ -9,6 +10,7 @@ from runtime_plans import hybrid_plan
 from graphkv.runtime import BlockTables, allocate
 from graphkv.runtime.ops.choice import write_kv
 from graphkv.runtime.ops.reference import reshape_and_cache_ref
+from graphkv.runtime.tables.slots import host_slot_mappings
 
 ATTN_PAGES = {"layers.0": [1, 2], "layers.2": [3]}  # full attention, sliding window (blocks-first HND)
 MAMBA_PAGES = [4, 5]
@@ -42,15 +44,14 @@ def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride, kern
     attn_ranges = _page_ranges(page, [p for pages in ATTN_PAGES.values() for p in pages])
     mamba_before = _bytes(slot, mamba_ranges)
 
-    # Attention writes through the block tables, the slot mapping and the KV write kernel.
+    # Attention writes through the block tables, the host slot mapping and the KV write kernel.
     tables = BlockTables(plan, kernels=kernels)
     tables.append(0, [ATTN_PAGES["layers.0"][:1], [MAMBA_PAGES[0]], ATTN_PAGES["layers.2"]])
     tables.append(1, [ATTN_PAGES["layers.0"][1:], [MAMBA_PAGES[1]], ATTN_PAGES["layers.2"]])
-    tables.commit()
-    tables.gather(torch.tensor([0, 1], dtype=torch.int32), 2)
-    qsl = torch.tensor([0, 16, 32], dtype=torch.int32)
-    positions = torch.cat([torch.arange(16), torch.arange(16)])
-    slots = tables.compute_slot_mappings(qsl, positions, 2)
+    tables.sync(np.array([0, 1]), 2)
+    out = np.full((len(plan.groups), 32), -1, dtype=np.int64)
+    host_slot_mappings(tables, np.repeat([0, 1], 16), np.tile(np.arange(16), 2), out)
+    slots = torch.from_numpy(out)
     attn_before = _bytes(slot, attn_ranges)
     want = allocate(plan)  # the same writes through the reference, into a copy of the pool
     want.slots[0].copy_(slot)
@@ -62,7 +63,8 @@ def test_attention_and_mamba_layers_never_corrupt_each_other(order, stride, kern
     assert torch.equal(slot, want.slots[0])
     assert all(torch.equal(a, b) for a, b in zip(mamba_before, _bytes(slot, mamba_ranges)))
     assert not all(torch.equal(a, b) for a, b in zip(attn_before, _bytes(slot, attn_ranges)))
-    assert tables.state_indices(1)[:2].tolist() == MAMBA_PAGES
+    assert tables.state_pages(1, np.array([0, 1])).tolist() == MAMBA_PAGES
+    assert [t[0] for t in tables.input_tables[1][:2].tolist()] == MAMBA_PAGES
 
     # Mamba writes: every state of their pages.
     attn_before = _bytes(slot, attn_ranges)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -31,7 +32,7 @@ def _pages(plan, attn_pages, state_page):
     out = [()] * len(plan.groups)
     attn, ssm = _groups(plan)
     out[attn] = tuple(attn_pages)
-    if ssm is not None:
+    if ssm is not None and state_page is not None:
         out[ssm] = (state_page,)
     return tuple(out)
 
@@ -42,9 +43,10 @@ def test_metadata_of_a_mixed_step():
     step = Step(plan)
     attn, ssm = _groups(plan)
     bs = plan.groups[attn].block_size
-    # request "a": 20-token prefill; "b": 3 new tokens after 30 cached (2 pages of 16)
+    # request "b": a 30-token prefill (2 pages of 16), then "a": 20-token prefill and "b": 3 more tokens
+    step.prepare(Batch(req_ids=("b",), query_lens=(30,), seq_lens=(30,), new_pages=(_pages(plan, [11, 12], 14),)))
     batch = Batch(req_ids=("a", "b"), query_lens=(20, 3), seq_lens=(20, 33),
-                  new_pages=(_pages(plan, [5, 6], 9), _pages(plan, [11, 12, 13], 14)))
+                  new_pages=(_pages(plan, [5, 6], 9), _pages(plan, [13], None)))
     prep = step.prepare(batch)
     assert (prep.num_tokens, prep.num_reqs, prep.num_tokens_padded, prep.uniform) == (23, 2, 23, False)
     assert prep.key == GraphKey(num_tokens=24, num_reqs=None, uniform=False)  # the plan's key, for a graph
@@ -59,18 +61,21 @@ def test_metadata_of_a_mixed_step():
     # whole-page slots: page * block_size + position % block_size
     expect = [[5, 6][p // bs] * bs + p % bs for p in range(20)] + [[11, 12, 13][p // bs] * bs + p % bs
                                                                    for p in (30, 31, 32)]
-    assert step.tables.slot_mappings[attn].tolist() == expect + [-1] * (64 - 23)
-    assert step.tables.slot_mappings[ssm].tolist() == [-1] * 64
+    assert step.slot_mappings[attn, :23].tolist() == expect
+    assert step.slot_mappings[ssm].tolist() == [-1] * 64
+    assert step.context.slot_mappings is step.slot_mappings
 
 
 def test_persistent_buffers_keep_their_addresses_across_steps():
     """Every tensor a forward or a graph reads keeps its data_ptr() through joins, leaves and decode steps."""
     plan = _plan()
     step = Step(plan)
-    named = {n: t for n, t in vars(step).items() if isinstance(t, torch.Tensor)}
+    ctx = step.context
+    named = {f.name: getattr(ctx, f.name) for f in attrs.fields(type(ctx)) if isinstance(getattr(ctx, f.name),
+                                                                                           torch.Tensor)}
+    named["input_ids"] = step.input_ids
     named.update({f"state_indices.{g}": t for g, t in step.state_indices.items()})
     named.update({f"tables.{i}": t for i, t in enumerate(step.tables.tables + step.tables.input_tables)})
-    named["slot_mappings"] = step.tables.slot_mappings
     for g, b in step.mask_builders.items():
         named.update({f"mask{g}.{n}": t for n, t in b.named_buffers().items()})
     before = {n: t.data_ptr() for n, t in named.items()}
@@ -155,8 +160,8 @@ def test_bad_batches_raise_and_change_nothing():
         (Batch(req_ids=tuple("vwxyz"), query_lens=(1,) * 5, seq_lens=(1,) * 5), SpecError, "max_num_seqs=4"),
         (Batch(req_ids=("x", "y"), query_lens=(1,), seq_lens=(1, 1)), SpecError, "one entry per request"),
         (Batch(req_ids=("x",), query_lens=(1,), seq_lens=(1,), new_pages=(_pages(plan, [99], 4),)), SpecError,
-         "num_blocks=40"),
-        (Batch(req_ids=("x",), query_lens=(1,), seq_lens=(1,), new_pages=(_pages(plan, range(1, 10), 4),)),
+         "page ids must be in 1..num_blocks - 1 = 39"),
+        (Batch(req_ids=("x",), query_lens=(1,), seq_lens=(1,), new_pages=(_pages(plan, range(10, 19), 20),)),
          CapacityError, "pages per request"),
     ]
     for batch, error, text in cases:
@@ -167,21 +172,21 @@ def test_bad_batches_raise_and_change_nothing():
         step.finish("zzz")
 
 
-def test_a_batch_that_fails_part_way_undoes_the_pages_earlier_requests_were_given():
+def test_a_batch_refused_for_its_second_request_changes_nothing_for_the_first():
     """A batch whose second request's pages are refused leaves the first request's table as it was."""
     plan = _plan()
     attn, _ = _groups(plan)
     step = Step(plan)
     step.prepare(Batch(req_ids=("a",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),)))
-    held, host = step.tables.num_pages_np.copy(), [t.copy() for t in step.tables.tables_np]
+    held, host = step.tables.num_pages_np.copy(), [t.copy() for t in step.tables.pages_np]
     device = [t.clone() for t in step.tables.tables]
     more_a = tuple((5,) if g == attn else () for g in range(len(plan.groups)))  # "a" gets a 2nd attention page
     for pages_x, error in ((_pages(plan, [99], 6), SpecError), (_pages(plan, range(10, 19), 6), CapacityError)):
-        bad = Batch(req_ids=("a", "x"), query_lens=(1, 1), seq_lens=(20, 1), new_pages=(more_a, pages_x))
+        bad = Batch(req_ids=("a", "x"), query_lens=(1, 1), seq_lens=(4, 1), new_pages=(more_a, pages_x))
         with pytest.raises(error):
             step.prepare(bad)
         assert step.active_requests == ("a",) and np.array_equal(step.tables.num_pages_np, held)
-        assert all(np.array_equal(a, b) for a, b in zip(host, step.tables.tables_np))
+        assert all(np.array_equal(a, b) for a, b in zip(host, step.tables.pages_np))
     step.prepare(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(4,)))  # commits whatever was left staged
     assert all(torch.equal(a, b) for a, b in zip(device, step.tables.tables))
 
@@ -197,22 +202,25 @@ def test_run_checks_input_ids_before_changing_anything():
         assert step.active_requests == () and not step.tables.num_pages_np.any()
     assert step.run(lambda input_ids: input_ids + 1, batch, input_ids=[1, 2]).tolist() == [2, 3]
 
-def test_capture_dummy_writes_only_to_the_null_page_and_keeps_live_rows():
-    """Capture's dummy steps write only into the null page and leave live requests' tables untouched."""
+def test_capture_dummy_writes_nothing_and_keeps_live_rows():
+    """Capture's dummy steps write no slot, read only the null page and leave live requests' tables untouched."""
     plan = _plan()
     attn, _ = _groups(plan)
     step = Step(plan)
     step.prepare(Batch(req_ids=("a",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),)))
     live = step.tables.tables[attn].clone()
-    bpk, kbs = plan.groups[attn].bpk, plan.groups[attn].kernel_block_size
+    bpk = plan.groups[attn].bpk
     for key in (GraphKey(num_tokens=4, num_reqs=4, uniform=True), GraphKey(num_tokens=24, num_reqs=None,
                                                                               uniform=False)):
         with step.capture_context(key) as ctx:
-            slots = ctx.slot_mappings[attn][:key.num_tokens]
-            assert slots.min() >= 0 and slots.max() < bpk * kbs  # inside the null page
+            assert (ctx.slot_mappings[:, :key.num_tokens] == -1).all()  # no token writes anything
             assert int(ctx.row_valid.sum()) == (key.num_reqs or 4)
+            assert all((t[:key.num_reqs or 4] == 0).all() for t in ctx.block_tables)  # every row: the null page
+            assert all((s[:key.num_reqs or 4] == 0).all() for s in ctx.state_indices.values())
         assert torch.equal(step.tables.tables[attn], live)
     assert np.array_equal(step.tables.num_pages_np[attn][:1], [1])
+    step.prepare(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(4,)))  # serving resumes: a's rows are back
+    assert step.tables.input_tables[attn][0, 0] == 3 * bpk
 
 
 def test_missing_pages_and_bad_padding_are_refused_before_anything_changes():

@@ -1,4 +1,4 @@
-"""Block tables: expansion, staged edits applied by one launch, gather into per-step tables."""
+"""Block tables: host mirror in pages, stale columns written as page entries, per-step rows without gathers."""
 
 from __future__ import annotations
 
@@ -7,60 +7,81 @@ import pytest
 import torch
 from runtime_plans import attention_plan, widths_plan
 
-import graphkv.runtime.tables.block_tables as block_tables_module
+import graphkv.runtime.tables.device as device_module
 from graphkv import CapacityError, SpecError
+from graphkv.kernels.block_tables import write_pages
 from graphkv.runtime import BlockTables
-from graphkv.runtime.ops import torch_ops as torch_kernels
+from graphkv.runtime.ops import torch_ops
 from graphkv.runtime.ops.choice import resolve_kernels
-from graphkv.runtime.tables.expansion import SMALL_EXPANSION_KERNEL_BLOCKS, write_expanded
-from graphkv.runtime.ops.reference import expand_pages_ref, gather_ref
+from graphkv.runtime.ops.reference import expand_pages_ref, gather_ref, write_pages_ref
+from graphkv.runtime.tables.expansion import write_pages_host
+
+
+def _expected_tables(tables: BlockTables) -> list[torch.Tensor]:
+    """The persistent tables the host mirror says the device should hold (kernel blocks, 0 past the pages)."""
+    out = []
+    for g, width in enumerate(tables.widths):
+        t = torch.zeros(tables.max_num_seqs, width, dtype=torch.int32)
+        for r in range(tables.max_num_seqs):
+            ids = expand_pages_ref(tables.pages_np[g][r, :tables.num_pages_np[g, r]].tolist(), tables.bpks[g])
+            t[r, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        out.append(t)
+    return out
 
 
 def _device_matches_host(tables: BlockTables) -> bool:
-    return all(torch.equal(t, torch.from_numpy(h)) for t, h in zip(tables.tables, tables.tables_np))
+    return all(torch.equal(a.cpu(), b) for a, b in zip(tables.tables, _expected_tables(tables)))
 
 
-@pytest.mark.parametrize("bpk", [1, 2, 3, 17])
-@pytest.mark.parametrize("as_numpy", [False, True])
-def test_write_expanded_matches_reference_on_both_sides_of_the_switch(bpk, as_numpy):
-    """write_expanded equals the list-comprehension reference for tiny and large appends, lists and arrays."""
-    rng = np.random.default_rng(bpk)
-    for n in (1, 2, SMALL_EXPANSION_KERNEL_BLOCKS // bpk, SMALL_EXPANSION_KERNEL_BLOCKS // bpk + 1, 40):
-        ids = rng.integers(0, 1000, size=n)
-        row = np.full(60 * bpk, -7, dtype=np.int32)
-        end = write_expanded(row, 3, ids if as_numpy else ids.tolist(), bpk)
-        assert end == 3 + n * bpk
-        assert row[3:end].tolist() == expand_pages_ref(ids.tolist(), bpk)
-        assert (row[:3] == -7).all() and (row[end:] == -7).all()
+@pytest.mark.parametrize("impl", ["host", "torch", "triton"])
+def test_write_pages_matches_the_reference_for_every_implementation(impl):
+    """Page entries of bpk 1, 2 and 17 (and null entries) write the reference's kernel blocks, nothing else."""
+    flat = torch.full((400,), -7, dtype=torch.int32)
+    dst = [0, 5, 9, 40, 100, 150, 399]
+    first = [3, 8 * 2, -1, 5 * 17, -1, 1, 11]
+    bpk = [1, 2, 2, 17, 17, 1, 1]
+    want = write_pages_ref(flat, dst, first, bpk)
+    if impl == "host":
+        got = flat.numpy().copy()
+        write_pages_host(got, np.array(dst), np.array(first), np.array(bpk))
+        got = torch.from_numpy(got)
+    else:
+        got = flat.clone()
+        staged = torch.tensor(dst + first + bpk, dtype=torch.int64)
+        (write_pages if impl == "triton" else torch_ops.write_pages)(got, staged, len(dst), max(bpk))
+    assert torch.equal(got, want)
+    assert got[40:57].tolist() == list(range(85, 102)) and (got[100:117] == 0).all()
 
 
 @pytest.mark.parametrize("bpk", [1, 2, 17])
 def test_append_expands_pages_to_kernel_blocks(bpk, kernels):
-    """Appended pages become kernel blocks b*bpk .. b*bpk+bpk-1 on host and, after commit, on device."""
+    """Appended pages become kernel blocks b*bpk .. b*bpk+bpk-1 on the device after commit."""
     plan = attention_plan(bpk=bpk, num_blocks=40, max_model_len=bpk * 32 * 4 if bpk > 1 else 64)
     tables = BlockTables(plan, kernels=kernels)
     tables.append(1, [[7, 3]])
     tables.append(1, [[39]])
-    tables.commit()
+    assert tables.pages_np[0][1, :3].tolist() == [7, 3, 39] and tables.num_pages_np[0, 1] == 3
+    assert tables.commit() == 3
     want = expand_pages_ref([7, 3, 39], bpk)
     assert tables.tables[0][1, :len(want)].tolist() == want
-    assert tables.num_pages_np[0, 1] == 3
     assert (tables.tables[0][1, len(want):] == 0).all() and (tables.tables[0][0] == 0).all()
 
 
-def test_commit_is_one_launch_for_all_groups(monkeypatch, kernels):
-    """Edits to several rows of several groups reach the device through one apply_row_writes call."""
-    calls = []
-    module = block_tables_module if kernels == "triton" else torch_kernels
-    real = module.apply_row_writes
-    monkeypatch.setattr(module, "apply_row_writes", lambda *a: calls.append(a) or real(*a))
+def test_commit_writes_only_the_stale_columns_in_one_launch(monkeypatch, kernels):
+    """After a commit, appending 2 pages to a row of 5 writes 2 page entries in one write, not the row."""
     tables = BlockTables(widths_plan(), kernels=kernels)
-    tables.append(0, [[1, 2], [3], [4]])
-    tables.append(3, [[5], None, [6]])
-    tables.overwrite(2, [[7, 8, 9], [10, 11], None])
-    assert tables.commit() == 7
-    assert len(calls) == 1 and _device_matches_host(tables)
-    assert tables.commit() == 0 and len(calls) == 1  # nothing staged: no launch
+    tables.append(0, [[1, 2, 3, 4, 5], [6], [7]])
+    tables.append(3, [[8], None, [9]])
+    assert tables.commit() == 9
+    calls = []
+    real = device_module.DeviceTables.write
+    monkeypatch.setattr(device_module.DeviceTables, "write", lambda self, *a: calls.append(a) or real(self, *a))
+    tables.append(0, [[10, 11], None, None])
+    tables.overwrite(3, [[12], [13], None])
+    assert tables.commit() == 4  # 2 appended + 1 replaced + 1 new page in group 1
+    assert len(calls) == 1 and calls[0][0].shape == (4,)
+    assert _device_matches_host(tables)
+    assert tables.commit() == 0 and len(calls) == 1  # nothing stale: no write at all
 
 
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
@@ -80,7 +101,7 @@ def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     tables.remove(1)
     tables.commit()
     assert all((t == 0).all() for t in tables.tables) and (tables.num_pages_np == 0).all()
-    assert _device_matches_host(tables)
+    assert not tables._pages_flat.any() and _device_matches_host(tables)
 
 
 def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kernels):
@@ -90,75 +111,111 @@ def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kerne
     tables.commit()
     before = [t.clone() for t in tables.tables]
     tables.append(0, [[5], [6], None])
+    tables.commit()
     tables.truncate(0, [2, 1, 1])
     tables.commit()
-    assert tables.num_pages_np[:, 0].tolist() == [2, 1, 1]
+    assert tables.num_pages_np[:, 0].tolist() == [2, 1, 1] and tables.pages_np[0][0, :3].tolist() == [1, 2, 0]
     assert all(torch.equal(a, b) for a, b in zip(before, tables.tables)) and _device_matches_host(tables)
     with pytest.raises(SpecError, match=r"num_pages_per_group=\[3, 1, 1\]: needs one count per group \(3\)"):
         tables.truncate(0, [3, 1, 1])
     with pytest.raises(SpecError, match="one count per group"):
         tables.truncate(0, [1])
+    with pytest.raises(SpecError, match="integers"):
+        tables.truncate(0, [1.5, 1, 1])
     assert tables.num_pages_np[:, 0].tolist() == [2, 1, 1]
+
 
 def test_append_beyond_capacity_names_row_group_pages_and_fix():
     """CapacityError names the row, group, pages held, capacity and the fix, and changes nothing."""
     plan = widths_plan()
     tables = BlockTables(plan)
-    tables.append(1, [[1] * 3, [2] * 4, [3]])
-    before = [t.copy() for t in tables.tables_np]
+    tables.append(1, [[1, 2, 3], [4, 5, 6, 7], [8]])
+    before = [t.copy() for t in tables.pages_np]
     with pytest.raises(CapacityError, match=r"request row 1: group 1 .* holds 4 pages and cannot take 1 more; "
                                             r"its capacity is 4 pages per request .*free pages") as info:
-        tables.append(1, [[5], [6], None])
+        tables.append(1, [[9], [10], None])
     assert "max_model_len=256" in str(info.value)
     assert tables.num_pages_np[:, 1].tolist() == [3, 4, 1]
-    assert all((a == b).all() for a, b in zip(before, tables.tables_np))
+    assert all((a == b).all() for a, b in zip(before, tables.pages_np))
     with pytest.raises(CapacityError, match="group 2"):
         tables.overwrite(0, [None, None, [1, 2]])
 
 
-def test_bad_rows_page_ids_and_group_counts_are_errors():
-    """Rows outside max_num_seqs, page IDs outside the pool and wrong group counts raise SpecError."""
+@pytest.mark.parametrize("ids,text", [([64], "num_blocks=64"), ([-1], "num_blocks=64"), ([True], "integers"),
+                                      ([2.0], "integers"), (["3"], "integers"), ([None], "integers"),
+                                      ([2**70], "integers"), (np.array([1.0]), "integer array")])
+def test_bad_page_ids_are_spec_errors_that_change_nothing(ids, text):
+    """Page ids outside the pool, bools, floats, strings, None and huge ints raise SpecError naming the group."""
+    tables = BlockTables(widths_plan())
+    with pytest.raises(SpecError, match=text) as info:
+        tables.append(0, [ids, None, None])
+    assert info.value.field.startswith("page_ids_per_group[0]")
+    assert not tables.num_pages_np.any() and not tables.commit()
+
+
+def test_bad_rows_and_group_counts_are_errors():
+    """Rows outside max_num_seqs (bools too) and wrong group counts raise SpecError."""
     tables = BlockTables(widths_plan())
     with pytest.raises(SpecError, match="max_num_seqs=4"):
         tables.append(4, [[1], None, None])
-    with pytest.raises(SpecError, match="num_blocks=64"):
-        tables.append(0, [[64], None, None])
+    with pytest.raises(SpecError, match="max_num_seqs=4"):
+        tables.append(True, [[1], None, None])
     with pytest.raises(SpecError, match="one entry per KV-cache group"):
         tables.append(0, [[1]])
+    with pytest.raises(SpecError, match="one entry per KV-cache group"):
+        tables.append(0, "abc")
     assert not tables.commit()
 
 
-def test_gather_packs_groups_of_different_widths_and_pads_with_null_page(kernels):
-    """gather copies idx_mapping's rows of every group (each its own width); padding rows are 0."""
+def test_sync_gathers_only_when_the_batch_rows_change(monkeypatch, kernels):
+    """Per-step rows show the batch's rows, padded with the null page; a step with the same rows gathers nothing."""
     tables = BlockTables(widths_plan(), kernels=kernels)
-    assert tables.widths == (16, 8, 1)
     for row in range(4):
         tables.append(row, [[row + 1] * (row + 1), [row + 10], [row + 20]])
-    tables.commit()
+    gathers = []
+    real = device_module.DeviceTables.gather
+    monkeypatch.setattr(device_module.DeviceTables, "gather", lambda self, *a: gathers.append(a) or real(self, *a))
     for g in range(3):
         tables.input_tables[g].fill_(99)
-    idx = torch.tensor([3, 0, 2], dtype=torch.int32)
-    out = tables.gather(idx, num_reqs_padded=4)
-    for got, want in zip(out, gather_ref(tables.tables, idx, 4)):
-        assert torch.equal(got, want)
-    assert tables.state_indices(2)[:4].tolist() == [23, 20, 22, 0]
-    with pytest.raises(SpecError, match="num_reqs_padded"):
-        tables.gather(idx, num_reqs_padded=2)
-    with pytest.raises(SpecError, match="int32"):
-        tables.gather(idx.long(), num_reqs_padded=3)
+    rows = np.array([3, 0, 2])
+    tables.sync(rows, num_reqs_padded=4)
+    for got, want in zip(tables.input_tables, gather_ref(tables.tables, torch.from_numpy(rows).int(), 4)):
+        assert torch.equal(got[:4], want)
+    assert len(gathers) == 1 and (tables.input_tables[0][4:] == 99).all()  # rows past the padding untouched
+    tables.append(0, [[30], None, None])  # a new page for batch row 1: written into it directly
+    tables.sync(rows, num_reqs_padded=4)
+    assert len(gathers) == 1
+    assert tables.input_tables[0][1, :4].tolist() == [2, 3, 60, 61] and _device_matches_host(tables)
+    tables.sync(rows, num_reqs_padded=4)  # nothing changed: nothing written, nothing gathered
+    assert len(gathers) == 1
+    tables.sync(np.array([0, 3, 2]), num_reqs_padded=3)  # the batch reordered: one gather
+    assert len(gathers) == 2 and tables.input_tables[0][0, :4].tolist() == [2, 3, 60, 61]
 
 
-def test_gather_gives_out_of_range_rows_the_null_page(kernels):
-    """idx_mapping entries outside [0, max_num_seqs) read nothing and gather null-page rows."""
+def test_sync_pads_more_rows_with_the_null_page_without_a_gather(monkeypatch):
+    """Growing the padded batch with the same rows nulls the new padding rows (stale values from a larger batch)."""
+    tables = BlockTables(widths_plan())
+    for row in range(4):
+        tables.append(row, [[row + 1], [row + 10], [row + 20]])
+    tables.sync(np.arange(4), num_reqs_padded=4)
+    tables.sync(np.array([1]), num_reqs_padded=1)  # rows 1..3 keep the last batch's values
+    gathers = []
+    real = device_module.DeviceTables.gather
+    monkeypatch.setattr(device_module.DeviceTables, "gather", lambda self, *a: gathers.append(a) or real(self, *a))
+    tables.sync(np.array([1]), num_reqs_padded=3)
+    assert not gathers
+    assert [t[:3, 0].tolist() for t in tables.input_tables] == [[4, 0, 0], [22, 0, 0], [21, 0, 0]]
+
+
+def test_sync_after_remove_and_reuse_of_a_row_shows_the_new_pages(kernels):
+    """A row freed and given to a new request at the same batch row shows only the new request's pages."""
     tables = BlockTables(widths_plan(), kernels=kernels)
-    for row in (0, 1, 3):  # rows 0 and 3 are full, so a clamped read would show
-        tables.append(row, [[row + 5], [row + 6], [row + 7]])
-    tables.commit()
-    for g in range(3):
-        tables.input_tables[g].fill_(99)
-    out = tables.gather(torch.tensor([-1, 1, 4], dtype=torch.int32), num_reqs_padded=3)
-    assert [t[:3, 0].tolist() for t in out] == [[0, 12, 0], [0, 14, 0], [0, 8, 0]]
-    assert all((t[3] == 99).all() for t in out)  # rows past num_reqs_padded are left as they are
+    tables.append(0, [[1, 2, 3], [4], [5]])
+    tables.sync(np.array([0]), 1)
+    tables.remove(0)
+    tables.append(0, [[6], [7], [8]])
+    tables.sync(np.array([0]), 1, same_rows=True)
+    assert [t[0].tolist()[:6] for t in tables.input_tables] == [[12, 13, 0, 0, 0, 0], [14, 15, 0, 0, 0, 0], [8]]
 
 
 def test_auto_kernels_are_torch_on_cpu_and_triton_on_cuda():
@@ -172,24 +229,28 @@ def test_auto_kernels_are_torch_on_cpu_and_triton_on_cuda():
         tables.kernels = "triton"
 
 
-def test_unknown_kernels_name_the_choices():
-    """An unknown kernels value raises SpecError listing the valid choices."""
+def test_unknown_kernels_devices_and_plans_are_spec_errors():
+    """An unknown kernels value, an unknown device, CUDA without CUDA, and a non-plan raise SpecError."""
     with pytest.raises(SpecError, match=r"kernels='cuda': must be one of auto, triton, torch; pass kernels='auto'"):
         BlockTables(widths_plan(), kernels="cuda")
+    with pytest.raises(SpecError, match="device='gpu': is not a device torch knows"):
+        BlockTables(widths_plan(), device="gpu")
+    with pytest.raises(SpecError, match="runs on cpu or cuda"):
+        BlockTables(widths_plan(), device="meta")
+    with pytest.raises(SpecError, match="must be a graphkv Plan"):
+        BlockTables("plan")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecError, match=r"device='cuda': CUDA is not available here .*pass device='cpu'"):
+            BlockTables(widths_plan(), device="cuda")
 
 
 def test_per_step_buffers_keep_their_address(kernels):
-    """Device tables, gathered tables and slot mappings keep data_ptr() across steps."""
+    """Persistent and per-step tables keep data_ptr() across appends, syncs and gathers."""
     tables = BlockTables(widths_plan(), kernels=kernels)
     ptrs = None
-    qsl = torch.zeros(5, dtype=torch.int32)
-    positions = torch.zeros(32, dtype=torch.int64)
     for step in range(3):
         tables.append(step, [[step + 1], [step + 1], [step + 1]])
-        tables.commit()
-        gathered = tables.gather(torch.arange(step + 1, dtype=torch.int32), step + 1)
-        qsl[1:step + 2] = torch.arange(1, step + 2)
-        slots = tables.compute_slot_mappings(qsl, positions, step + 1)
-        now = [t.data_ptr() for t in (*tables.tables, *gathered, slots)]
+        tables.sync(np.arange(step + 1), step + 1)
+        now = [t.data_ptr() for t in (*tables.tables, *tables.input_tables)]
         assert ptrs is None or now == ptrs
         ptrs = now
