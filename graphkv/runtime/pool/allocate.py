@@ -17,6 +17,7 @@ import torch
 
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.plan.plan import Plan
+from graphkv.runtime.device import resolve_device
 from graphkv.runtime.pool.views import AttentionGeometry, StateGeometry, attention_view, state_views
 from graphkv.spec.backends import CacheOrder, KVLayout
 from graphkv.spec.model import LayerDecl
@@ -131,13 +132,14 @@ def allocate(plan: Plan, device: "str | torch.device" = "cpu") -> KVPool:
     tensor per slot (``plan.pool_bytes`` in all, exactly), plus every layer's view.
 
     Raises :class:`PlanError` when a layer cannot be viewed in its dtype (page bytes or a state
-    offset not a multiple of the element size, or ``head_size_v != head_size``). Not capture-safe
+    offset not a multiple of the element size, or ``head_size_v != head_size``), and
+    :class:`SpecError` for a device that is not a CPU or an existing CUDA device. Not capture-safe
     (it allocates); call it once, before capturing.
     """
     if not isinstance(plan, Plan):
         raise SpecError(Problem(field="plan", value=type(plan).__name__, limit="must be a graphkv Plan",
                                 fix="build it with graphkv.compile(model, limits, budget)"))
-    device = torch.device(device)
+    device = resolve_device(device)
     slots = tuple(torch.zeros(plan.num_blocks * s.page_size_bytes, dtype=torch.uint8, device=device)
                   for s in plan.slots)
     assert sum(s.numel() for s in slots) == plan.pool_bytes, "slot pages must add up to the planned pool"
