@@ -103,7 +103,7 @@ def check_batch(step: "Step", batch: Batch) -> CheckedBatch:
     if entries is not None:
         columns, shared = own.check_new_pages(entries, req_ids, rows, new, ctx, held)
         held_after = held.copy()
-        held_after[entries.group, entries.req] += entries.count
+        held_after[entries.group, entries.request_of_segment()] += entries.count
         _check_capacity(step, req_ids, held, held_after)
     _check_pages_cover(step, req_ids, held_after, slens)
     if entries is not None and num_new:

@@ -107,7 +107,7 @@ class PageOwnership:
         lo, hi = entries.id_range
         ids = entries.ids
         seg = entries.segment_of_page()
-        req, group = entries.req[seg], entries.group[seg]
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
         column = held[group, req] + np.arange(ids.shape[0]) - np.repeat(np.cumsum(entries.count) - entries.count,
                                                                         entries.count)
         if lo < 1 or hi >= self.num_blocks:
@@ -172,7 +172,7 @@ class PageOwnership:
                                         fix="give a joining request the pages of its whole cached context"))
         ids = entries.ids
         seg = entries.segment_of_page()
-        req, group = entries.req[seg], entries.group[seg]
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
         bs = self.block_sizes[group]
         claimed = claims[req] & ~self.state_group[group] & (column * bs < ctx[req])
         if not claimed.any():
@@ -216,7 +216,7 @@ class PageOwnership:
         write. Returns what :meth:`undo_hold` needs."""
         ids = entries.ids
         seg = entries.segment_of_page()
-        req, group = entries.req[seg], entries.group[seg]
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
         undo = HoldUndo(ids, self.group_of[ids], self.writer_row[ids], self.writer_col[ids], self.num_shared)
         self.group_of[ids] = group
         if shared:

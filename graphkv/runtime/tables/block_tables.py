@@ -2,30 +2,33 @@
 
 The host holds, per KV-cache group, every request row's page ids ``pages_np[g]`` ``[max_num_seqs,
 pages_per_request_g] int32`` and how many it holds, ``num_pages_np`` ``[num_groups,
-max_num_seqs]``. Edits (:meth:`BlockTables.append_pages` for a whole step at once,
-:meth:`~BlockTables.append`, :meth:`~BlockTables.truncate`, :meth:`~BlockTables.remove`,
-:meth:`~BlockTables.move`, :meth:`~BlockTables.overwrite`) change only the host, in pages, and
-remember per row the first column the device no longer matches. The device holds the same tables
-in kernel blocks (page ``b`` is kernel blocks ``b*bpk .. b*bpk + bpk - 1``), twice: persistent rows
-and the step's rows in batch order (:mod:`graphkv.runtime.tables.device`). :meth:`commit` and
-:meth:`sync` write only the stale columns, expanded to kernel blocks on the device side, as one
-batch of page entries (one copy and one launch on a GPU, numpy straight into host memory on a
-CPU); :meth:`sync` also writes them into the step's rows when the batch keeps its rows, and
-gathers (one launch) only when the batch's rows changed.
+max_num_seqs]``. Edits (:meth:`BlockTables.append_batch` / :meth:`~BlockTables.append_pages` for a
+whole step at once, :meth:`~BlockTables.append`, :meth:`~BlockTables.truncate`,
+:meth:`~BlockTables.remove`, :meth:`~BlockTables.move`, :meth:`~BlockTables.overwrite`) change
+the mirror in pages and tell the device side what changed. The device holds the same tables in
+kernel blocks (page ``b`` is kernel blocks ``b*bpk .. b*bpk + bpk - 1``): persistent rows, and
+the step's rows in batch order (what attention reads). Two strategies keep them current:
+
+- on a CUDA device (or ``kernels="triton"``), :class:`~graphkv.runtime.tables.staged_sync.StagedSync`:
+  stale columns become page entries written by one launch per step, into the persistent and the
+  step's rows at once; a gather runs only when the batch's rows changed;
+- on a CPU, :class:`~graphkv.runtime.tables.host_sync.HostSync`: the device *is* the host, so
+  edits write the step's rows straight away (numpy), and pages split into kernel blocks are
+  expanded by one broadcast add over the columns that changed.
 
 Invariant: entries past a row's pages are 0 (the null page), on host and device alike.
 
 Example (one step)::
 
     tables = BlockTables(plan, device="cuda")
-    tables.append(0, [[5, 9], [3]])                 # request row 0: pages 5, 9 in group 0, 3 in group 1
-    tables.sync(np.array([0]), num_reqs_padded=2)   # batch row 0 shows row 0, batch row 1 the null page
-    tables.input_tables[0][:2]                      # what attention reads
+    tables.append_batch([0, 1], [([5, 9], [3]), None])  # row 0: pages 5, 9 in group 0, 3 in group 1
+    tables.sync(np.array([0, 1]), num_reqs_padded=4)    # batch rows 0, 1 show rows 0, 1; 2, 3 the null page
+    tables.input_tables[0][:4]                          # what attention reads
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,13 +38,14 @@ from graphkv.kernels.block_tables import PackedTables
 from graphkv.plan.plan import Plan
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.ops.choice import resolve_kernels
-from graphkv.runtime.tables.device import DeviceTables
-from graphkv.runtime.tables.expansion import page_first_blocks
-from graphkv.runtime.tables.page_ids import PageEntries, int_array
+from graphkv.runtime.tables.host_sync import HostSync
+from graphkv.runtime.tables.page_ids import PageEntries, flatten_new_pages, int_array
+from graphkv.runtime.tables.staged_sync import StagedSync
+from graphkv.runtime.tables.uniform_append import append_uniform
 
 __all__ = ["BlockTables"]
 
-_CLEAN = np.iinfo(np.int32).max  # stale-from column of a row whose device copy matches the host
+_ROWS_AT_ONCE = 1024  # from this many pages on, uniform appends are written row slice by row slice
 
 
 class BlockTables:
@@ -53,7 +57,7 @@ class BlockTables:
     ``num_pages_np`` ``[num_groups, max_num_seqs] int32`` pages held per row.
 
     ``kernels``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton on CUDA devices; on a CPU the
-    device tables are host memory and are written with numpy). Triton on a CPU runs in its
+    device tables are host memory written with numpy and torch). Triton on a CPU runs in its
     interpreter, which is only a correctness checker.
     """
 
@@ -72,29 +76,29 @@ class BlockTables:
         self.max_pages = tuple(g.pages_per_request for g in groups)
         self.block_sizes = tuple(g.block_size for g in groups)
         num_groups = len(groups)
-        # Host truth: page ids per (group, row), all groups packed in one flat array.
+        self._sync: HostSync | StagedSync = (HostSync(self) if self.device.type == "cpu" and self._kernels == "torch"
+                                             else StagedSync(self, self._kernels))
+        # Host truth: page ids per (group, row), all groups packed in one flat array (the persistent
+        # device tables themselves on a CPU with one kernel block per page).
         host_starts = np.concatenate([[0], np.cumsum([seqs * p for p in self.max_pages])])
-        self._pages_flat = np.zeros(int(host_starts[-1]), dtype=np.int32)
-        self.pages_np = tuple(self._pages_flat[s:s + seqs * p].reshape(seqs, p)
+        mirror = self._sync.mirror_buffer(int(host_starts[-1]))
+        self.pages_flat = mirror if mirror is not None else np.zeros(int(host_starts[-1]), dtype=np.int32)
+        self.pages_np = tuple(self.pages_flat[s:s + seqs * p].reshape(seqs, p)
                               for s, p in zip(host_starts[:-1].tolist(), self.max_pages))
         self.num_pages_np = np.zeros((num_groups, seqs), dtype=np.int32)
-        # Per group: where a row starts on the host and on the device, its pages, its bpk.
+        self._num_pages0 = self.num_pages_np[0]
+        self.num_pages_mv = memoryview(self._num_pages0)  # item access from Python for small steps
+        self.pages_mv = memoryview(self.pages_flat)
         self._host_start = host_starts[:-1].astype(np.int64)
         self._host_pages = np.array(self.max_pages, dtype=np.int64)
-        self._bpk = np.array(self.bpks, dtype=np.int64)
-        self._dev_start = np.concatenate([[0], np.cumsum([seqs * w for w in self.widths])[:-1]]).astype(np.int64)
-        self._dev_width = np.array(self.widths, dtype=np.int64)
-        self._max_pages_np = np.array(self.max_pages, dtype=np.int64)
-        # What the device shows: per (group, row) the pages its persistent row holds and the first
-        # column that may differ from the host (_CLEAN: none); which row each batch row shows.
-        self._device_pages = np.zeros((num_groups, seqs), dtype=np.int32)
-        self._stale_from = np.full((num_groups, seqs), _CLEAN, dtype=np.int32)
-        self._any_stale = False
-        self._shown_rows = np.zeros(0, dtype=np.int64)  # persistent row of each live batch row
-        self._batch_row_of = np.full(seqs, -1, dtype=np.int64)  # batch row showing each persistent row
+        self._max_pages_np = self._host_pages
+        self._arange = np.arange(seqs * max(self.max_pages), dtype=np.int64)
+        # Which request row each step (batch) row shows, and the inverse.
+        self._shown_rows = np.zeros(0, dtype=np.int64)
+        self._batch_row_of = np.full(seqs, -1, dtype=np.int64)
         self._null_until = 0  # batch rows [len(_shown_rows), _null_until) hold the null page
-        self._shown_valid = True  # False: the per-step rows are unknown, the next sync gathers
-        self._device_tables = DeviceTables(seqs, self.widths, self.device, self._kernels)
+        self._shown_valid = True  # False: the step's rows are unknown, the next sync copies them
+        self.identity_rows = 0  # n when step rows 0..n-1 show request rows 0..n-1
 
     # ---- properties ----------------------------------------------------------------------------
 
@@ -111,19 +115,19 @@ class BlockTables:
     @property
     def tables(self) -> tuple[torch.Tensor, ...]:
         """Persistent device tables (row = request row), ``[max_num_seqs, width_g] int32`` per group,
-        kernel blocks; current after :meth:`commit` / :meth:`sync`."""
-        return self._device_tables.persistent.tables
+        kernel blocks; current after :meth:`commit` (nothing on the step path reads them)."""
+        return self._sync.persistent_tables()
 
     @property
     def input_tables(self) -> tuple[torch.Tensor, ...]:
         """Persistent per-step tables (row = batch row), ``[max_num_seqs, width_g] int32``; rows
         ``[0, num_reqs_padded)`` are current after :meth:`sync`."""
-        return self._device_tables.inputs.tables
+        return self._sync.inputs.tables
 
     @property
     def packed_input_tables(self) -> PackedTables:
         """The per-step tables packed for kernels that take all groups at once."""
-        return self._device_tables.inputs
+        return self._sync.inputs
 
     # ---- host-side row edits -------------------------------------------------------------------
 
@@ -132,20 +136,78 @@ class BlockTables:
         ``rows[entries.req[s]]`` in group ``entries.group[s]``) in one vectorized pass. Each (row,
         group) appears at most once. Raises :class:`CapacityError` when a row would exceed its
         group's pages per request (nothing is changed then). Page ids are not checked here:
-        :meth:`append` checks them, :class:`~graphkv.runtime.step.step.Step` checks ownership."""
-        seg_row = rows[entries.req]
+        :meth:`append_batch` checks them, :class:`~graphkv.runtime.step.step.Step` checks ownership."""
         group, count = entries.group, entries.count
-        held = self.num_pages_np[group, seg_row].astype(np.int64)  # [segments]
-        over = held + count > self._max_pages_np[group]
-        if over.any():
-            s = int(np.flatnonzero(over)[0])
-            raise self._capacity_error(int(seg_row[s]), int(group[s]), int(held[s]), int(count[s]))
-        # Page p of segment s goes to host column held[s] + (p - first page of s).
-        seg_first = np.cumsum(count) - count
-        base = self._host_start[group] + seg_row * self._host_pages[group] + held - seg_first
-        self._pages_flat[np.repeat(base, count) + np.arange(entries.num_pages)] = entries.ids
-        self.num_pages_np[group, seg_row] = held + count
-        self._mark_stale(group, seg_row, held)
+        seg_row = rows if entries.req is None else rows[entries.req]
+        if self.num_groups == 1:
+            held = self._num_pages0[seg_row]
+            held_after = held + count
+            top = int(held_after.max())
+            if top > self.max_pages[0]:
+                s = int(np.flatnonzero(held_after > self.max_pages[0])[0])
+                raise self._capacity_error(int(seg_row[s]), 0, int(held[s]), int(count[s]))
+            base = seg_row * self._host_pages[0]
+        else:
+            held = self.num_pages_np[group, seg_row]
+            held_after = held + count
+            over = held_after > self._host_pages[group]
+            if over.any():
+                s = int(np.flatnonzero(over)[0])
+                raise self._capacity_error(int(seg_row[s]), int(group[s]), int(held[s]), int(count[s]))
+            base = self._host_start[group] + seg_row * self._host_pages[group]
+        num = entries.num_pages
+        dst = None  # the mirror index of each page, when the write used one
+        if entries.uniform_count == 1:  # one page per segment (e.g. a decode step crossing a page)
+            dst = base + held
+            if not self._sync.write_through(seg_row, dst, entries.ids):  # mirror and step rows in one write
+                self.pages_flat[dst] = entries.ids
+                dst = None
+        elif num >= _ROWS_AT_ONCE and self.num_groups == 1 and entries.uniform_count and held.min() == held.max():
+            # Every row holds the same pages and gains the same number: one row-slice write.
+            start = int(held[0])
+            self.pages_np[0][seg_row, start:start + entries.uniform_count] = entries.ids.reshape(seg_row.shape[0], -1)
+        elif num:  # page p of segment s goes to column held[s] + (p - first page of s)
+            shift = held - (np.cumsum(count) - count)
+            dst = np.repeat(base + shift, count) + self._arange[:num]
+            if not self._sync.write_through(seg_row, dst, entries.ids):
+                self.pages_flat[dst] = entries.ids
+                dst = None
+        if self.num_groups == 1:
+            self._num_pages0[seg_row] = held_after
+            if dst is None:
+                self._sync.appended_one_group(seg_row, held, top)
+        else:
+            self.num_pages_np[group, seg_row] = held_after
+            if dst is None:
+                self._sync.appended(group, seg_row, held, held_after)
+
+    def append_batch(self, rows: "Sequence[int] | np.ndarray", new_pages: Sequence[Any]) -> None:
+        """Append a whole step's pages at once: row ``rows[i]`` gains ``new_pages[i][g]`` in group ``g``
+        (``new_pages[i]`` is ``None`` for a row that gains none), in one vectorized pass. Raises
+        :class:`SpecError` for rows that are not distinct rows in ``[0, max_num_seqs)`` or page ids that
+        are not integers in ``[0, num_blocks)``, and :class:`CapacityError` when a row would exceed its
+        group's pages per request; nothing is changed then. (:class:`~graphkv.runtime.step.step.Step`
+        adds page ownership checks on top.)"""
+        typed = isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu"  # ints already
+        row_list = rows.tolist() if typed else list(rows) if hasattr(rows, "__iter__") else [rows]
+        if len(row_list) != len(new_pages) or len(set(row_list)) != len(row_list) or (row_list and (
+                (not typed and set(map(type, row_list)) != {int}) or min(row_list) < 0
+                or max(row_list) >= self.max_num_seqs)):
+            raise SpecError(Problem(field="rows", value=row_list,
+                                    limit=f"need one distinct row in [0, max_num_seqs={self.max_num_seqs}) per entry "
+                                          f"of new_pages ({len(new_pages)})",
+                                    fix="pass the persistent rows of the requests, once each"))
+        if self.num_groups == 1 and append_uniform(self, rows if typed else None, row_list, new_pages):
+            return
+        entries = flatten_new_pages(new_pages, self.num_groups, row_list)
+        if entries is None:
+            return
+        lo, hi = entries.id_range
+        if lo < 0 or hi >= self.num_blocks:
+            raise SpecError(Problem(field="new_pages", value=(lo, hi),
+                                    limit=f"page IDs must be in [0, num_blocks={self.num_blocks})",
+                                    fix="pass page IDs from this plan's pool"))
+        self.append_pages(rows.astype(np.int64, copy=False) if typed else np.array(row_list, dtype=np.int64), entries)
 
     def append(self, req_index: int, page_ids_per_group: Sequence[Optional[Sequence[int]]]) -> None:
         """Append pages (scheduler page ids) to row ``req_index`` of each group; ``None`` or an empty
@@ -174,7 +236,7 @@ class BlockTables:
         filled = entries.count > 0
         if filled.any():
             self.append_pages(np.array([row], dtype=np.int64),
-                              PageEntries(req=entries.req[filled], group=entries.group[filled],
+                              PageEntries(req=entries.request_of_segment()[filled], group=entries.group[filled],
                                           count=entries.count[filled], ids=entries.ids, id_range=entries.id_range))
 
     def truncate(self, req_index: int, num_pages_per_group: Sequence[int]) -> None:
@@ -190,11 +252,12 @@ class BlockTables:
                                     limit=f"needs one count per group ({self.num_groups}), each in 0..pages held "
                                           f"({held.tolist()} for row {row})",
                                     fix="pass how many of the row's pages to keep in each group"))
-        for g in np.flatnonzero(keep < held).tolist():
+        shrunk = np.flatnonzero(keep < held)
+        for g in shrunk.tolist():
             self.pages_np[g][row, keep[g]:held[g]] = 0
         self.num_pages_np[:, row] = keep
-        groups = np.arange(self.num_groups)
-        self._mark_stale(groups, np.full(self.num_groups, row), keep)
+        if shrunk.size:
+            self._sync.edited(shrunk, np.full(shrunk.size, row), keep[shrunk])
 
     def remove(self, req_index: int) -> None:
         """Free row ``req_index`` in every group (its entries return to the null page)."""
@@ -212,54 +275,56 @@ class BlockTables:
         for g, n in enumerate(held.tolist()):
             self.pages_np[g][dst, :n] = self.pages_np[g][src, :n]
         self.num_pages_np[:, dst] = held
-        self._mark_stale(np.arange(self.num_groups), np.full(self.num_groups, dst), np.zeros(self.num_groups))
+        self._sync.edited(np.arange(self.num_groups), np.full(self.num_groups, dst), np.zeros(self.num_groups))
         self.remove(src)
 
     # ---- device side ----------------------------------------------------------------------------
 
-    def commit(self) -> int:
-        """Write every stale column of the persistent device rows (expanded to kernel blocks), and of
-        the per-step rows showing them: one copy and one launch on a GPU, numpy on a CPU. Returns the
-        number of page entries written. Not capture-safe (reads host state)."""
-        return self._write_stale(mirror=True)
+    def commit(self) -> None:
+        """Make the persistent device tables current (and the step rows showing changed rows): on a
+        GPU one copy and one launch for every stale column; on a CPU, where edits already wrote the
+        step rows, the persistent kernel-block tables (the mirror itself with one kernel block per
+        page). Not capture-safe (reads host state)."""
+        self._sync.commit()
 
-    def sync(self, rows: np.ndarray, num_reqs_padded: int, *, same_rows: bool | None = None) -> int:
+    def sync(self, rows: np.ndarray, num_reqs_padded: int, *, same_rows: bool | None = None) -> None:
         """Make the device tables current for a step whose batch row ``i`` is request row
-        ``rows[i]``: commit stale columns, then the per-step rows ``[0, len(rows))`` show those rows
-        and ``[len(rows), num_reqs_padded)`` the null page. When the batch shows the same rows as the
-        last sync (``same_rows``; compared when ``None``), the stale columns are written into the
-        per-step rows by the same launch and nothing is gathered; otherwise one gather follows.
-        Returns the page entries written. Not capture-safe."""
+        ``rows[i]``: per-step rows ``[0, len(rows))`` show those rows and ``[len(rows),
+        num_reqs_padded)`` the null page. When the batch shows the same rows as the last sync
+        (``same_rows``; compared when ``None``), only what changed is written (on a GPU in the same
+        launch as the persistent rows); otherwise the step's rows are copied again (one gather on a
+        GPU). Not capture-safe (reads host state)."""
         n = rows.shape[0]
         if not self._shown_valid:
             same_rows = False
         elif same_rows is None:
             same_rows = n == self._shown_rows.shape[0] and bool(np.array_equal(rows, self._shown_rows))
-        written = self._write_stale(mirror=same_rows) if self._any_stale else 0
+        self._sync.sync(rows, num_reqs_padded, same_rows, self._null_until)
         if not same_rows:
-            self._device_tables.gather(rows, num_reqs_padded)
             self._show(rows.copy(), num_reqs_padded)
-        elif num_reqs_padded > self._null_until:
-            self._device_tables.zero_inputs(max(self._null_until, n), num_reqs_padded)
-            self._null_until = num_reqs_padded
-        return written
+        else:
+            self._null_until = max(self._null_until, num_reqs_padded)
 
     def show_null_rows(self, num_reqs_padded: int) -> None:
         """Per-step rows ``[0, num_reqs_padded)`` := the null page (a dummy step, e.g. for capture)."""
-        self._device_tables.zero_inputs(0, num_reqs_padded)
+        self._sync.show_null(num_reqs_padded)
         self._show(np.zeros(0, dtype=np.int64), num_reqs_padded)
 
     def forget_shown_rows(self) -> None:
-        """Make the next :meth:`sync` gather (e.g. after something else wrote the per-step rows)."""
+        """Make the next :meth:`sync` copy the step's rows again (e.g. after something else wrote them)."""
         self._show(np.zeros(0, dtype=np.int64), 0)
         self._shown_valid = False
 
     def _show(self, rows: np.ndarray, num_reqs_padded: int) -> None:
         self._batch_row_of[self._shown_rows] = -1
-        self._batch_row_of[rows] = np.arange(rows.shape[0])
+        n = rows.shape[0]
+        self._batch_row_of[rows] = self._arange[:n]
         self._shown_rows = rows
         self._null_until = num_reqs_padded
         self._shown_valid = True
+        # Step row i shows request row i for every i < n: edits can write step rows at the same index.
+        self.identity_rows = n if n and int(rows[0]) == 0 and int(rows[-1]) == n - 1 and \
+            bool((rows == self._arange[:n]).all()) else 0
 
     def state_pages(self, group: int, rows: np.ndarray) -> np.ndarray:
         """The state page of each of ``rows`` in a Mamba group: the row's first page (page 0, the
@@ -267,48 +332,6 @@ class BlockTables:
         return self.pages_np[group][rows, 0]
 
     # ---- helpers --------------------------------------------------------------------------------
-
-    def _mark_stale(self, groups: np.ndarray, rows: np.ndarray, from_column: np.ndarray) -> None:
-        """The device copy of each (group, row) may differ from the host from ``from_column`` on
-        (pairs are distinct)."""
-        self._stale_from[groups, rows] = np.minimum(self._stale_from[groups, rows], from_column)
-        self._any_stale = True
-
-    def _write_stale(self, mirror: bool) -> int:
-        """Write the stale columns of every (group, row) to the device (and, with ``mirror``, to the
-        per-step row showing that row); returns the page entries written."""
-        if not self._any_stale:
-            return 0
-        group, row = np.nonzero(self._stale_from != _CLEAN)  # stale segments
-        lo = self._stale_from[group, row].astype(np.int64)
-        hi = np.maximum(self.num_pages_np[group, row], self._device_pages[group, row]).astype(np.int64)
-        count = np.maximum(hi - lo, 0)
-        self._device_pages[group, row] = self.num_pages_np[group, row]
-        self._stale_from[group, row] = _CLEAN
-        self._any_stale = False
-        total = int(count.sum())
-        if total == 0:
-            return 0
-        # Entry p of segment s is column lo[s] + (p - first entry of s).
-        column_shift = np.repeat(lo - (np.cumsum(count) - count), count)
-        column = column_shift + np.arange(total)
-        seg = np.repeat(np.arange(group.shape[0]), count)
-        g, r = group[seg], row[seg]
-        pages = self._pages_flat[self._host_start[g] + r * self._host_pages[g] + column]
-        bpk = self._bpk[g]
-        first = page_first_blocks(pages, bpk)
-        dst = self._dev_start[g] + r * self._dev_width[g] + column * bpk
-        if mirror:
-            batch_row = self._batch_row_of[r]
-            shown = batch_row >= 0
-            if shown.any():
-                mirror_dst = (self._device_tables.inputs_offset + self._dev_start[g] + batch_row * self._dev_width[g]
-                              + column * bpk)[shown]
-                dst = np.concatenate([dst, mirror_dst])
-                first = np.concatenate([first, first[shown]])
-                bpk = np.concatenate([bpk, bpk[shown]])
-        self._device_tables.write(dst, first, bpk)
-        return total
 
     def _check_row(self, name: str, row: object) -> int:
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < self.max_num_seqs:

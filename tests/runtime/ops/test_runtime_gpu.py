@@ -55,11 +55,11 @@ def test_page_writes_and_gather_on_gpu_and_gather_replays_in_a_cuda_graph():
     idx = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm up (compiles) outside the capture
-        gather_rows(tables._device_tables.persistent, tables._device_tables.inputs, idx, 3)
+        gather_rows(tables._sync.persistent, tables._sync.inputs, idx, 3)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gather_rows(tables._device_tables.persistent, tables._device_tables.inputs, idx, 3)
+        gather_rows(tables._sync.persistent, tables._sync.inputs, idx, 3)
     for step, mapping in enumerate(([1, 0], [0, 1])):
         tables.append(step, [[10 + step], None, None])
         tables.commit()

@@ -7,14 +7,13 @@ import pytest
 import torch
 from runtime_plans import attention_plan, widths_plan
 
-import graphkv.runtime.tables.device as device_module
+import graphkv.runtime.tables.staged_sync as staged_module
 from graphkv import CapacityError, SpecError
 from graphkv.kernels.block_tables import write_pages
 from graphkv.runtime import BlockTables
 from graphkv.runtime.ops import torch_ops
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.ops.reference import expand_pages_ref, gather_ref, write_pages_ref
-from graphkv.runtime.tables.expansion import write_pages_host
 
 
 def _expected_tables(tables: BlockTables) -> list[torch.Tensor]:
@@ -33,7 +32,7 @@ def _device_matches_host(tables: BlockTables) -> bool:
     return all(torch.equal(a.cpu(), b) for a, b in zip(tables.tables, _expected_tables(tables)))
 
 
-@pytest.mark.parametrize("impl", ["host", "torch", "triton"])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_write_pages_matches_the_reference_for_every_implementation(impl):
     """Page entries of bpk 1, 2 and 17 (and null entries) write the reference's kernel blocks, nothing else."""
     flat = torch.full((400,), -7, dtype=torch.int32)
@@ -41,14 +40,9 @@ def test_write_pages_matches_the_reference_for_every_implementation(impl):
     first = [3, 8 * 2, -1, 5 * 17, -1, 1, 11]
     bpk = [1, 2, 2, 17, 17, 1, 1]
     want = write_pages_ref(flat, dst, first, bpk)
-    if impl == "host":
-        got = flat.numpy().copy()
-        write_pages_host(got, np.array(dst), np.array(first), np.array(bpk))
-        got = torch.from_numpy(got)
-    else:
-        got = flat.clone()
-        staged = torch.tensor(dst + first + bpk, dtype=torch.int64)
-        (write_pages if impl == "triton" else torch_ops.write_pages)(got, staged, len(dst), max(bpk))
+    got = flat.clone()
+    staged = torch.tensor(dst + first + bpk, dtype=torch.int64)
+    (write_pages if impl == "triton" else torch_ops.write_pages)(got, staged, len(dst), max(bpk))
     assert torch.equal(got, want)
     assert got[40:57].tolist() == list(range(85, 102)) and (got[100:117] == 0).all()
 
@@ -61,27 +55,83 @@ def test_append_expands_pages_to_kernel_blocks(bpk, kernels):
     tables.append(1, [[7, 3]])
     tables.append(1, [[39]])
     assert tables.pages_np[0][1, :3].tolist() == [7, 3, 39] and tables.num_pages_np[0, 1] == 3
-    assert tables.commit() == 3
+    tables.commit()
     want = expand_pages_ref([7, 3, 39], bpk)
     assert tables.tables[0][1, :len(want)].tolist() == want
     assert (tables.tables[0][1, len(want):] == 0).all() and (tables.tables[0][0] == 0).all()
 
 
-def test_commit_writes_only_the_stale_columns_in_one_launch(monkeypatch, kernels):
-    """After a commit, appending 2 pages to a row of 5 writes 2 page entries in one write, not the row."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+def test_staged_commit_writes_only_the_stale_columns():
+    """GPU path: after a commit, columns of unchanged rows and columns before a row's first change are not written."""
+    tables = BlockTables(widths_plan(), kernels="triton")
     tables.append(0, [[1, 2, 3, 4, 5], [6], [7]])
     tables.append(3, [[8], None, [9]])
-    assert tables.commit() == 9
-    calls = []
-    real = device_module.DeviceTables.write
-    monkeypatch.setattr(device_module.DeviceTables, "write", lambda self, *a: calls.append(a) or real(self, *a))
+    tables.commit()
+    for t in tables.tables:
+        t[1:3] = 99  # rows 1 and 2 never change: poison them on the device
+    tables.tables[0][0, :10] = -5  # row 0's first 5 pages (10 kernel blocks) do not change either
     tables.append(0, [[10, 11], None, None])
+    tables.commit()
+    assert (tables.tables[0][0, :10] == -5).all() and tables.tables[0][0, 10:16].tolist() == [20, 21, 22, 23, 0, 0]
     tables.overwrite(3, [[12], [13], None])
-    assert tables.commit() == 4  # 2 appended + 1 replaced + 1 new page in group 1
-    assert len(calls) == 1 and calls[0][0].shape == (4,)
+    tables.commit()
+    assert all((t[1:3] == 99).all() for t in tables.tables)
+    assert tables.tables[0][3, :4].tolist() == [24, 25, 0, 0] and tables.tables[1][3, :2].tolist() == [26, 27]
+
+
+def test_commit_is_one_launch_off_the_host(monkeypatch):
+    """On the staged (kernel) path every stale column of every group reaches the device in one write."""
+    tables = BlockTables(widths_plan(), kernels="triton")
+    calls = []
+    real = staged_module.StagedSync._write
+    monkeypatch.setattr(staged_module.StagedSync, "_write", lambda self, *a: calls.append(a) or real(self, *a))
+    tables.append(0, [[1, 2, 3], [6], [7]])
+    tables.append(3, [[8], None, [9]])
+    tables.commit()
+    assert len(calls) == 1 and calls[0][0].shape == (7,) and _device_matches_host(tables)  # 7 page entries
+
+
+def test_append_batch_appends_a_whole_step_and_checks_rows_and_ids(kernels):
+    """append_batch gives several rows pages in several groups at once; bad rows or ids change nothing."""
+    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables.append_batch([2, 0], [([1, 2], [3], [4]), None])
+    tables.append_batch(np.array([0, 2]), [([5], (), [6]), ([7], [8], ())])
+    assert tables.num_pages_np[:, [0, 2]].tolist() == [[1, 3], [0, 2], [1, 1]]
+    assert tables.pages_np[0][2, :3].tolist() == [1, 2, 7]
+    tables.append_batch([1, 3], [([9, 10], [11], [12]), ([13, 14], (), ())])  # 6 pages in 6 segments, not 1 each
+    assert [tables.pages_np[g][1, :2].tolist() for g in range(3)] == [[9, 10], [11, 0], [12]]
+    assert tables.pages_np[0][3, :2].tolist() == [13, 14] and tables.num_pages_np[:, 3].tolist() == [2, 0, 0]
+    tables.commit()
     assert _device_matches_host(tables)
-    assert tables.commit() == 0 and len(calls) == 1  # nothing stale: no write at all
+    before = tables.num_pages_np.copy()
+    for rows, pages, text in (([0, 0], [None, None], "distinct row"), ([9], [None], "distinct row"),
+                              ([1], [([64], (), ())], "num_blocks=64"), ([1], [([1.5], (), ())], "integers"),
+                              ([1], [([1],)], "one page-ID list per KV-cache group")):
+        with pytest.raises(SpecError, match=text):
+            tables.append_batch(rows, pages)
+    with pytest.raises(CapacityError, match="capacity is 8 pages"):
+        tables.append_batch([1, 2], [([1], (), ()), (list(range(1, 9)), (), ())])
+    assert np.array_equal(tables.num_pages_np, before)
+
+
+@pytest.mark.parametrize("bad", [2.5, "9", None, True, 2**40, -1, 64])
+@pytest.mark.parametrize("pages_per_row", [1, 40])
+def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothing(bad, pages_per_row, kernels):
+    """The one-group fast paths (tiny and array) undo what they stored when the 3rd row's id is bad."""
+    plan = attention_plan(num_blocks=64, max_num_seqs=4, max_model_len=16 * 48)
+    tables = BlockTables(plan, kernels=kernels)
+    tables.append_batch([0, 1, 2], [([1],), ([2],), ([3],)])
+    tables.sync(np.arange(3), 3)
+    pages = [[10 + i] + list(range(14 + i * 40, 13 + (i + 1) * 40))[:pages_per_row - 1] for i in range(3)]
+    pages = [[p % 60 + 2 for p in row] for row in pages]
+    pages[2][-1] = bad
+    host, counts = tables.pages_flat.copy(), tables.num_pages_np.copy()
+    step = [t.clone() for t in tables.input_tables]
+    with pytest.raises(SpecError):
+        tables.append_batch([0, 1, 2], [(row,) for row in pages])
+    assert np.array_equal(tables.pages_flat, host) and np.array_equal(tables.num_pages_np, counts)
+    tables.sync(np.arange(3), 3)
+    assert all(torch.equal(a, b) for a, b in zip(step, tables.input_tables))
 
 
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
@@ -101,7 +151,7 @@ def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     tables.remove(1)
     tables.commit()
     assert all((t == 0).all() for t in tables.tables) and (tables.num_pages_np == 0).all()
-    assert not tables._pages_flat.any() and _device_matches_host(tables)
+    assert not tables.pages_flat.any() and _device_matches_host(tables)
 
 
 def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kernels):
@@ -150,7 +200,7 @@ def test_bad_page_ids_are_spec_errors_that_change_nothing(ids, text):
     with pytest.raises(SpecError, match=text) as info:
         tables.append(0, [ids, None, None])
     assert info.value.field.startswith("page_ids_per_group[0]")
-    assert not tables.num_pages_np.any() and not tables.commit()
+    assert not tables.num_pages_np.any() and not tables.pages_flat.any()
 
 
 def test_bad_rows_and_group_counts_are_errors():
@@ -164,46 +214,41 @@ def test_bad_rows_and_group_counts_are_errors():
         tables.append(0, [[1]])
     with pytest.raises(SpecError, match="one entry per KV-cache group"):
         tables.append(0, "abc")
-    assert not tables.commit()
+    assert not tables.num_pages_np.any() and not tables.pages_flat.any()
 
 
-def test_sync_gathers_only_when_the_batch_rows_change(monkeypatch, kernels):
-    """Per-step rows show the batch's rows, padded with the null page; a step with the same rows gathers nothing."""
+def test_sync_copies_the_step_rows_only_when_the_batch_rows_change(kernels):
+    """Per-step rows show the batch's rows, padded with the null page; a step with the same rows rewrites
+    only what changed (a poisoned entry past the pages survives), a reordered batch copies its rows again."""
     tables = BlockTables(widths_plan(), kernels=kernels)
     for row in range(4):
         tables.append(row, [[row + 1] * (row + 1), [row + 10], [row + 20]])
-    gathers = []
-    real = device_module.DeviceTables.gather
-    monkeypatch.setattr(device_module.DeviceTables, "gather", lambda self, *a: gathers.append(a) or real(self, *a))
     for g in range(3):
         tables.input_tables[g].fill_(99)
     rows = np.array([3, 0, 2])
     tables.sync(rows, num_reqs_padded=4)
+    tables.commit()
     for got, want in zip(tables.input_tables, gather_ref(tables.tables, torch.from_numpy(rows).int(), 4)):
         assert torch.equal(got[:4], want)
-    assert len(gathers) == 1 and (tables.input_tables[0][4:] == 99).all()  # rows past the padding untouched
+    assert (tables.input_tables[0][4:] == 99).all()  # rows past the padding are not touched
+    tables.input_tables[0][2, 15] = -7  # past batch row 2's pages: only a full copy would rewrite it
     tables.append(0, [[30], None, None])  # a new page for batch row 1: written into it directly
     tables.sync(rows, num_reqs_padded=4)
-    assert len(gathers) == 1
-    assert tables.input_tables[0][1, :4].tolist() == [2, 3, 60, 61] and _device_matches_host(tables)
-    tables.sync(rows, num_reqs_padded=4)  # nothing changed: nothing written, nothing gathered
-    assert len(gathers) == 1
-    tables.sync(np.array([0, 3, 2]), num_reqs_padded=3)  # the batch reordered: one gather
-    assert len(gathers) == 2 and tables.input_tables[0][0, :4].tolist() == [2, 3, 60, 61]
+    assert tables.input_tables[0][1, :4].tolist() == [2, 3, 60, 61] and tables.input_tables[0][2, 15] == -7
+    tables.sync(np.array([0, 3, 2]), num_reqs_padded=3)  # the batch reordered: its rows are copied again
+    assert tables.input_tables[0][0, :4].tolist() == [2, 3, 60, 61] and tables.input_tables[0][2, 15] == 0
+    tables.commit()
+    assert _device_matches_host(tables)
 
 
-def test_sync_pads_more_rows_with_the_null_page_without_a_gather(monkeypatch):
+def test_sync_pads_more_rows_with_the_null_page(kernels):
     """Growing the padded batch with the same rows nulls the new padding rows (stale values from a larger batch)."""
-    tables = BlockTables(widths_plan())
+    tables = BlockTables(widths_plan(), kernels=kernels)
     for row in range(4):
         tables.append(row, [[row + 1], [row + 10], [row + 20]])
     tables.sync(np.arange(4), num_reqs_padded=4)
     tables.sync(np.array([1]), num_reqs_padded=1)  # rows 1..3 keep the last batch's values
-    gathers = []
-    real = device_module.DeviceTables.gather
-    monkeypatch.setattr(device_module.DeviceTables, "gather", lambda self, *a: gathers.append(a) or real(self, *a))
     tables.sync(np.array([1]), num_reqs_padded=3)
-    assert not gathers
     assert [t[:3, 0].tolist() for t in tables.input_tables] == [[4, 0, 0], [22, 0, 0], [21, 0, 0]]
 
 
