@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from graphkv.runtime.tables.host_sync import as_slice
+
 if TYPE_CHECKING:
     from graphkv.runtime.tables.block_tables import BlockTables
 
@@ -122,9 +124,9 @@ def _write_arrays(bt: "BlockTables", rows: np.ndarray, row_list: list[int], held
     """A constant number of numpy calls: one row-slice write when every row holds the same pages."""
     start = held[0]
     if held.count(start) == len(held):
-        block = ids.reshape(len(row_list), count)
-        bt.pages_np[0][rows, start:start + count] = block
-        if not (shown and bt._sync.write_rows(rows, start, block)):
+        block = ids.reshape(len(row_list), count).astype(np.int32)
+        if not (shown and bt._sync.write_rows(as_slice(row_list), start, block)):
+            bt.pages_np[0][rows, start:start + count] = block
             bt._sync.appended_one_group(rows, np.full(len(row_list), start), start + count)
         return
     first = rows * bt.max_pages[0] + np.array(held)
