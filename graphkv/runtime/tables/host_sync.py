@@ -191,7 +191,8 @@ class HostSync:
         if bpk == 1:
             out_np[..., 0] = pages
             return
-        torch.add(self._offsets[g], torch.from_numpy(pages).unsqueeze(-1), alpha=bpk, out=out)
+        source = torch.from_numpy(pages if pages.flags.writeable else pages.copy())  # torch wants writable
+        torch.add(self._offsets[g], source.unsqueeze(-1), alpha=bpk, out=out)
         if nulls and int(pages.min()) == 0:  # pages past a row's end are zeros, not page 0's kernel blocks
             out_np[pages == 0] = 0
 

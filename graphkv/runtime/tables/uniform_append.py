@@ -43,25 +43,22 @@ def append_uniform(bt: "BlockTables", rows: "np.ndarray | None", row_list: list[
     try:
         lists = [p for (p,) in new_pages]
         count = len(lists[0]) if lists else 0
-        uniform = count and set(map(len, lists)) == {count}
-    except (TypeError, ValueError):  # not one group, or not sequences
-        return False
-    if not uniform:
+        if count and count * len(lists) <= TINY_PAGES:
+            flat = list(_chain(lists))
+            lo, hi = (min(flat), max(flat)) if flat else (0, 0)
+            if len(flat) != count * len(lists) or lo < 0 or hi >= bt.num_blocks or (
+                    lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
+                return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
+            return _store_pages(bt, row_list, lists, count)  # checks each row's count as it goes
+        if not count or set(map(len, lists)) != {count}:
+            return False
+    except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
         return False
     num = count * len(lists)
-    if num <= TINY_PAGES:
-        flat = list(_chain(lists))
-        try:
-            lo, hi = min(flat), max(flat)
-            if lo < 0 or hi >= bt.num_blocks or (lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
-                return False  # out of the pool, or a 0 / 1 that may be a bool: the general path names it
-        except TypeError:  # ids that do not compare with ints
-            return False
-        return _store_pages(bt, row_list, lists, count)
-    try:  # the same type check as the general path
-        ids = np.frombuffer(struct.pack(f"{num}q", *_chain(lists)), dtype=np.int64)
+    try:  # the type check of the general path, list by list (one huge argument tuple costs more), in int32
+        ids = np.frombuffer(b"".join(itertools.starmap(struct.Struct(f"{count}i").pack, lists)), dtype=np.int32)
     except (struct.error, TypeError, OverflowError):
-        return False
+        return False  # not integers, or beyond int32 (beyond any pool): the general path names it
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= bt.num_blocks:
         return False
@@ -124,7 +121,7 @@ def _write_arrays(bt: "BlockTables", rows: np.ndarray, row_list: list[int], held
     """A constant number of numpy calls: one row-slice write when every row holds the same pages."""
     start = held[0]
     if held.count(start) == len(held):
-        block = ids.reshape(len(row_list), count).astype(np.int32)
+        block = ids.reshape(len(row_list), count)
         if not (shown and bt._sync.write_rows(as_slice(row_list), start, block)):
             bt.pages_np[0][rows, start:start + count] = block
             bt._sync.appended_one_group(rows, np.full(len(row_list), start), start + count)
