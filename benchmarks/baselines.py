@@ -255,6 +255,7 @@ class V1DecodeInputs:
             np.add(block_numbers * self.block_size, positions % self.block_size, out=self.slots[i][0].numpy()[:total])
         for i, g in enumerate(self.state):
             self.states[i][0].numpy()[:num_reqs] = self.tables[g].np[:num_reqs, 0]
-        for host, dev in (self.input_ids, self.positions, self.query_start_loc, self.seq_lens, *self.slots,
-                          *self.states):
-            dev.copy_(host, non_blocking=True)
+        for (host, dev), used in ((self.input_ids, total), (self.positions, total), (self.query_start_loc, num_reqs + 1),
+                                  (self.seq_lens, num_reqs), *((s, total) for s in self.slots),
+                                  *((s, num_reqs) for s in self.states)):
+            dev[:used].copy_(host[:used], non_blocking=True)  # CpuGpuBuffer.copy_to_gpu(n)

@@ -183,9 +183,10 @@ def _check_pages_cover(step: "Step", req_ids: Sequence[Hashable], held: np.ndarr
         fix="give the request its new pages in this step's Batch.new_pages"))
 
 
-def check_input_ids(input_ids: Any, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """``input_ids`` as a ``[num_tokens]`` integer tensor on the CPU or ``device``; raises
-    :class:`SpecError` for another shape, a float / bool / complex dtype, or another device."""
+def check_input_ids(input_ids: Any, num_tokens: int, device: torch.device) -> "torch.Tensor | np.ndarray":
+    """``input_ids`` as a ``[num_tokens]`` integer tensor on the CPU or ``device`` (a tensor given) or
+    int64 numpy array (a sequence given); raises :class:`SpecError` for another shape, a float /
+    bool / complex dtype, or another device."""
     if isinstance(input_ids, torch.Tensor):
         dtype = input_ids.dtype
         if dtype == torch.bool or dtype.is_floating_point or dtype.is_complex:
@@ -198,7 +199,7 @@ def check_input_ids(input_ids: Any, num_tokens: int, device: torch.device) -> to
                                     fix=f"move the token ids with .to('{device}') or keep them on the CPU"))
         ids = input_ids
     else:
-        ids = torch.from_numpy(int_array(input_ids, "input_ids", "token ids", bools=True))
+        ids = int_array(input_ids, "input_ids", "token ids", bools=True)
     if ids.shape != (num_tokens,):
         raise SpecError(Problem(field="input_ids", value=tuple(ids.shape),
                                 limit=f"must be [{num_tokens}] (the batch's query lengths summed)",

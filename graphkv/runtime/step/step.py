@@ -49,6 +49,7 @@ from graphkv.runtime.step.batch import Batch, PreparedStep
 from graphkv.runtime.step.checks import CheckedBatch, check_batch, check_input_ids
 from graphkv.runtime.step.context import StepContext, forward_context
 from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
+from graphkv.runtime.step.repeat import RepeatStep
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.runtime.tables.slots import host_slot_mappings
@@ -93,6 +94,7 @@ class Step:
         self.ownership = PageOwnership(plan)
         self._staging = st = StepStaging(plan, self.device)
         self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        self._input_ids_np = self.input_ids.numpy() if self.device.type == "cpu" else None
         self._ids_host = (torch.zeros(self.max_num_tokens, dtype=torch.int64, pin_memory=True)
                           if self.device.type == "cuda" else None)  # pinned staging of host token ids
         self.mask_builders = {
@@ -118,6 +120,8 @@ class Step:
         self._last_rows = np.zeros(0, dtype=_I64)
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
+        self._last_full: tuple | None = None  # what the last full step derived, for a repeat of it
+        self._repeat: RepeatStep | None = None
 
     # ---- the persistent buffers ----------------------------------------------------------------
 
@@ -199,6 +203,7 @@ class Step:
         del self._rows[req_id]
         self._free_rows.append(row)
         self._last = None
+        self._last_full = self._repeat = None
         self._undo = None
 
     # ---- one step -----------------------------------------------------------------------------
@@ -214,6 +219,13 @@ class Step:
         :meth:`undo` takes the step back (e.g. when your forward raised). Not capture-safe (host
         work); call it before the forward.
         """
+        repeat = self._repeat_of(batch)
+        if repeat is not None:
+            size = repeat.num_tokens if padded_tokens is None else \
+                padded_tokens(repeat.num_tokens, len(repeat.row_list), repeat.prepared.uniform)
+            prepared = repeat.prepare(batch, size)
+            if prepared is not None:
+                return prepared
         checked = check_batch(self, batch)
         padded = checked.num_tokens
         if padded_tokens is not None:
@@ -240,25 +252,40 @@ class Step:
         updated a request's state in place before the error has advanced it — finish such requests
         or prefill them again.
         """
-        checked = check_batch(self, batch)
-        ids = check_input_ids(input_ids, checked.num_tokens, self.device)
         captured = hasattr(forward, "step_size") and hasattr(forward, "run")
-        padded = forward.step_size(checked.dispatch, checked.num_tokens) if captured else checked.num_tokens
-        prepared = self._apply(checked, padded)
+        repeat = self._repeat_of(batch)
+        prepared = None
+        if repeat is not None:
+            dispatch = repeat.dispatch
+            ids = check_input_ids(input_ids, repeat.num_tokens, self.device)
+            prepared = repeat.prepare(batch, forward.step_size(dispatch, repeat.num_tokens) if captured
+                                      else repeat.num_tokens)
+        if prepared is None:
+            checked = check_batch(self, batch)
+            dispatch = checked.dispatch
+            ids = check_input_ids(input_ids, checked.num_tokens, self.device)
+            padded = forward.step_size(dispatch, checked.num_tokens) if captured else checked.num_tokens
+            prepared = self._apply(checked, padded)
         try:
-            dst = self.input_ids[:prepared.num_tokens]
-            if self._ids_host is not None and ids.device.type == "cpu":
+            n = prepared.num_tokens
+            dst = self.input_ids[:n]
+            if self._ids_host is not None and (isinstance(ids, np.ndarray) or ids.device.type == "cpu"):
                 # Through pinned memory, so the copy does not wait for the previous step's forward;
                 # the staging event (synchronized before the next step's staging) covers it.
-                host = self._ids_host[:prepared.num_tokens]
-                host.copy_(ids)
+                host = self._ids_host[:n]
+                if isinstance(ids, np.ndarray):
+                    host.numpy()[:] = ids
+                else:
+                    host.copy_(ids)
                 dst.copy_(host, non_blocking=True)
                 self._staging.record_copy()
+            elif isinstance(ids, np.ndarray):
+                self._input_ids_np[:n] = ids  # a CPU step: the buffer is host memory
             else:
                 dst.copy_(ids)
             with forward_context(self.context):
                 if captured:
-                    return forward.run(checked.dispatch, num_tokens=prepared.num_tokens, num_reqs=prepared.num_reqs,
+                    return forward.run(dispatch, num_tokens=prepared.num_tokens, num_reqs=prepared.num_reqs,
                                        uniform=prepared.uniform, inputs={"input_ids": dst})
                 return forward(input_ids=dst)
         except BaseException:
@@ -291,6 +318,7 @@ class Step:
         self.tables.commit()  # the device tables as they were
         self.tables.forget_shown_rows()
         self._last = None
+        self._last_full = self._repeat = None
 
     @contextlib.contextmanager
     def capture_context(self, key: GraphKey) -> Iterator[StepContext]:
@@ -306,6 +334,7 @@ class Step:
         self.tables.show_null_rows(num_reqs)
         self._staging.copy_to_device()
         self._last = None
+        self._last_full = self._repeat = None
         self._undo = None
         with forward_context(self.context) as ctx:
             yield ctx
@@ -346,8 +375,26 @@ class Step:
             raise
         self._last = (c.req_ids, c.query_lens, padded)
         self._last_rows = rows
-        return PreparedStep(num_tokens=c.num_tokens, num_reqs=c.num_reqs, num_tokens_padded=padded,
-                            uniform=c.uniform, key=c.dispatch.key)
+        prepared = PreparedStep(num_tokens=c.num_tokens, num_reqs=c.num_reqs, num_tokens_padded=padded,
+                                uniform=c.uniform, key=c.dispatch.key)
+        self._last_full = (c.req_ids, c.query_lens, rows, padded, prepared, c.dispatch)
+        self._repeat = None
+        return prepared
+
+    def _repeat_of(self, batch: Batch) -> RepeatStep | None:
+        """The cheap path for ``batch`` when it repeats the last full step (built on first use)."""
+        if type(batch) is not Batch:
+            return None
+        if self._repeat is None:
+            last = self._last_full
+            if last is None or batch.new_pages or batch.req_ids != last[0] or batch.query_lens != last[1]:
+                return None
+            self._repeat = RepeatStep(self, *last)
+        return self._repeat if self._repeat.matches(batch) else None
+
+    def _set_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
+        """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
+        self._undo = _Undo(rows, [], None, None, written)
 
     def _stage_metadata(self, n: int, num_tokens: int, padded: int, qlens: np.ndarray, slens: np.ndarray,
                         ctx: np.ndarray, rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
