@@ -161,10 +161,11 @@ class FlexMaskBuilder:
         self._logical_ids = torch.arange(width, dtype=torch.int32, device=device)
         self._logical_start = self._logical_ids * g.kernel_block_size
         self._ranks = torch.arange(1, g.kv_indices_width + 1, dtype=torch.int32, device=device).repeat(tiles, 1)
+        # The dump row of a step over t tiles is row t + 1: its first (tile, kernel block) index, per t.
+        self._dump_index = torch.arange(tiles + 2, dtype=torch.int32, device=device) * nkb
         self._plus_one = torch.ones((), dtype=torch.int32, device=device)
         self._minus_one = -self._plus_one
         self._int32_max = torch.full((), _INT32_MAX, dtype=torch.int32, device=device)
-        self._dump_index = torch.full((), (tiles + 1) * nkb, dtype=torch.int32, device=device)
         self.mask_mod = paged_mask_mod(token_row=self.token_row, token_pos=self.token_pos,
                                        kernel_block_logical=self.kernel_block_logical, block_table=block_table,
                                        kernel_block_size=g.kernel_block_size, window=g.window,
@@ -213,7 +214,12 @@ class FlexMaskBuilder:
                                     limit=f"must be in 1..{g.max_padded_tokens} (cdiv(max_num_batched_tokens="
                                           f"{g.max_num_batched_tokens}, q_tile={g.q_tile_tokens}) whole tiles)",
                                     fix="pad the step to at most max_num_batched_tokens rounded up to a tile"))
-        kbs, tile, nkb, tiles = g.kernel_block_size, g.q_tile_tokens, g.num_kernel_blocks, g.num_q_tiles
+        kbs, tile, nkb = g.kernel_block_size, g.q_tile_tokens, g.num_kernel_blocks
+        # Only the query tiles that cover this step's (padded) tokens are rebuilt: a decode step under a
+        # large token budget costs what it costs under a small one. The sizes are Python ints fixed by
+        # the padded size, so a graph captured for that size replays the same ops.
+        tiles = -(-num_tokens_padded // tile)
+        tokens = tiles * tile
         q_start, q_end = self.query_start_loc[:-1], self.query_start_loc[1:]
         table, seq_lens = self.block_table, self.seq_lens
         if isinstance(num_reqs, torch.Tensor):
@@ -227,13 +233,15 @@ class FlexMaskBuilder:
         torch.where(ws.row_valid, q_end, self._int32_max, out=ws.row_ends)
         torch.sub(q_end, 1, out=ws.row_last)
 
-        # 2. Per packed query token: its batch row and position (-1 for padding tokens).
-        torch.searchsorted(ws.row_ends, self._token_ids, right=True, out_int32=True, out=self.token_row)
-        torch.ge(self.token_row, ws.num_reqs, out=ws.token_pad)
-        self.token_row.clamp_(max=g.max_num_seqs - 1)
-        torch.index_select(ws.row_ctx, 0, self.token_row, out=self.token_pos)
-        torch.index_select(q_start, 0, self.token_row, out=ws.token_tmp)
-        self.token_pos.sub_(ws.token_tmp).add_(self._token_ids).masked_fill_(ws.token_pad, -1)
+        # 2. Per packed query token of the step's tiles: its batch row and position (-1 for padding).
+        token_ids, token_row, token_pos = self._token_ids[:tokens], self.token_row[:tokens], self.token_pos[:tokens]
+        token_pad, token_tmp = ws.token_pad[:tokens], ws.token_tmp[:tokens]
+        torch.searchsorted(ws.row_ends, token_ids, right=True, out_int32=True, out=token_row)
+        torch.ge(token_row, ws.num_reqs, out=token_pad)
+        token_row.clamp_(max=g.max_num_seqs - 1)
+        torch.index_select(ws.row_ctx, 0, token_row, out=token_pos)
+        torch.index_select(q_start, 0, token_row, out=token_tmp)
+        token_pos.sub_(token_tmp).add_(token_ids).masked_fill_(token_pad, -1)
 
         # 3. Per table entry (row r, logical L -> kernel block b): live entries hold tokens
         # [L*kbs, ...) below seq_lens[r]. The inverse map keeps the highest live L per block:
@@ -256,17 +264,17 @@ class FlexMaskBuilder:
             torch.minimum(hi.add_(kbs + g.window - 2), ws.row_last[:, None], out=hi)
         live.logical_and_(torch.le(lo, hi, out=tmp))
 
-        # 5. Difference array over query tiles: +1 at the first tile needing (r, L), -1 after the
-        # last; dead entries go to the dump row. A prefix sum over tiles counts, per (tile,
-        # kernel block), the entries that need it (prefix sharing just counts twice).
-        counts = ws.tile_counts
+        # 5. Difference array over the step's query tiles: +1 at the first tile needing (r, L), -1 after
+        # the last; dead entries go to the dump row (row tiles + 1). A prefix sum over tiles counts, per
+        # (tile, kernel block), the entries that need it (prefix sharing just counts twice).
+        counts = ws.tile_counts[:tiles + 2]
         counts.zero_()
         for bound, step in ((lo, self._plus_one), (hi, self._minus_one)):
             bound.div_(tile, rounding_mode="floor")
             if step is self._minus_one:
                 bound.add_(1)
             bound.clamp_(0, tiles).mul_(nkb).add_(table)
-            index.copy_(torch.where(live, bound, self._dump_index, out=bound))
+            index.copy_(torch.where(live, bound, self._dump_index[tiles + 1], out=bound))
             counts.view(-1).scatter_add_(0, index.view(-1), step.expand(index.numel()))
         ranks = counts[:tiles]
         ranks.cumsum_(0).clamp_(0, 1).cumsum_(1)
@@ -275,14 +283,14 @@ class FlexMaskBuilder:
         # (ascending ids) is the first b whose rank reaches k + 1: one batched binary search
         # writes kv_indices; columns past kv_num_blocks are clamped into range and never read.
         # Kernel block b is flex kv block b * r of the flat K/V view.
-        self.kv_num_blocks.copy_(ranks[:, -1])
-        torch.searchsorted(ranks, self._ranks, out_int32=True, out=self.kv_indices).clamp_(max=nkb - 1)
+        kv_num_blocks, kv_indices = self.kv_num_blocks[:tiles], self.kv_indices[:tiles]
+        kv_num_blocks.copy_(ranks[:, -1])
+        torch.searchsorted(ranks, self._ranks[:tiles], out_int32=True, out=kv_indices).clamp_(max=nkb - 1)
         if g.kv_block_stride != 1:
-            self.kv_indices.mul_(g.kv_block_stride)
+            kv_indices.mul_(g.kv_block_stride)
 
-        n = -(-num_tokens_padded // tile)
         return BlockMask.from_kv_blocks(
-            self.kv_num_blocks[None, None, :n], self.kv_indices[None, None, :n],
-            self.full_kv_num_blocks[None, None, :n], self.full_kv_indices[None, None, :n],
+            self.kv_num_blocks[None, None, :tiles], self.kv_indices[None, None, :tiles],
+            self.full_kv_num_blocks[None, None, :tiles], self.full_kv_indices[None, None, :tiles],
             BLOCK_SIZE=(tile, kbs), mask_mod=self.mask_mod,
             seq_lengths=(num_tokens_padded, g.kv_tokens), compute_q_blocks=False)

@@ -48,6 +48,23 @@ def test_block_lists_equal_create_block_mask(case):
         assert not any(b < bpk for b in row)  # the null page
 
 
+@pytest.mark.parametrize("case", ["decode-kbs32", "mixed-bpk2", "window-100"])
+def test_a_step_rebuilds_only_its_own_query_tiles(case):
+    """Under an 8192-token budget a step lists what it lists under a budget of its own size, and the
+    tiles past its padded tokens are not touched (the build's work follows the step, not the budget)."""
+    batch, bpk, window = _batch(case)
+    padded = batch.query.shape[0]
+    small = builder_for(batch, bpk=bpk, window=window)
+    big = builder_for(batch, bpk=bpk, window=window, budget=8192)
+    assert big.geometry.num_q_tiles == 64 and small.geometry.num_q_tiles == -(-padded // 128)
+    big.kv_num_blocks.fill_(-3)
+    for builder in (small, big):
+        builder.build(batch.num_reqs, num_tokens_padded=padded)
+    tiles = small.geometry.num_q_tiles
+    assert torch.equal(listed_blocks(big, padded), listed_blocks(small, padded))
+    assert (big.kv_num_blocks[tiles:] == -3).all()
+
+
 def test_window_keeps_only_blocks_touching_the_window():
     """A decode at position 999 with window 100 lists kernel blocks of positions 900..999 only."""
     batch = make_paged_batch(query_lens=[1], seq_lens=[1000], kernel_block_size=16, num_pages=80, max_num_seqs=2,
