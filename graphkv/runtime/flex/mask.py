@@ -105,7 +105,8 @@ class _Workspace:
     entry_lo: torch.Tensor  # [S, W] int32
     entry_hi: torch.Tensor  # [S, W] int32
     entry_index: torch.Tensor  # [S, W] int64
-    tile_counts: torch.Tensor  # [Q + 2, N] int32: difference array, then ranks; last row is the dump row
+    tile_counts: torch.Tensor  # [Q + 2, N] int32: difference array, then ranks; a step over t tiles uses rows
+    #                             0 .. t + 1, row t + 1 being its dump row
 
 
 class FlexMaskBuilder:
@@ -202,11 +203,13 @@ class FlexMaskBuilder:
         ``num_reqs``: live batch rows, a Python int or a 0-d integer tensor (under
         ``torch.compile`` or CUDA-graph capture pass a persistent 0-d tensor: an int is baked into
         the graph). ``num_tokens_padded``: the query length the attention call will use (``<=
-        max_padded_tokens``). Capture-safe: in-place ops
-        only, no host sync. Rows ``>= num_reqs`` and tokens past ``query_start_loc[num_reqs]`` are
-        ignored whatever they hold. Live rows must be consistent (``query_start_loc``
-        non-decreasing, ``seq_lens[r] >= query length <= max_model_len``, table entries below the
-        pool size); that is not checked on the hot path.
+        max_padded_tokens``); only the ``cdiv(num_tokens_padded, q_tile)`` query tiles covering it
+        are rebuilt (the rest of the buffers keep what they held, and the mask never reads them), so
+        the work follows the step, not ``max_num_batched_tokens``. Capture-safe: in-place ops only,
+        no host sync, shapes fixed by ``num_tokens_padded``. Rows ``>= num_reqs`` and tokens past
+        ``query_start_loc[num_reqs]`` are ignored whatever they hold. Live rows must be consistent
+        (``query_start_loc`` non-decreasing, ``seq_lens[r] >= query length <= max_model_len``, table
+        entries below the pool size); that is not checked on the hot path.
         """
         g, ws = self.geometry, self._ws
         if not 0 < num_tokens_padded <= g.max_padded_tokens:

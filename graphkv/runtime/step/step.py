@@ -46,10 +46,11 @@ from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.runtime.step.batch import Batch, PreparedStep
-from graphkv.runtime.step.checks import CheckedBatch, check_batch, check_input_ids
+from graphkv.runtime.step.checks import BatchChecker, CheckedBatch, check_input_ids
 from graphkv.runtime.step.context import StepContext, forward_context
 from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
-from graphkv.runtime.step.repeat import RepeatStep
+from graphkv.runtime.step.repeat import Parts, RepeatStep
+from graphkv.runtime.step.rows import RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.runtime.tables.slots import host_slot_mappings
@@ -109,18 +110,12 @@ class Step:
             block_tables=self.tables.input_tables, state_indices=st.state_pages_dev, mask_builders=self.mask_builders,
             group_of_layer={d.name: plan.group_of(d.index).index for d in plan.layers})
         self._dispatch = Dispatcher(plan.cudagraph, limits)
-        self._rows: dict[Hashable, int] = {}
-        self._free_rows = list(range(self.max_num_seqs - 1, -1, -1))  # pop() hands out row 0 first
+        self._requests = RequestRows(self.max_num_seqs)
+        self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch)
+        self._parts = Parts(plan, self.tables, self.ownership, st, self._remember_undo)
         self._arange = np.arange(max(self.max_num_seqs, self.max_num_tokens), dtype=_I64)
-        # Tokens one page holds per group, [G, 1]: a state group's one page holds any length.
-        self._state_group = np.array([[g.is_ssm] for g in plan.groups])
-        self._page_tokens = np.array([[g.block_size] for g in plan.groups], dtype=_I64)
-        self._tokens_per_page = np.where(self._state_group, plan.max_model_len, self._page_tokens)
-        self._last: tuple[tuple, tuple, int] | None = None  # (req_ids, query_lens, padded) the staging holds
-        self._last_rows = np.zeros(0, dtype=_I64)
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
-        self._last_full: tuple | None = None  # what the last full step derived, for a repeat of it
         self._repeat: RepeatStep | None = None
 
     # ---- the persistent buffers ----------------------------------------------------------------
@@ -182,15 +177,11 @@ class Step:
     @property
     def active_requests(self) -> tuple[Hashable, ...]:
         """Request ids holding a table row (joined and not finished)."""
-        return tuple(self._rows)
+        return tuple(self._requests.rows)
 
     def row_of(self, req_id: Hashable) -> int:
         """The persistent table row of ``req_id``."""
-        try:
-            return self._rows[req_id]
-        except (KeyError, TypeError):
-            raise SpecError(Problem(field="req_id", value=req_id, limit="is not an active request",
-                                    fix="pass a request id that appeared in a Batch and was not finished")) from None
+        return self._requests.row_of(req_id)
 
     def finish(self, req_id: Hashable) -> None:
         """Release ``req_id``'s table row (its entries return to the null page) and its pages (one
@@ -200,10 +191,8 @@ class Step:
         held = self.tables.num_pages_np[:, row]
         self.ownership.release(row, [self.tables.pages_np[g][row, :n] for g, n in enumerate(held.tolist())])
         self.tables.remove(row)
-        del self._rows[req_id]
-        self._free_rows.append(row)
-        self._last = None
-        self._last_full = self._repeat = None
+        self._requests.release(req_id)
+        self._forget_last()
         self._undo = None
 
     # ---- one step -----------------------------------------------------------------------------
@@ -226,7 +215,7 @@ class Step:
             prepared = repeat.prepare(batch, size)
             if prepared is not None:
                 return prepared
-        checked = check_batch(self, batch)
+        checked = self._checker.check(batch)
         padded = checked.num_tokens
         if padded_tokens is not None:
             padded = padded_tokens(checked.num_tokens, checked.num_reqs, checked.uniform)
@@ -261,7 +250,7 @@ class Step:
             prepared = repeat.prepare(batch, forward.step_size(dispatch, repeat.num_tokens) if captured
                                       else repeat.num_tokens)
         if prepared is None:
-            checked = check_batch(self, batch)
+            checked = self._checker.check(batch)
             dispatch = checked.dispatch
             ids = check_input_ids(input_ids, checked.num_tokens, self.device)
             padded = forward.step_size(dispatch, checked.num_tokens) if captured else checked.num_tokens
@@ -313,12 +302,10 @@ class Step:
                     self.tables.truncate(row, undo.held[:, i])
         for req_id, row in reversed(undo.new):
             self.tables.remove(row)
-            del self._rows[req_id]
-            self._free_rows.append(row)
+            self._requests.release(req_id)
         self.tables.commit()  # the device tables as they were
         self.tables.forget_shown_rows()
-        self._last = None
-        self._last_full = self._repeat = None
+        self._forget_last()
 
     @contextlib.contextmanager
     def capture_context(self, key: GraphKey) -> Iterator[StepContext]:
@@ -333,8 +320,7 @@ class Step:
                              rows=None, same=False)
         self.tables.show_null_rows(num_reqs)
         self._staging.copy_to_device()
-        self._last = None
-        self._last_full = self._repeat = None
+        self._forget_last()
         self._undo = None
         with forward_context(self.context) as ctx:
             yield ctx
@@ -343,15 +329,11 @@ class Step:
 
     def _apply(self, c: CheckedBatch, padded: int) -> PreparedStep:
         """Change the state for a checked batch (rows, pages, holders, staging, device), all or nothing."""
-        new: list[tuple[Hashable, int]] = []
         rows = c.rows
+        new: list[tuple[Hashable, int]] = []
         if c.num_new:
             rows = rows.copy()
-            for i in np.flatnonzero(c.new).tolist():
-                row = self._free_rows.pop()
-                rows[i] = row
-                self._rows[c.req_ids[i]] = row
-                new.append((c.req_ids[i], row))
+            new = self._requests.admit(c.req_ids, rows, c.new)
         own = self.ownership
         undo = _Undo(rows, new, c.held if c.entries is not None else None, None, own.written[rows])
         self._undo = undo
@@ -359,7 +341,8 @@ class Step:
             if c.entries is not None:
                 self.tables.append_pages(rows, c.entries)
                 undo.hold = own.hold(c.entries, c.columns, rows, c.new, c.ctx, c.shared)
-            same = self._last is not None and self._last == (c.req_ids, c.query_lens, padded) and not c.num_new
+            last = self._requests.last
+            same = last is not None and last == (c.req_ids, c.query_lens, padded) and not c.num_new
             written_pages = self._stage_metadata(c.num_reqs, c.num_tokens, padded, c.qlens, c.slens, c.ctx, rows,
                                                  same=same)
             if own.num_shared:
@@ -368,16 +351,17 @@ class Step:
                 for g, pages in written_pages:
                     own.check_writes(c.req_ids, pages, token_req, g)
             own.written[rows] = c.slens
-            self.tables.sync(rows, padded, same_rows=self._last is not None and self._last[0] == c.req_ids)
+            self.tables.sync(rows, padded, same_rows=last is not None and last[0] == c.req_ids)
             self._staging.copy_to_device()
         except BaseException:
             self.undo()
             raise
-        self._last = (c.req_ids, c.query_lens, padded)
-        self._last_rows = rows
+        requests = self._requests
+        requests.last = (c.req_ids, c.query_lens, padded)
+        requests.last_rows = rows
         prepared = PreparedStep(num_tokens=c.num_tokens, num_reqs=c.num_reqs, num_tokens_padded=padded,
                                 uniform=c.uniform, key=c.dispatch.key)
-        self._last_full = (c.req_ids, c.query_lens, rows, padded, prepared, c.dispatch)
+        requests.last_full = (c.req_ids, c.query_lens, rows, padded, prepared, c.dispatch)
         self._repeat = None
         return prepared
 
@@ -386,13 +370,18 @@ class Step:
         if type(batch) is not Batch:
             return None
         if self._repeat is None:
-            last = self._last_full
+            last = self._requests.last_full
             if last is None or batch.new_pages or batch.req_ids != last[0] or batch.query_lens != last[1]:
                 return None
-            self._repeat = RepeatStep(self, *last)
+            self._repeat = RepeatStep(self._parts, *last)
         return self._repeat if self._repeat.matches(batch) else None
 
-    def _set_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
+    def _forget_last(self) -> None:
+        """Rows, pages or staging changed outside a step: the next step takes the full path."""
+        self._requests.forget_last()
+        self._repeat = None
+
+    def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
         """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
         self._undo = _Undo(rows, [], None, None, written)
 

@@ -39,6 +39,7 @@ from graphkv.plan.plan import Plan
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.tables.host_sync import HostSync
+from graphkv.runtime.tables.mirror import PageMirror
 from graphkv.runtime.tables.page_ids import PageEntries, flatten_new_pages, int_array
 from graphkv.runtime.tables.staged_sync import StagedSync
 from graphkv.runtime.tables.uniform_append import append_uniform
@@ -68,44 +69,23 @@ class BlockTables:
         self.plan = plan
         self.device = resolve_device(device)
         self._kernels = resolve_kernels(kernels, self.device)
-        groups = plan.groups
-        self.max_num_seqs = seqs = plan.limits.max_num_seqs
-        self.num_blocks = plan.num_blocks
-        self.bpks = tuple(g.bpk for g in groups)
-        self.widths = tuple(g.block_table_width for g in groups)
-        self.max_pages = tuple(g.pages_per_request for g in groups)
-        self.block_sizes = tuple(g.block_size for g in groups)
-        num_groups = len(groups)
-        self._sync: HostSync | StagedSync = (HostSync(self) if self.device.type == "cpu" and self._kernels == "torch"
-                                             else StagedSync(self, self._kernels))
-        # Host truth: page ids per (group, row), all groups packed in one flat array (the persistent
-        # device tables themselves on a CPU with one kernel block per page).
-        host_starts = np.concatenate([[0], np.cumsum([seqs * p for p in self.max_pages])])
-        mirror = self._sync.mirror_buffer(int(host_starts[-1]))
-        self.pages_flat = mirror if mirror is not None else np.zeros(int(host_starts[-1]), dtype=np.int32)
-        self.pages_np = tuple(self.pages_flat[s:s + seqs * p].reshape(seqs, p)
-                              for s, p in zip(host_starts[:-1].tolist(), self.max_pages))
-        self.num_pages_np = np.zeros((num_groups, seqs), dtype=np.int32)
-        self._num_pages0 = self.num_pages_np[0]
-        self.num_pages_mv = memoryview(self._num_pages0)  # item access from Python for small steps
-        self.pages_mv = memoryview(self.pages_flat)
-        self._host_start = host_starts[:-1].astype(np.int64)
-        self._host_pages = np.array(self.max_pages, dtype=np.int64)
-        self._max_pages_np = self._host_pages
-        self._arange = np.arange(seqs * max(self.max_pages), dtype=np.int64)
-        # Which request row each step (batch) row shows, and the inverse.
-        self._shown_rows = np.zeros(0, dtype=np.int64)
-        self._batch_row_of = np.full(seqs, -1, dtype=np.int64)
-        self._null_until = 0  # batch rows [len(_shown_rows), _null_until) hold the null page
-        self._shown_valid = True  # False: the step's rows are unknown, the next sync copies them
-        self.identity_rows = 0  # n when step rows 0..n-1 show request rows 0..n-1
+        host = self.device.type == "cpu" and self._kernels == "torch"
+        storage = None
+        if host:  # the device tables are host memory; with bpk 1 everywhere the first half is the mirror
+            storage = torch.zeros(2 * plan.limits.max_num_seqs * sum(g.block_table_width for g in plan.groups),
+                                  dtype=torch.int32)
+        aliased = host and HostSync.aliases_mirror(tuple(g.bpk for g in plan.groups))
+        self.mirror = m = PageMirror(plan, storage.numpy()[:PageMirror.buffer_size(plan)] if aliased else None)
+        self._sync: HostSync | StagedSync = HostSync(m, storage) if host else StagedSync(m, self.device, self._kernels)
+        # The mirror's arrays, under the names the rest of the runtime reads.
+        self.max_num_seqs, self.num_blocks, self.num_groups = m.max_num_seqs, m.num_blocks, m.num_groups
+        self.bpks, self.widths, self.max_pages, self.block_sizes = m.bpks, m.widths, m.max_pages, m.block_sizes
+        self.pages_flat, self.pages_np, self.num_pages_np = m.pages_flat, m.pages_np, m.num_pages_np
+        self._num_pages0 = m.num_pages_np[0]
+        self._host_start, self._host_pages, self._max_pages_np = m.host_start, m.host_pages, m.host_pages
+        self._arange = m.arange
 
     # ---- properties ----------------------------------------------------------------------------
-
-    @property
-    def num_groups(self) -> int:
-        """Number of KV-cache groups."""
-        return len(self.widths)
 
     @property
     def kernels(self) -> str:
@@ -197,7 +177,8 @@ class BlockTables:
                                     limit=f"need one distinct row in [0, max_num_seqs={self.max_num_seqs}) per entry "
                                           f"of new_pages ({len(new_pages)})",
                                     fix="pass the persistent rows of the requests, once each"))
-        if self.num_groups == 1 and append_uniform(self, rows if typed else None, row_list, new_pages):
+        if self.num_groups == 1 and append_uniform(self.mirror, self._sync, rows if typed else None, row_list,
+                                                   new_pages):
             return
         entries = flatten_new_pages(new_pages, self.num_groups, row_list)
         if entries is None:
@@ -294,37 +275,26 @@ class BlockTables:
         (``same_rows``; compared when ``None``), only what changed is written (on a GPU in the same
         launch as the persistent rows); otherwise the step's rows are copied again (one gather on a
         GPU). Not capture-safe (reads host state)."""
+        m = self.mirror
         n = rows.shape[0]
-        if not self._shown_valid:
+        if not m.shown_valid:
             same_rows = False
         elif same_rows is None:
-            same_rows = n == self._shown_rows.shape[0] and bool(np.array_equal(rows, self._shown_rows))
-        self._sync.sync(rows, num_reqs_padded, same_rows, self._null_until)
+            same_rows = n == m.shown_rows.shape[0] and bool(np.array_equal(rows, m.shown_rows))
+        self._sync.sync(rows, num_reqs_padded, same_rows, m.null_until)
         if not same_rows:
-            self._show(rows.copy(), num_reqs_padded)
-        else:
-            self._null_until = max(self._null_until, num_reqs_padded)
+            m.show(rows.copy(), num_reqs_padded)
+        elif num_reqs_padded > m.null_until:
+            m.null_until = num_reqs_padded
 
     def show_null_rows(self, num_reqs_padded: int) -> None:
         """Per-step rows ``[0, num_reqs_padded)`` := the null page (a dummy step, e.g. for capture)."""
         self._sync.show_null(num_reqs_padded)
-        self._show(np.zeros(0, dtype=np.int64), num_reqs_padded)
+        self.mirror.show(np.zeros(0, dtype=np.int64), num_reqs_padded)
 
     def forget_shown_rows(self) -> None:
         """Make the next :meth:`sync` copy the step's rows again (e.g. after something else wrote them)."""
-        self._show(np.zeros(0, dtype=np.int64), 0)
-        self._shown_valid = False
-
-    def _show(self, rows: np.ndarray, num_reqs_padded: int) -> None:
-        self._batch_row_of[self._shown_rows] = -1
-        n = rows.shape[0]
-        self._batch_row_of[rows] = self._arange[:n]
-        self._shown_rows = rows
-        self._null_until = num_reqs_padded
-        self._shown_valid = True
-        # Step row i shows request row i for every i < n: edits can write step rows at the same index.
-        self.identity_rows = n if n and int(rows[0]) == 0 and int(rows[-1]) == n - 1 and \
-            bool((rows == self._arange[:n]).all()) else 0
+        self.mirror.forget_shown()
 
     def state_pages(self, group: int, rows: np.ndarray) -> np.ndarray:
         """The state page of each of ``rows`` in a Mamba group: the row's first page (page 0, the

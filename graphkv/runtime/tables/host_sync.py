@@ -14,45 +14,43 @@ and the persistent kernel-block tables, which nothing on the step path reads, ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from graphkv.kernels.block_tables import PackedTables
-
-if TYPE_CHECKING:
-    from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.mirror import PageMirror
 
 __all__ = ["HostSync", "as_slice"]
 
 
 class HostSync:
-    """The device tables of ``tables`` (a :class:`BlockTables` on a CPU with the default kernels)."""
+    """The device tables of ``mirror`` on a CPU, in ``storage`` (``[2 * max_num_seqs * sum_g width_g]
+    int32``: persistent rows, then step rows; with bpk 1 everywhere its first half is the mirror)."""
 
-    def __init__(self, tables: "BlockTables") -> None:
-        self._bt = tables
-        seqs, widths, pages, bpks = tables.max_num_seqs, tables.widths, tables.max_pages, tables.bpks
+    @staticmethod
+    def aliases_mirror(mirror_bpks: tuple[int, ...]) -> bool:
+        """Whether the persistent tables can be the mirror's own buffer (one kernel block per page)."""
+        return all(b == 1 for b in mirror_bpks)
+
+    def __init__(self, mirror: PageMirror, storage: torch.Tensor) -> None:
+        self._mirror = mirror
+        seqs, widths, pages, bpks = mirror.max_num_seqs, mirror.widths, mirror.max_pages, mirror.bpks
         total = seqs * sum(widths)
-        self.storage = torch.zeros(2 * total, dtype=torch.int32)
+        self.storage = storage
         self.persistent = PackedTables.view_of(self.storage[:total], seqs, widths)
         self.inputs = PackedTables.view_of(self.storage[total:], seqs, widths)
-        self.aliased = all(b == 1 for b in bpks)  # kernel blocks are pages: the step tables hold pages
+        self.aliased = self.aliases_mirror(bpks)  # kernel blocks are pages: the step tables hold pages
         flat = self.storage.numpy()
         self._both = flat.reshape(2, total)  # [mirror (when aliased) | step tables]
-        self._both3 = self._both.reshape(2, seqs, -1) if tables.num_groups == 1 else None
-        self._step_view = (memoryview(flat[total:]), bpks[0]) if tables.num_groups == 1 else None
+        self._both3 = self._both.reshape(2, seqs, -1) if mirror.num_groups == 1 else None
+        self._step_view = (memoryview(flat[total:]), bpks[0]) if mirror.num_groups == 1 else None
         self._inputs3 = tuple(t.view(seqs, p, b) for t, p, b in zip(self.inputs.tables, pages, bpks))
         self._inputs3_np = tuple(t.numpy() for t in self._inputs3)
         self._persistent3 = tuple(t.view(seqs, p, b) for t, p, b in zip(self.persistent.tables, pages, bpks))
         self._offsets = tuple(torch.arange(b, dtype=torch.int32) for b in bpks)
         self._offsets_np = tuple(t.numpy() for t in self._offsets)
-        self._touched: list[list[np.ndarray]] = [[] for _ in range(tables.num_groups)]  # changed rows
-        self._band = [[pages[g], 0] for g in range(tables.num_groups)]  # their changed columns [lo, hi)
-
-    def mirror_buffer(self, size: int) -> np.ndarray | None:
-        """The host mirror's storage when the persistent tables can be it (bpk 1 everywhere)."""
-        return self.storage.numpy()[:size] if self.aliased else None
+        self._touched: list[list[np.ndarray]] = [[] for _ in range(mirror.num_groups)]  # changed rows
+        self._band = [[pages[g], 0] for g in range(mirror.num_groups)]  # their changed columns [lo, hi)
 
     def persistent_tables(self) -> tuple[torch.Tensor, ...]:
         """Persistent kernel-block tables (current after :meth:`commit` unless they are the mirror)."""
@@ -65,7 +63,7 @@ class HostSync:
         the step tables in one scatter, when it can: bpk 1 everywhere (the step tables hold pages,
         packed like the mirror) and the batch showing request row i at step row i for every row
         here. Returns False (nothing written) otherwise."""
-        shown = self._bt.identity_rows
+        shown = self._mirror.identity_rows
         if not (self.aliased and shown and int(rows.max()) < shown):
             return False
         self._both[:, dst] = ids
@@ -84,14 +82,14 @@ class HostSync:
         if self.aliased:  # [mirror | step tables] as two rows of one buffer: one write for both
             self._both3[:, rows, start:stop] = block
             return True
-        self._bt.pages_np[0][rows, start:stop] = block
+        self._mirror.pages_np[0][rows, start:stop] = block
         self._expand(0, block, rows, start, nulls=False)
         return True
 
     def write_lines(self, lines: list[int], pages: list[int]) -> None:
         """The one group's step table: page column lines (``row * pages_per_request + column``) :=
         ``pages`` in kernel blocks (one numpy write; the mirror is already written)."""
-        bpk = self._bt.bpks[0]
+        bpk = self._mirror.bpks[0]
         values = np.array(pages, dtype=np.int32)[:, None] * np.int32(bpk) + self._offsets_np[0]
         self._inputs3_np[0].reshape(-1, bpk)[lines] = values
 
@@ -110,7 +108,7 @@ class HostSync:
     def edited(self, groups: np.ndarray, rows: np.ndarray, from_column: np.ndarray) -> None:
         """Rows edited in place (truncated, moved, cleared) from ``from_column`` on."""
         for g, r, lo in zip(groups.tolist(), rows.tolist(), from_column.tolist()):
-            self._note(g, np.array([r]), int(lo), self._bt.max_pages[g])
+            self._note(g, np.array([r]), int(lo), self._mirror.max_pages[g])
 
     def _note(self, g: int, rows: np.ndarray, lo: int, hi: int) -> None:
         self._touched[g].append(rows)
@@ -122,7 +120,7 @@ class HostSync:
     def sync(self, rows: np.ndarray, num_reqs_padded: int, same_rows: bool, null_until: int) -> None:
         """Step rows ``[0, len(rows))`` show ``rows``, ``[len(rows), num_reqs_padded)`` the null page."""
         n = rows.shape[0]
-        bt = self._bt
+        bt = self._mirror
         if not same_rows:
             for g, mirror in enumerate(bt.pages_np):
                 if self.aliased:
@@ -145,18 +143,18 @@ class HostSync:
         lo, hi = self._band[g]
         if hi <= lo:
             return
-        pos = self._bt._batch_row_of[rows]
+        pos = self._mirror.batch_row_of[rows]
         if int(pos.min()) < 0:
             keep = pos >= 0
             pos, rows = pos[keep], rows[keep]
             if not pos.shape[0]:
                 return
-        self._expand(g, self._bt.pages_np[g][rows, lo:hi], as_slice(pos), lo)
+        self._expand(g, self._mirror.pages_np[g][rows, lo:hi], as_slice(pos), lo)
 
     def _forget(self) -> None:
         for g in range(len(self._touched)):
             self._touched[g] = []
-            self._band[g] = [self._bt.max_pages[g], 0]
+            self._band[g] = [self._mirror.max_pages[g], 0]
 
     def show_null(self, num_reqs_padded: int) -> None:
         """Step rows ``[0, num_reqs_padded)`` := the null page."""
@@ -168,7 +166,7 @@ class HostSync:
         else one broadcast add per group over the whole mirror)."""
         if self.aliased:
             return
-        for g, mirror in enumerate(self._bt.pages_np):
+        for g, mirror in enumerate(self._mirror.pages_np):
             self._expand_into(self._persistent3[g], self._persistent3[g].numpy(), mirror, g)
 
     def _expand(self, g: int, pages: np.ndarray, step_rows: "slice | np.ndarray", lo: int, *,
@@ -179,7 +177,7 @@ class HostSync:
         if isinstance(step_rows, slice):
             self._expand_into(self._inputs3[g][step_rows, cols], self._inputs3_np[g][step_rows, cols], pages, g, nulls)
             return
-        out = np.empty(pages.shape + (self._bt.bpks[g],), dtype=np.int32)
+        out = np.empty(pages.shape + (self._mirror.bpks[g],), dtype=np.int32)
         self._expand_into(torch.from_numpy(out), out, pages, g, nulls)
         self._inputs3_np[g][step_rows, cols] = out
 
@@ -187,7 +185,7 @@ class HostSync:
                      nulls: bool = True) -> None:
         """``out[r, c, k] = pages[r, c] * bpk + k`` (0 for the null page): one broadcast add of int32
         (torch's is several times faster than numpy's into a strided band, at every size measured)."""
-        bpk = self._bt.bpks[g]
+        bpk = self._mirror.bpks[g]
         if bpk == 1:
             out_np[..., 0] = pages
             return

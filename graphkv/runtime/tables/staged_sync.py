@@ -12,16 +12,12 @@ whose batch keeps its rows needs no gather. A batch whose rows changed costs one
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from graphkv.kernels.block_tables import PackedTables, gather_rows, write_pages
 from graphkv.runtime.ops import torch_ops
-
-if TYPE_CHECKING:
-    from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.mirror import PageMirror
 
 __all__ = ["StagedSync", "page_first_blocks"]
 
@@ -34,12 +30,12 @@ def page_first_blocks(pages: np.ndarray, bpk: "np.ndarray | int") -> np.ndarray:
 
 
 class StagedSync:
-    """The device tables of ``tables`` (a :class:`BlockTables` on a CUDA device, or with Triton
-    kernels anywhere); ``kernels`` is ``"triton"`` or ``"torch"``."""
+    """The device tables of ``mirror`` on ``device`` (a CUDA device, or any with Triton kernels);
+    ``kernels`` is ``"triton"`` or ``"torch"``."""
 
-    def __init__(self, tables: "BlockTables", kernels: str) -> None:
-        self._bt = tables
-        seqs, widths, device = tables.max_num_seqs, tables.widths, tables.device
+    def __init__(self, mirror: PageMirror, device: torch.device, kernels: str) -> None:
+        self._mirror = mirror
+        seqs, widths = mirror.max_num_seqs, mirror.widths
         total = seqs * sum(widths)
         self.device = device
         self.storage = torch.zeros(2 * total, dtype=torch.int32, device=device)
@@ -49,10 +45,10 @@ class StagedSync:
         self._dev_start = np.concatenate([[0], np.cumsum([seqs * w for w in widths])[:-1]]).astype(np.int64)
         self._in_start = self._dev_start + total
         self._dev_width = np.array(widths, dtype=np.int64)
-        self._bpk = np.array(tables.bpks, dtype=np.int64)
+        self._bpk = np.array(mirror.bpks, dtype=np.int64)
         # Per (group, row): pages the device's persistent row holds, and the first stale column.
-        self._device_pages = np.zeros((tables.num_groups, seqs), dtype=np.int32)
-        self._stale_from = np.full((tables.num_groups, seqs), _CLEAN, dtype=np.int32)
+        self._device_pages = np.zeros((mirror.num_groups, seqs), dtype=np.int32)
+        self._stale_from = np.full((mirror.num_groups, seqs), _CLEAN, dtype=np.int32)
         self._any_stale = False
         self._staged = torch.empty(0, dtype=torch.int64, device=device)  # grows, never shrinks
         self._staged_host = torch.empty(0, dtype=torch.int64)
@@ -62,10 +58,6 @@ class StagedSync:
         if device.type == "cuda":
             with torch.cuda.device(device):
                 self._copied = torch.cuda.Event()
-
-    def mirror_buffer(self, size: int) -> None:
-        """The host mirror has its own storage here."""
-        return None
 
     def persistent_tables(self) -> tuple[torch.Tensor, ...]:
         """Persistent device tables (current after :meth:`commit`)."""
@@ -106,7 +98,7 @@ class StagedSync:
         and one launch."""
         if not self._any_stale:
             return
-        bt = self._bt
+        bt = self._mirror
         group, row = np.nonzero(self._stale_from != _CLEAN)
         lo = self._stale_from[group, row].astype(np.int64)
         hi = np.maximum(bt.num_pages_np[group, row], self._device_pages[group, row]).astype(np.int64)
@@ -121,12 +113,12 @@ class StagedSync:
         column = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
         seg = np.repeat(np.arange(group.shape[0]), count)
         g, r = group[seg], row[seg]
-        pages = bt.pages_flat[bt._host_start[g] + r * bt._host_pages[g] + column]
+        pages = bt.pages_flat[bt.host_start[g] + r * bt.host_pages[g] + column]
         bpk = self._bpk[g]
         first = page_first_blocks(pages, bpk)
         dst = self._dev_start[g] + r * self._dev_width[g] + column * bpk
         if mirror:
-            batch_row = bt._batch_row_of[r]
+            batch_row = bt.batch_row_of[r]
             shown = batch_row >= 0
             if shown.any():
                 in_dst = (self._in_start[g] + batch_row * self._dev_width[g] + column * bpk)[shown]

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import itertools
 import struct
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from graphkv.runtime.tables.host_sync import as_slice
-
-if TYPE_CHECKING:
-    from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.host_sync import HostSync, as_slice
+from graphkv.runtime.tables.mirror import PageMirror
+from graphkv.runtime.tables.staged_sync import StagedSync
 
 __all__ = ["TINY_PAGES", "append_uniform"]
 
@@ -37,9 +36,11 @@ TINY_PAGES = 64  # up to this many pages an append is stored page by page in Pyt
 _chain = itertools.chain.from_iterable
 
 
-def append_uniform(bt: "BlockTables", rows: "np.ndarray | None", row_list: list[int], new_pages: Sequence[Any]) -> bool:
-    """Append ``new_pages[i][0]`` to row ``row_list[i]`` of ``bt``'s only group when every row gains
-    the same number of pages; returns False (nothing changed) when this path does not apply."""
+def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
+                   new_pages: Sequence[Any]) -> bool:
+    """Append ``new_pages[i][0]`` to row ``row_list[i]`` of the mirror's only group (telling ``sync``,
+    the device side) when every row gains the same number of pages; returns False (nothing changed)
+    when this path does not apply."""
     try:
         lists = [p for (p,) in new_pages]
         count = len(lists[0]) if lists else 0
@@ -49,7 +50,7 @@ def append_uniform(bt: "BlockTables", rows: "np.ndarray | None", row_list: list[
             if len(flat) != count * len(lists) or lo < 0 or hi >= bt.num_blocks or (
                     lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
                 return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
-            return _store_pages(bt, row_list, lists, count)  # checks each row's count as it goes
+            return _store_pages(bt, sync, row_list, lists, count)  # checks each row's count as it goes
         if not count or set(map(len, lists)) != {count}:
             return False
     except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
@@ -71,18 +72,19 @@ def append_uniform(bt: "BlockTables", rows: "np.ndarray | None", row_list: list[
     if max(held) + count > bt.max_pages[0]:
         return False
     shown = bt.identity_rows > max(row_list)  # batch row i shows request row i for every row here
-    _write_arrays(bt, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, ids, count,
-                  shown)
+    _write_arrays(bt, sync, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, ids,
+                  count, shown)
     for r, h in zip(row_list, held):
         counts[r] = h + count
     return True
 
 
-def _store_pages(bt: "BlockTables", row_list: list[int], lists: list[Any], count: int) -> bool:
+def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[int], lists: list[Any],
+                 count: int) -> bool:
     """One loop over the rows: capacity, mirror, step tables (when they show these rows with one
     kernel block per page), page counts. Undoes itself and returns False on anything unexpected."""
     pages, mirror, counts = bt.max_pages[0], bt.pages_mv, bt.num_pages_mv
-    step = bt._sync.step_view() if bt.identity_rows > max(row_list) else None
+    step = sync.step_view() if bt.identity_rows > max(row_list) else None
     kernel_blocks = step[0] if step is not None and step[1] == 1 else None
     done: list[tuple[int, int]] = []  # (row, pages held before)
     try:
@@ -109,25 +111,25 @@ def _store_pages(bt: "BlockTables", row_list: list[int], lists: list[Any], count
         return False
     held = np.array([h for _, h in done])
     if step is None:
-        bt._sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
+        sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
     elif kernel_blocks is None:  # kernel blocks per page > 1: the step table's page lines, expanded
         lines = [r * pages + h + j for r, h in done for j in range(count)]
-        bt._sync.write_lines(lines, list(_chain(lists)))
+        sync.write_lines(lines, list(_chain(lists)))
     return True
 
 
-def _write_arrays(bt: "BlockTables", rows: np.ndarray, row_list: list[int], held: list[int], ids: np.ndarray,
-                  count: int, shown: bool) -> None:
+def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],
+                  held: list[int], ids: np.ndarray, count: int, shown: bool) -> None:
     """A constant number of numpy calls: one row-slice write when every row holds the same pages."""
     start = held[0]
     if held.count(start) == len(held):
         block = ids.reshape(len(row_list), count)
-        if not (shown and bt._sync.write_rows(as_slice(row_list), start, block)):
+        if not (shown and sync.write_rows(as_slice(row_list), start, block)):
             bt.pages_np[0][rows, start:start + count] = block
-            bt._sync.appended_one_group(rows, np.full(len(row_list), start), start + count)
+            sync.appended_one_group(rows, np.full(len(row_list), start), start + count)
         return
     first = rows * bt.max_pages[0] + np.array(held)
     dst = (first[:, None] + np.arange(count)).ravel()
-    if not bt._sync.write_through(rows, dst, ids):
+    if not sync.write_through(rows, dst, ids):
         bt.pages_flat[dst] = ids
-        bt._sync.appended_one_group(rows, np.array(held), max(held) + count)
+        sync.appended_one_group(rows, np.array(held), max(held) + count)

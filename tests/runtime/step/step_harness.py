@@ -123,7 +123,7 @@ class Harness:
         """Everything a refused step must leave as it was: rows, free rows, host and device tables
         (the per-step rows too with ``inputs``), holder counts and written tokens."""
         step, tables, own = self.step, self.step.tables, self.step.ownership
-        snap = {"rows": {r: step.row_of(r) for r in step.active_requests}, "free_rows": list(step._free_rows),
+        snap = {"rows": {r: step.row_of(r) for r in step.active_requests}, "free_rows": list(step._requests.free),
                 "pages": [p.copy() for p in tables.pages_np], "num_pages": tables.num_pages_np.copy(),
                 "device": [t.clone() for t in tables.tables]}
         for name in ("holders", "group_of", "written", "writer_row", "writer_col", "filled", "filled_at"):

@@ -38,8 +38,8 @@ def test_repeated_decodes_equal_the_dense_reference_and_the_full_path(n):
         h.decode_all()
         assert h.step._repeat is not None  # this step went the repeat path
     repeated = _buffers(h.step)
-    h.step._last_full = h.step._repeat = None  # the same step once more, the full way
-    h.step.ownership.written[h.step._last_rows] -= 1
+    h.step._forget_last()  # the same step once more, the full way
+    h.step.ownership.written[h.step._requests.last_rows] -= 1
     batch = Batch(req_ids=tuple(h.step.active_requests), query_lens=(1,) * n,
                   seq_lens=tuple(h.computed[r] for r in h.step.active_requests))
     h.step.prepare(batch)
