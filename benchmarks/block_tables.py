@@ -28,18 +28,16 @@ throughput on a CUDA device (needs one).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from baselines import ListTables, MRV2BlockTables, V1BlockTable
+from timing import interleaved_medians
 
 import graphkv
 from graphkv import Backend, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, ModelKV, StrideOrder
@@ -138,21 +136,13 @@ def measure(repeats: int) -> list[dict[str, Any]]:
         for num_reqs in REQUESTS:
             for new in NEW_PAGES:
                 work = Workload(bpk, num_reqs, new)
-                steps = work.steps()
-                samples: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-                for i in range(repeats + 1):
-                    order = CONTENDERS[i % 4:] + CONTENDERS[:i % 4]  # interleaved, rotating
-                    gc.disable()  # as timeit does: a collection started by one contender's garbage is noise
-                    for name in order:
-                        t0 = time.perf_counter()
-                        steps[name]()
-                        samples[name].append(time.perf_counter() - t0)
-                    gc.enable()
+
+                def after_round(i: int, work: Workload = work) -> None:
                     if i == 0:
                         work.check()
-                        samples = {name: [] for name in CONTENDERS}  # the first round warms up
                     work.reset()
-                us = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+
+                us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, after_round).items()}
                 row = {"bpk": bpk, "requests": num_reqs, "new_pages": new,
                        **{f"{name}_us": round(v, 2) for name, v in us.items()}}
                 for peer in CONTENDERS[1:]:
@@ -211,7 +201,7 @@ def measure_gpu() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the table; exit 1 (with a message) when graphkv is slower than a peer anywhere."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=25, help="interleaved samples per cell (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=61, help="interleaved samples per cell (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--gpu", action="store_true", help="also time the kernels on CUDA")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path (default: %(default)s)")

@@ -27,7 +27,6 @@ Usage: ``python benchmarks/step_latency.py [--repeats N] [--max-batch 256]``; wr
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import statistics
@@ -39,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from baselines import Seq, V1DecodeInputs, list_to_tensor_decode
+from timing import interleaved_medians
 
 import graphkv
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
@@ -122,19 +122,7 @@ def host_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
     step = Step(plan)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        steps = DecodeWorkload(plan, step, n).steps()
-        samples: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-        for i in range(repeats + 1):
-            order = CONTENDERS[i % 4:] + CONTENDERS[:i % 4]  # interleaved, rotating
-            gc.disable()
-            for name in order:
-                t0 = time.perf_counter()
-                steps[name]()
-                samples[name].append(time.perf_counter() - t0)
-            gc.enable()
-            if i == 0:
-                samples = {name: [] for name in CONTENDERS}  # the first round warms up
-        us = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+        us = {name: s * 1e6 for name, s in interleaved_medians(DecodeWorkload(plan, step, n).steps(), repeats).items()}
         row: dict[str, Any] = {"batch": n, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
         for peer in ("list_to_tensor", "vllm_v1"):
             row[f"prepare_ratio_{peer}"] = round(us["graphkv_prepare"] / us[peer], 3)
