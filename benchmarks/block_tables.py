@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from baselines import ListTables, MRV2BlockTables, V1BlockTable
-from timing import interleaved_medians
+from timing import add_common_arguments, interleaved_medians, set_up
 
 import graphkv
 from graphkv import Backend, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, ModelKV, StrideOrder
@@ -201,16 +201,10 @@ def measure_gpu() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the table; exit 1 (with a message) when graphkv is slower than a peer anywhere."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=61, help="interleaved samples per cell (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-    parser.add_argument("--gpu", action="store_true", help="also time the kernels on CUDA")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path (default: %(default)s)")
+    add_common_arguments(parser, repeats=61, out=DEFAULT_OUT, gpu="also time the kernels on CUDA")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     print(f"block tables, host time per step: append N pages to each of M requests holding {HELD}, produce the "
-          f"kernel-block table\n(Python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, "
-          f"{platform.machine()}, torch threads {torch.get_num_threads()}; median of {args.repeats} interleaved "
-          "samples, gc off while timing; ratio = graphkv / peer, <= 1.0 is graphkv faster)")
+          f"kernel-block table\n({set_up(args)}; ratio = graphkv / peer, <= 1.0 is graphkv faster)")
     rows = measure(args.repeats)
     print(format_rows(rows))
     result: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from baselines import Seq, V1DecodeInputs, list_to_tensor_decode
-from timing import interleaved_medians
+from timing import add_common_arguments, interleaved_medians, set_up
 
 import graphkv
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
@@ -179,17 +179,11 @@ def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the tables, write the JSON; exit 1 (with a message) when Step.prepare is slower than a peer."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=101, help="interleaved samples per batch size")
-    parser.add_argument("--max-batch", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-    parser.add_argument("--gpu", action="store_true", help="also time decode steps eager vs captured on CUDA")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path (default: %(default)s)")
+    add_common_arguments(parser, repeats=101, out=DEFAULT_OUT, gpu="also time decode steps eager vs captured on CUDA")
+    parser.add_argument("--max-batch", type=int, default=256, help="largest batch size (default: %(default)s)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     print(f"decode step host time, demo model (gated recurrence + flex attention groups), CPU tensors "
-          f"(Python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, torch threads "
-          f"{torch.get_num_threads()}; median of {args.repeats} interleaved samples, gc off while timing; "
-          "ratio = graphkv / peer)")
+          f"({set_up(args)}; ratio = graphkv / peer)")
     host = host_table(args.max_batch, args.repeats)
     print(format_host(host))
     result: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,

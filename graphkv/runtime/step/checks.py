@@ -139,18 +139,9 @@ class BatchChecker:
     def _check_capacity(self, req_ids: Sequence[Hashable], held: np.ndarray, held_after: np.ndarray) -> None:
         if not (held_after > self.max_pages).any():
             return
-        tables = self.tables
         g, i = (int(x) for x in np.argwhere(held_after > self.max_pages)[0])
-        group = self.plan.groups[g]
-        adding = int(held_after[g, i] - held[g, i])
-        raise CapacityError(Problem(
-            field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})", value=adding,
-            limit=(f"group {g} ({group.spec.describe()}) holds {int(held[g, i])} pages and cannot take {adding} "
-                   f"more; its capacity is {tables.max_pages[g]} pages per request (block table width "
-                   f"{tables.widths[g]} = {tables.max_pages[g]} pages x bpk {tables.bpks[g]})"),
-            fix=("free pages that left the window first, or " if group.kind.value == "sliding_window" else "")
-                + f"keep requests within max_model_len={self.plan.max_model_len}, or raise max_model_len when "
-                  "compiling the plan"))
+        raise self.tables.capacity_error(g, int(held[g, i]), int(held_after[g, i] - held[g, i]),
+                                         field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})")
 
     def _check_pages_cover(self, req_ids: Sequence[Hashable], held: np.ndarray, slens: np.ndarray) -> None:
         """Raise :class:`CapacityError` when a request holds too few pages for this step (after its

@@ -342,10 +342,15 @@ class BlockTables:
                            id_range=(int(flat.min()), int(flat.max())) if flat.size else (1, 1))
 
     def _capacity_error(self, req_index: int, g: int, held: int, adding: int) -> CapacityError:
+        return self.capacity_error(g, held, adding, field=f"page_ids_per_group[{g}]", who=f"request row {req_index}: ")
+
+    def capacity_error(self, g: int, held: int, adding: int, *, field: str, who: str = "") -> CapacityError:
+        """The :class:`CapacityError` for group ``g`` of a request holding ``held`` pages that cannot take
+        ``adding`` more (``field`` names the input at fault; ``who`` prefixes the limit, e.g. the row)."""
         group = self.plan.groups[g]
         return CapacityError(Problem(
-            field=f"page_ids_per_group[{g}]", value=adding,
-            limit=(f"request row {req_index}: group {g} ({group.spec.describe()}) holds {held} pages and cannot take "
+            field=field, value=adding,
+            limit=(f"{who}group {g} ({group.spec.describe()}) holds {held} pages and cannot take "
                    f"{adding} more; its capacity is {self.max_pages[g]} pages per request (block table width "
                    f"{self.widths[g]} = {self.max_pages[g]} pages x bpk {self.bpks[g]})"),
             fix=("free pages that left the window first, or " if group.kind.value == "sliding_window" else "")

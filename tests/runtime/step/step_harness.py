@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 import numpy as np
+import pytest
 import torch
 
 import graphkv
@@ -104,6 +105,28 @@ class Harness:
                 self.tokens[req].append(int(logits[offset + n - 1].argmax()))
             offset += n
         return logits
+
+    def group_pages(self, attention=(), state=()) -> tuple:
+        """One request's ``new_pages`` entry: ``attention`` for every attention group, ``state`` for every
+        state group."""
+        out = [()] * len(self.plan.groups)
+        for g in self.attention:
+            out[g] = tuple(attention)
+        for g in self.state:
+            out[g] = tuple(state)
+        return tuple(out)
+
+    def run_failing(self, batch: Batch, input_ids: list[int], message: str = "the forward failed") -> None:
+        """``batch`` with a forward that raises ``RuntimeError(message)``: the error reaches the caller and
+        the step state (the per-step rows aside) is exactly as before."""
+        before = self.snapshot(inputs=False)
+
+        def failing(input_ids):
+            raise RuntimeError(message)
+
+        with pytest.raises(RuntimeError, match=message):
+            self.step.run(failing, batch, input_ids=input_ids)
+        self.assert_unchanged(before)
 
     def decode_all(self) -> torch.Tensor:
         """One decode step of every live request (checked against the dense reference)."""

@@ -30,21 +30,12 @@ def _refused(h: Harness, batch: Batch, error: type, match: str, ids: list[int] |
     h.decode_all()
 
 
-def _pages(h: Harness, attention=(), state=()) -> tuple:
-    out = [()] * len(h.plan.groups)
-    for g in h.attention:
-        out[g] = tuple(attention)
-    for g in h.state:
-        out[g] = tuple(state)
-    return tuple(out)
-
-
 def test_a_running_request_may_not_receive_a_page_another_request_holds():
     """b continuing into a's attention page is refused (it would write into it), naming request, group and page."""
     h = _live()
     page = h.pages["a"][h.attention[0]][1]
     seq = h.computed["b"] + 1
-    batch = Batch(req_ids=("b",), query_lens=(1,), seq_lens=(seq,), new_pages=(_pages(h, [page]),))
+    batch = Batch(req_ids=("b",), query_lens=(1,), seq_lens=(seq,), new_pages=(h.group_pages([page]),))
     _refused(h, batch, SpecError, rf"request 'b', group {h.attention[0]}, page {page}: 1 live request\(s\) hold it")
 
 
@@ -64,7 +55,7 @@ def test_page_zero_and_out_of_pool_pages_are_refused():
     for page, text in ((0, "page 0 is the null page"), (h.plan.num_blocks, "page ids must be in 1..num_blocks - 1 = 39"),
                        (-3, "page ids must be in 1..num_blocks - 1 = 39")):
         h.add("x", 3)
-        batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(h, [page], [30]),))
+        batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([page], [30]),))
         _refused(h, batch, SpecError, rf"request 'x', group \d, page {page}: {text}")
 
 
@@ -73,7 +64,7 @@ def test_a_state_page_held_twice_is_refused():
     h = _live()
     state = h.pages["a"][h.state[0]][0]
     h.add("x", 3)
-    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(h, [30], [state]),))
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([30], [state]),))
     _refused(h, batch, SpecError, rf"group {h.state[0]}, page {state}: .*a state page has one holder")
 
 
@@ -81,10 +72,10 @@ def test_the_same_page_in_two_groups_is_refused():
     """A page given in two groups (they share page indices) is refused."""
     h = _live()
     h.add("x", 3)
-    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(h, [30], [30]),))
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([30], [30]),))
     _refused(h, batch, SpecError, "page 30: the step also gives it in group")
     state = h.pages["b"][h.state[0]][0]
-    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(h, [state], [31]),))
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([state], [31]),))
     _refused(h, batch, SpecError, rf"page {state}: live requests hold it in group {h.state[0]}")
 
 
@@ -106,7 +97,7 @@ def test_cached_context_where_the_plan_cannot_hold_a_prefix_is_refused():
     """mamba_cache_mode none: a joining request claiming cached tokens is refused (its state would be empty)."""
     h = _live("MAMA")
     h.add("x", 20)
-    batch = Batch(req_ids=("x",), query_lens=(4,), seq_lens=(20,), new_pages=(_pages(h, [30, 31], [32]),))
+    batch = Batch(req_ids=("x",), query_lens=(4,), seq_lens=(20,), new_pages=(h.group_pages([30, 31], [32]),))
     _refused(h, batch, SpecError, r"batch\[0\] \('x'\)='seq_len - query_len = 16 cached tokens': a new request starts "
                                   r"with no cached context: mamba_cache_mode=none")
 
@@ -188,14 +179,7 @@ def test_a_forward_that_raises_leaves_the_step_as_it_was():
     h.add("x", 3)
     batch, ids, _ = h.batch({"a": 1, "x": 3})
     assert batch.new_pages  # x gets pages; a may get one
-    before = h.snapshot(inputs=False)
-
-    def failing(input_ids):
-        raise RuntimeError("out of memory")
-
-    with pytest.raises(RuntimeError, match="out of memory"):
-        h.step.run(failing, batch, input_ids=ids)
-    h.assert_unchanged(before)
+    h.run_failing(batch, ids, "out of memory")
     with pytest.raises(SpecError, match="no prepared step to take back"):
         h.step.undo()
     h.check_accounting()
@@ -208,9 +192,9 @@ def test_capacity_and_missing_pages_are_refused():
     """More pages than a request can hold, or too few for its length, raise CapacityError naming the request."""
     h = _live()
     h.add("x", 3)
-    too_many = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(h, range(20, 30), [30]),))
+    too_many = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages(range(20, 30), [30]),))
     _refused(h, too_many, CapacityError, r"batch.new_pages\[0\]\[\d\] \('x'\)=10: group \d .* its capacity is 8 pages")
-    too_few = Batch(req_ids=("x",), query_lens=(20,), seq_lens=(20,), new_pages=(_pages(h, [30], [31]),))
+    too_few = Batch(req_ids=("x",), query_lens=(20,), seq_lens=(20,), new_pages=(h.group_pages([30], [31]),))
     _refused(h, too_few, CapacityError, r"needs 2 page\(s\) for seq_len=20")
 
 
