@@ -63,10 +63,9 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= bt.num_blocks:
         return False
-    if lo <= 1:  # a 0 or a 1 may have been a bool
-        flat = list(_chain(lists))
-        if any(type(flat[i]) is not int for i in np.flatnonzero(ids <= 1).tolist()):
-            return False
+    if lo <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or a 1 may have been a bool
+                       for i in np.flatnonzero(ids <= 1).tolist()):
+        return False
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
     if max(held) + count > bt.max_pages[0]:

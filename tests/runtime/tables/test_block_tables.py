@@ -134,6 +134,18 @@ def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothi
     assert all(torch.equal(a, b) for a, b in zip(step, tables.input_tables))
 
 
+@pytest.mark.parametrize("pages_per_row", [1, 40])
+def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row, kernels):
+    """Ints 0 and 1 (which a bool would equal) pass the one-group fast paths' bool check, in any row."""
+    plan = attention_plan(num_blocks=64, max_num_seqs=4, max_model_len=16 * 48)
+    tables = BlockTables(plan, kernels=kernels)
+    pages = [[(r * 7 + j) % 60 + 2 for j in range(pages_per_row)] for r in range(3)]
+    pages[1][-1], pages[2][0] = 1, 0
+    tables.append_batch([0, 1, 2], [(row,) for row in pages])
+    assert tables.num_pages_np[0, :3].tolist() == [pages_per_row] * 3
+    assert [tables.pages_np[0][r, :pages_per_row].tolist() for r in range(3)] == pages
+
+
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
     tables = BlockTables(widths_plan(), kernels=kernels)
