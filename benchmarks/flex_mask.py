@@ -12,6 +12,11 @@ shuffled pages, and two batches are timed:
 (padded query tokens x every cache slot), which is what a per-step rebuild costs. Both must give
 the same block lists (checked). Prints a table with the ratio and writes JSON.
 
+A second table times the same 32-request decode step's build under a 256-token and an 8192-token
+budget (``max_num_batched_tokens``): the build rebuilds only the query tiles its padded tokens
+cover, so the large budget must cost at most 2x the small one (before, it rebuilt every tile the
+budget allowed: 64 instead of 1).
+
 ``--gpu`` adds paged flex decode latency (compiled ``paged_flex_attention``) vs dense SDPA over
 each request's contiguous K/V on the same data; without CUDA it says so and skips.
 
@@ -25,6 +30,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -34,11 +40,13 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 import graphkv
 from graphkv import FullAttentionSpec, Limits, ModelKV
-from graphkv.runtime.flex_attention import paged_flex_attention
-from graphkv.runtime.flex_mask import FlexMaskBuilder
+from graphkv.runtime.flex.attention import paged_flex_attention
+from graphkv.runtime.flex.mask import FlexMaskBuilder
 
 CACHED_TOKENS = (1024, 2048, 4096, 8192, 16384)
 TARGET_RATIO = 10.0  # direct must be >= 10x faster at 4k+ cached tokens
+BUDGETS = (256, 8192)  # tokens per step: a decode step's build under the larger within 2x of the smaller
+BUDGET_TARGET = 2.0
 KBS, HQ, HKV, HEAD = 16, 8, 2, 64
 NUM_REQS = 32
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "flex_mask.json"
@@ -57,8 +65,8 @@ def median_ms(fn: Callable[[], Any], repeats: int, sync: Callable[[], None] = la
     return statistics.median(times)
 
 
-def make_step(cached: int, kind: str, device: str) -> dict[str, Any]:
-    """A plan, persistent inputs filled for one step, a builder and the step's shapes."""
+def make_step(cached: int, kind: str, device: str, budget: int = 1024) -> dict[str, Any]:
+    """A plan (``budget`` tokens per step), persistent inputs filled for one step, a builder and the step's shapes."""
     query_lens = [1] * NUM_REQS if kind == "decode" else [512] + [1] * (NUM_REQS - 1)
     first = cached // NUM_REQS if kind == "decode" else max(512, cached // 2)  # the prefill row holds half
     rest = (cached - first) // (NUM_REQS - 1)
@@ -69,7 +77,7 @@ def make_step(cached: int, kind: str, device: str) -> dict[str, Any]:
     num_blocks = sum(pages) + 64
     spec = FullAttentionSpec(num_kv_heads=HKV, head_size=HEAD, dtype="float32")
     plan = graphkv.compile(ModelKV.from_specs("bench", [(spec, "flex")]),
-                           Limits(max_model_len=max(seq_lens), max_num_seqs=NUM_REQS, max_num_batched_tokens=1024,
+                           Limits(max_model_len=max(seq_lens), max_num_seqs=NUM_REQS, max_num_batched_tokens=budget,
                                   num_blocks_override=num_blocks))
     group = plan.groups[0]
     gen = torch.Generator().manual_seed(cached)
@@ -120,6 +128,28 @@ def measure_masks(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_budgets(repeats: int) -> list[dict[str, Any]]:
+    """One row per cached-token count: the decode step's build under each budget, interleaved."""
+    rows = []
+    for cached in CACHED_TOKENS:
+        steps = [make_step(cached, "decode", "cpu", budget) for budget in BUDGETS]
+        builds = [lambda s=s: s["builder"].build(NUM_REQS, num_tokens_padded=s["num_tokens"]) for s in steps]
+        samples: list[list[float]] = [[] for _ in BUDGETS]
+        for build in builds:
+            build()  # warm up
+        for _ in range(repeats):
+            for i, build in enumerate(builds):
+                start = time.perf_counter()
+                build()
+                samples[i].append((time.perf_counter() - start) * 1e3)
+        small, large = (statistics.median(t) for t in samples)
+        tiles = [s["builder"].geometry.num_q_tiles for s in steps]
+        rows.append({"cached_tokens": cached, "budget_tiles": f"{tiles[0]} / {tiles[1]}",
+                     f"build_ms_{BUDGETS[0]}": round(small, 4), f"build_ms_{BUDGETS[1]}": round(large, 4),
+                     "ratio": round(large / small, 2), "passed": large / small <= BUDGET_TARGET})
+    return rows
+
+
 def measure_gpu(repeats: int) -> list[dict[str, Any]] | str:
     """Decode latency, compiled paged flex vs dense SDPA on contiguous per-request K/V."""
     if not torch.cuda.is_available():
@@ -167,16 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--gpu", action="store_true", help="also time paged flex decode vs dense SDPA on CUDA")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     rows = measure_masks(args.repeats)
-    print(f"flex mask build, CPU ({torch.get_num_threads()} threads), kbs={KBS}, q_tile=128, {NUM_REQS} requests")
+    print(f"flex mask build, CPU (torch threads {torch.get_num_threads()}), kbs={KBS}, q_tile=128, {NUM_REQS} requests")
     print_table(rows, ["cached_tokens", "batch", "query_tokens", "kv_slots", "direct_ms", "create_block_mask_ms",
                        "ratio", "same_blocks", "passed"])
+    budgets = measure_budgets(args.repeats)
+    print(f"\ndecode step ({NUM_REQS} requests) build under a {BUDGETS[0]}- and a {BUDGETS[1]}-token budget, median "
+          f"of {args.repeats} interleaved runs; target: ratio <= {BUDGET_TARGET}")
+    print_table(budgets, ["cached_tokens", "budget_tiles", f"build_ms_{BUDGETS[0]}", f"build_ms_{BUDGETS[1]}", "ratio",
+                          "passed"])
     result: dict[str, Any] = {"torch": torch.__version__, "machine": platform.machine(),
                               "threads": torch.get_num_threads(), "target_ratio_at_4k_plus": TARGET_RATIO,
-                              "mask_build": rows}
+                              "mask_build": rows, "budgets": budgets}
     if args.gpu:
         gpu = measure_gpu(args.repeats)
         result["gpu_decode"] = gpu
@@ -187,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
-    return 0 if all(r["passed"] and r["same_blocks"] for r in rows) else 1
+    failed = [f"{r['cached_tokens']} cached tokens, {r['batch']}" for r in rows if not (r["passed"] and r["same_blocks"])]
+    failed += [f"{r['cached_tokens']} cached tokens, budget ratio {r['ratio']}" for r in budgets if not r["passed"]]
+    if failed:
+        print("missed: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,19 +1,26 @@
-"""Step latency of the demo model: host-side step preparation, and decode steps eager vs captured.
+"""Step latency, host time: graphkv's decode ``Step.prepare`` against a list-to-tensor engine and vLLM V1.
 
-Two tables:
+Table 1 (any machine): one decode step of the demo model (tiny hybrid, a gated-recurrence group
+and a flex-attention group) at batch 1..256, each contender building the step's inputs its own way,
+side by side in one process, interleaved:
 
-1. **Host step preparation** (CPU and GPU): per decode step at batch 1..256, the host
-   bookkeeping (checks, request rows, staging array) and the whole ``Step.prepare`` (bookkeeping
-   plus one staging copy, the table gather, slot mappings, state pages and flex mask build
-   launched). On a GPU the device work is only launched (Triton kernels for the tables and
-   slots), so ``prepare`` is host time; on a CPU it also runs (the runtime's torch kernels), so
-   the CPU ``prepare`` column is an upper bound, not a launch cost. ``device ops`` counts the
-   torch operations one prepare dispatches (on a GPU add 2 Triton launches, gather and slot
-   mapping, which replace the CPU's torch ops for them). Target: < 100 us host time at batch 256.
-2. **Decode step latency** (GPU only): one decode step of the demo model (``Step.run``),
-   eager vs replaying a captured CUDA graph, side by side in one run, median of repeats.
+- graphkv: ``Step.prepare(Batch(...))`` — the ``Batch`` built from the step's tuples inside the timed
+  region, every ownership check on (integer lengths, context never beyond the written tokens, pages
+  covering every sequence), the metadata, slot mappings and state pages staged, the block tables
+  synced; ``run`` adds copying the token ids and entering the forward context (a no-op forward);
+- list-to-tensor (``baselines.list_to_tensor_decode``, nano-vllm's ``prepare_decode``): Python
+  lists per request and one ``torch.tensor`` per input;
+- vLLM V1 (``baselines.V1DecodeInputs``): preallocated numpy buffers, vectorized index math, the
+  block tables committed by one copy each, one copy per input.
 
-Usage: ``python benchmarks/step_latency.py [--repeats N] [--max-batch 256]``. Writes
+Each contender's step is timed alone (median of ``--repeats`` interleaved samples, the garbage
+collector off while timing, as in ``timeit``), with ``torch.set_num_threads(1)`` (``--threads`` to
+change). Exit status 1 (with a message) when ``Step.prepare`` is slower than a peer anywhere.
+
+Table 2 (``--gpu``, needs CUDA): one decode step of the demo model (``Step.run``), eager vs
+replaying a captured CUDA graph.
+
+Usage: ``python benchmarks/step_latency.py [--repeats N] [--max-batch 256]``; writes
 ``benchmarks/results/step_latency.json``.
 """
 
@@ -26,156 +33,181 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 import torch
+from baselines import Seq, V1DecodeInputs, list_to_tensor_decode
+from timing import add_common_arguments, interleaved_medians, set_up
 
 import graphkv
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, init_weights, model_kv
-from graphkv.runtime.capture import capture
-from graphkv.runtime.kv_pool import allocate
-from graphkv.runtime.step import Batch, Step
+from graphkv.runtime import Batch, Step, allocate
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PROMPT = 8
+CONTENDERS = ("graphkv_prepare", "graphkv_run", "list_to_tensor", "vllm_v1")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "step_latency.json"
 
 
-def build(max_batch: int, device: str):
-    """The demo model's plan for ``max_batch`` decoding requests, its pool, a Step and the model."""
-    config = TinyHybridConfig()
+def demo_plan(max_batch: int) -> graphkv.Plan:
+    """The demo model's plan for ``max_batch`` decoding requests."""
     limits = graphkv.Limits(max_model_len=256, max_num_seqs=max_batch, max_num_batched_tokens=max(256, max_batch))
-    plan = graphkv.compile(model_kv(config), limits, graphkv.Budget.kv_bytes(f"{max(4, max_batch // 8)}MiB"))
-    pool = allocate(plan, device)
-    model = PagedTinyHybrid(init_weights(config).to(device), pool)
-    return plan, Step(plan, device), model
+    return graphkv.compile(model_kv(TinyHybridConfig()), limits, graphkv.Budget.kv_bytes(f"{max(4, max_batch // 8)}MiB"))
 
 
-def admit(step: Step, plan, n: int) -> tuple[list[Batch], Batch]:
-    """The prefill batches (256 tokens each) of ``n`` requests of PROMPT tokens (pages 1..) and
-    the decode batch after them."""
-    pages = []
-    next_page = 1
-    for _ in range(n):
-        per_group = []
-        for g in plan.groups:
-            per_group.append((next_page,))
-            next_page += 1
-        pages.append(tuple(per_group))
-    per_step = 256 // PROMPT
-    prefills = [Batch(req_ids=tuple(range(i, min(n, i + per_step))), query_lens=(PROMPT,) * min(per_step, n - i),
-                      seq_lens=(PROMPT,) * min(per_step, n - i), new_pages=tuple(pages[i:i + per_step]))
-                for i in range(0, n, per_step)]
-    decode = Batch(req_ids=tuple(range(n)), query_lens=(1,) * n, seq_lens=(PROMPT + 1,) * n)
-    return prefills, decode
+class DecodeWorkload:
+    """``n`` requests of ``PROMPT`` tokens, prefilled; decode steps alternate between two lengths."""
+
+    def __init__(self, plan: graphkv.Plan, step: Step, n: int) -> None:
+        self.n, self.step = n, step
+        for r in list(step.active_requests):
+            step.finish(r)
+        groups = plan.groups
+        self.attention = [g.index for g in groups if not g.is_ssm]
+        self.state = [g.index for g in groups if g.is_ssm]
+        pages = [tuple((1 + i * len(groups) + g,) for g in range(len(groups))) for i in range(n)]
+        self.req_ids = tuple(f"req{i}" for i in range(n))
+        per_step = plan.limits.max_num_batched_tokens // PROMPT
+        for i in range(0, n, per_step):
+            part = slice(i, min(n, i + per_step))
+            count = part.stop - part.start
+            step.prepare(Batch(req_ids=self.req_ids[part], query_lens=(PROMPT,) * count, seq_lens=(PROMPT,) * count,
+                               new_pages=tuple(pages[part])))
+        self.ones = (1,) * n
+        self.lengths = ((PROMPT + 1,) * n, (PROMPT + 2,) * n)
+        step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.lengths[0]))
+        step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.lengths[1]))
+        self.ids = [[5] * n, [6] * n]
+        block = plan.groups[self.attention[0]].block_size
+        self.seqs = [Seq(list(range(PROMPT + 1)), [list(p[g]) for g in range(len(groups))], block) for p in pages]
+        self.block = block
+        self.v1 = V1DecodeInputs(plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens,
+                                 [g.pages_per_request for g in groups], plan.max_model_len, block, self.attention,
+                                 self.state)
+        for r, p in enumerate(pages):
+            for g, table in enumerate(self.v1.tables):
+                table.append_row(list(p[g]), r)
+        self.v1.num_computed[:n] = PROMPT
+        self.scheduled = np.ones(n, dtype=np.int32)
+        self.k = 0
+
+    def steps(self) -> dict[str, Callable[[], None]]:
+        """One timed decode step per contender (graphkv's alternates between two lengths)."""
+        step, ids, ones = self.step, self.req_ids, self.ones
+
+        def graphkv_prepare() -> None:
+            self.k ^= 1
+            step.prepare(Batch(req_ids=ids, query_lens=ones, seq_lens=self.lengths[self.k]))
+
+        def graphkv_run() -> None:
+            self.k ^= 1
+            step.run(lambda input_ids: None, Batch(req_ids=ids, query_lens=ones, seq_lens=self.lengths[self.k]),
+                     input_ids=self.ids[self.k])
+
+        def list_step() -> None:
+            list_to_tensor_decode(self.seqs, self.attention, self.state, self.block)
+
+        def v1_step() -> None:
+            self.v1.prepare(self.n, self.scheduled)
+
+        return {"graphkv_prepare": graphkv_prepare, "graphkv_run": graphkv_run, "list_to_tensor": list_step,
+                "vllm_v1": v1_step}
 
 
-def fresh_batch(step: Step, plan, n: int, run_prefill) -> Batch:
-    """Finish every request, prefill ``n`` new ones with ``run_prefill(batch)``; the decode batch."""
-    for r in list(step.active_requests):
-        step.finish(r)
-    prefills, decode = admit(step, plan, n)
-    for prefill in prefills:
-        run_prefill(prefill)
-    return decode
-
-
-def timed(fn, repeats: int, sync: bool) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if sync:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-def count_device_ops(step: Step, batch: Batch) -> int:
-    """Torch operations one ``prepare`` of ``batch`` dispatches (Triton launches not included)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count() as c:
-        step.prepare(batch)
-    return c.n
-
-
-def host_table(max_batch: int, repeats: int, device: str) -> list[dict]:
-    """Table 1 rows."""
-    plan, step, _ = build(max_batch, device)
+def host_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
+    """Table 1 rows: median microseconds per contender and graphkv's ratios."""
+    plan = demo_plan(max_batch)
+    step = Step(plan)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        decode = fresh_batch(step, plan, n, step.prepare)
-
-        def bookkeeping() -> None:
-            n_req, num_tokens, qlens, slens, known = step._check(decode)
-            rows_ = step._assign_rows(decode, known, slens)
-            step._stage(n_req, num_tokens, n_req, qlens, slens, rows_)
-
-        host_s = timed(bookkeeping, repeats, sync=False)
-        prep_s = timed(lambda: step.prepare(decode), repeats, sync=False)
-        rows.append({"batch": n, "bookkeeping_us": host_s * 1e6, "prepare_us": prep_s * 1e6,
-                     "device_ops": count_device_ops(step, decode)})
+        us = {name: s * 1e6 for name, s in interleaved_medians(DecodeWorkload(plan, step, n).steps(), repeats).items()}
+        row: dict[str, Any] = {"batch": n, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
+        for peer in ("list_to_tensor", "vllm_v1"):
+            row[f"prepare_ratio_{peer}"] = round(us["graphkv_prepare"] / us[peer], 3)
+            row[f"run_ratio_{peer}"] = round(us["graphkv_run"] / us[peer], 3)
+        rows.append(row)
     return rows
 
 
-def latency_table(max_batch: int, repeats: int) -> list[dict]:
-    """Table 2 rows (GPU): decode step eager vs captured."""
-    plan, step, model = build(max_batch, "cuda")
-    fwd = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
+def format_host(rows: list[dict[str, Any]]) -> str:
+    """The side-by-side table."""
+    head = (f"{'batch':>5} | {'prepare':>8} {'run':>8} {'lists':>8} {'vLLM V1':>8} us | "
+            f"{'prep/lists':>10} {'prep/V1':>8} {'run/lists':>9} {'run/V1':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratios = (r["prepare_ratio_list_to_tensor"], r["prepare_ratio_vllm_v1"], r["run_ratio_list_to_tensor"],
+                  r["run_ratio_vllm_v1"])
+        cells = [f"{x:.2f}" + ("!" if x > 1.0 and k < 2 else "") for k, x in enumerate(ratios)]
+        lines.append(f"{r['batch']:>5} | {r['graphkv_prepare_us']:>8.1f} {r['graphkv_run_us']:>8.1f} "
+                     f"{r['list_to_tensor_us']:>8.1f} {r['vllm_v1_us']:>8.1f} us | "
+                     f"{cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {cells[3]:>7}")
+    return "\n".join(lines)
+
+
+def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
+    """Table 2 rows (GPU): one decode step eager vs replaying a captured graph."""
+    plan = demo_plan(max_batch)
+    step = Step(plan, "cuda")
+    model = PagedTinyHybrid(init_weights(TinyHybridConfig()).to("cuda"), allocate(plan, "cuda"))
+    fwd = graphkv.capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
     fwd.capture(progress=True, prepare=step.capture_context)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        decode = fresh_batch(step, plan, n, lambda b: step.run(model, b, input_ids=[1] * b.num_tokens))
+        work = DecodeWorkload(plan, step, n)
         ids = torch.ones(n, dtype=torch.int64, device="cuda")
-        eager_s = timed(lambda: step.run(model, decode, input_ids=ids), repeats, sync=True)
-        graph_s = timed(lambda: step.run(fwd, decode, input_ids=ids), repeats, sync=True)
+
+        def timed(forward: Callable[..., Any]) -> float:
+            samples = []
+            for _ in range(repeats):
+                work.k ^= 1
+                batch = Batch(req_ids=work.req_ids, query_lens=work.ones, seq_lens=work.lengths[work.k])
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step.run(forward, batch, input_ids=ids)
+                torch.cuda.synchronize()
+                samples.append(time.perf_counter() - t0)
+            return statistics.median(samples)
+
+        eager_s, graph_s = timed(model), timed(fwd)
         rows.append({"batch": n, "eager_ms": eager_s * 1e3, "captured_ms": graph_s * 1e3,
                      "speedup": eager_s / graph_s})
     return rows
 
 
-def main() -> None:
-    """Run both tables and write the JSON."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the tables, write the JSON; exit 1 (with a message) when Step.prepare is slower than a peer."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--max-batch", type=int, default=256)
-    args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, " \
-                                                                 f"{torch.get_num_threads()} threads, torch kernels)"
-    print(f"step preparation, demo model (MAMA, flex + gated recurrence), decode steps, {where}")
-    host = host_table(args.max_batch, args.repeats, device)
-    print(f"{'batch':>6} {'bookkeeping_us':>15} {'prepare_us':>12} {'device_ops':>11}")
-    for r in host:
-        print(f"{r['batch']:>6} {r['bookkeeping_us']:>15.1f} {r['prepare_us']:>12.1f} {r['device_ops']:>11}")
-    result = {"device": where, "host": host}
-    if device == "cuda":
-        lat = latency_table(args.max_batch, args.repeats)
-        print(f"\ndecode step latency, eager vs captured ({where})")
-        print(f"{'batch':>6} {'eager_ms':>10} {'captured_ms':>12} {'speedup':>8}")
-        for r in lat:
-            print(f"{r['batch']:>6} {r['eager_ms']:>10.3f} {r['captured_ms']:>12.3f} {r['speedup']:>8.2f}")
-        result["latency"] = lat
-    else:
-        print("\ndecode step latency eager vs captured: skipped, needs a CUDA GPU (graphs cannot be captured on CPU)")
-    out = Path(__file__).parent / "results" / "step_latency.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    add_common_arguments(parser, repeats=101, out=DEFAULT_OUT, gpu="also time decode steps eager vs captured on CUDA")
+    parser.add_argument("--max-batch", type=int, default=256, help="largest batch size (default: %(default)s)")
+    args = parser.parse_args(argv)
+    print(f"decode step host time, demo model (gated recurrence + flex attention groups), CPU tensors "
+          f"({set_up(args)}; ratio = graphkv / peer)")
+    host = host_table(args.max_batch, args.repeats)
+    print(format_host(host))
+    result: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                              "threads": torch.get_num_threads(), "repeats": args.repeats, "host": host}
+    if args.gpu:
+        if not torch.cuda.is_available():
+            print("--gpu: skipped, CUDA is not available on this machine (graphs cannot be captured on a CPU)")
+            result["latency"] = {"skipped": "CUDA not available"}
+        else:
+            lat = latency_table(args.max_batch, 50)
+            print(f"\ndecode step latency on {torch.cuda.get_device_name()}, eager vs captured")
+            for r in lat:
+                print(f"{r['batch']:>6} {r['eager_ms']:>10.3f} ms {r['captured_ms']:>10.3f} ms {r['speedup']:>6.2f}x")
+            result["latency"] = lat
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    slower = [f"batch {r['batch']}: {peer} ratio {r[f'prepare_ratio_{peer}']}" for r in host
+              for peer in ("list_to_tensor", "vllm_v1") if r[f"prepare_ratio_{peer}"] > 1.0]
+    if slower:
+        print("Step.prepare is slower than a peer at " + "; ".join(slower), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

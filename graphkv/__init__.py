@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     # The runtime needs torch; import it only when a runtime name is asked for.
     if name == "capture":
-        from graphkv.runtime.capture import capture
+        from graphkv.runtime.capture.graphs import capture
         return capture
     raise AttributeError(f"module 'graphkv' has no attribute {name!r}")
 

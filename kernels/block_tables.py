@@ -1,8 +1,11 @@
-"""Block-table kernels: apply staged row writes (one launch per step) and gather per-step tables.
+"""Block-table kernels: write staged page entries (one launch per step) and gather per-step tables.
 
 Every group's table is ``[max_num_seqs, width_g] int32`` with its own width; the tables of all
 groups are packed back to back in one flat buffer (:class:`PackedTables`), so one launch covers
-all groups: a program reads its group's offset and width from two small device arrays.
+all groups. :func:`write_pages` writes page entries (each expanded to its ``bpk`` kernel blocks)
+at host-computed offsets, so one launch also covers several packings viewing one buffer (the
+persistent rows and the per-step rows of :class:`graphkv.runtime.BlockTables`);
+:func:`gather_rows` reads each group's offset and width from two small device arrays.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["PackedTables", "apply_row_writes", "check_apply_row_writes", "check_gather_rows", "gather_rows"]
+__all__ = ["PackedTables", "check_gather_rows", "check_write_pages", "gather_rows", "write_pages"]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -32,14 +35,21 @@ class PackedTables:
     @classmethod
     def zeros(cls, num_rows: int, widths: Sequence[int], device: "str | torch.device") -> "PackedTables":
         """Allocate zeroed tables (every entry points at the null page 0)."""
+        flat = torch.zeros(num_rows * sum(widths), dtype=torch.int32, device=device)
+        return cls.view_of(flat, num_rows, widths)
+
+    @classmethod
+    def view_of(cls, flat: torch.Tensor, num_rows: int, widths: Sequence[int]) -> "PackedTables":
+        """Tables packed in ``flat`` (``[num_rows * sum(widths)] int32``, e.g. a slice of a larger
+        buffer that one :func:`write_pages` launch covers together with other tables)."""
         starts = [0]
         for w in widths:
             starts.append(starts[-1] + num_rows * w)
-        flat = torch.zeros(starts[-1], dtype=torch.int32, device=device)
+        assert flat.dtype == torch.int32 and flat.numel() == starts[-1], "flat must hold every table exactly"
         tables = tuple(flat[s:s + num_rows * w].view(num_rows, w) for s, w in zip(starts, widths))
         return cls(flat=flat, tables=tables, num_rows=num_rows,
-                   offsets=torch.tensor(starts[:-1], dtype=torch.int64, device=device),
-                   widths=torch.tensor(list(widths), dtype=torch.int32, device=device))
+                   offsets=torch.tensor(starts[:-1], dtype=torch.int64, device=flat.device),
+                   widths=torch.tensor(list(widths), dtype=torch.int32, device=flat.device))
 
     @property
     def num_groups(self) -> int:
@@ -48,41 +58,54 @@ class PackedTables:
 
 
 @triton.jit
-def _apply_row_writes_kernel(
-    flat_ptr,  # [total] int32, packed tables
-    staged_ptr,  # [2 * num_segments + 1 + num_values] int64: dst offsets, value starts (cumulative), values
-    NUM_SEGMENTS,
-    TILE: tl.constexpr,
+def _write_pages_kernel(
+    flat_ptr,  # [total] int32, packed tables (kernel blocks)
+    staged_ptr,  # [3 * num_entries] int64: destination offsets | first kernel block (-1: null page) | bpk
+    NUM_ENTRIES,
+    TILE_E: tl.constexpr,  # entries per program
+    MAX_BPK: tl.constexpr,  # power of two >= every entry's bpk
 ):
-    seg = tl.program_id(0).to(tl.int64)
-    dst = tl.load(staged_ptr + seg)
-    begin = tl.load(staged_ptr + NUM_SEGMENTS + seg)
-    end = tl.load(staged_ptr + NUM_SEGMENTS + seg + 1)
-    values_ptr = staged_ptr + 2 * NUM_SEGMENTS + 1
-    for start in range(begin, end, TILE):
-        idx = start + tl.arange(0, TILE).to(tl.int64)
-        in_segment = idx < end
-        vals = tl.load(values_ptr + idx, mask=in_segment, other=0)
-        tl.store(flat_ptr + dst + (idx - begin), vals.to(tl.int32), mask=in_segment)
+    entry = tl.program_id(0).to(tl.int64) * TILE_E + tl.arange(0, TILE_E).to(tl.int64)  # [TILE_E]
+    is_entry = entry < NUM_ENTRIES
+    dst = tl.load(staged_ptr + entry, mask=is_entry, other=0)
+    first = tl.load(staged_ptr + NUM_ENTRIES + entry, mask=is_entry, other=-1)
+    bpk = tl.load(staged_ptr + 2 * NUM_ENTRIES + entry, mask=is_entry, other=0)
+    k = tl.arange(0, MAX_BPK).to(tl.int64)  # [MAX_BPK]
+    # A page entry writes kernel blocks first .. first + bpk - 1; a null entry writes bpk zeros.
+    values = tl.where(first[:, None] < 0, 0, first[:, None] + k[None, :])
+    in_page = is_entry[:, None] & (k[None, :] < bpk[:, None])
+    tl.store(flat_ptr + dst[:, None] + k[None, :], values.to(tl.int32), mask=in_page)
 
 
-def check_apply_row_writes(tables: PackedTables, staged: torch.Tensor) -> None:
-    """Raise :class:`SpecError` unless ``staged`` is int64 on the tables' device (the argument
-    check of :func:`apply_row_writes`, shared by every implementation)."""
-    if staged.dtype != torch.int64 or staged.device != tables.flat.device:
-        raise SpecError(Problem(field="staged", value=(staged.dtype, staged.device),
-                                limit=f"must be int64 on {tables.flat.device}",
-                                fix="stage writes through BlockTables.commit()"))
+def check_write_pages(flat: torch.Tensor, staged: torch.Tensor, num_entries: int) -> None:
+    """Raise :class:`SpecError` unless ``flat`` is int32 and ``staged`` an int64 tensor on its
+    device holding ``3 * num_entries`` values (the argument check of :func:`write_pages`, shared by
+    every implementation)."""
+    if flat.dtype != torch.int32:
+        raise SpecError(Problem(field="flat", value=flat.dtype, limit="must be the int32 buffer of packed tables",
+                                fix="pass PackedTables.flat (or the buffer several PackedTables view)"))
+    if staged.dtype != torch.int64 or staged.device != flat.device or staged.numel() < 3 * num_entries:
+        raise SpecError(Problem(field="staged", value=(staged.dtype, staged.device, staged.numel()),
+                                limit=f"must be int64 on {flat.device} with >= 3 * num_entries = "
+                                      f"{3 * num_entries} values",
+                                fix="stage page writes through BlockTables (commit / sync)"))
 
 
-def apply_row_writes(tables: PackedTables, staged: torch.Tensor, num_segments: int) -> None:
-    """Apply ``num_segments`` contiguous writes in one launch. ``staged``: ``[>= 2 * S + 1 + V]
-    int64`` on the tables' device holding ``S`` destination offsets into ``tables.flat``, ``S + 1``
-    cumulative value starts, then the ``V`` values. Capture-safe (no allocation)."""
-    check_apply_row_writes(tables, staged)
-    if num_segments == 0:
+def write_pages(flat: torch.Tensor, staged: torch.Tensor, num_entries: int, max_bpk: int) -> None:
+    """Apply ``num_entries`` page writes in one launch into ``flat`` (``[total] int32``, packed
+    tables). ``staged``: ``[>= 3 * E] int64`` on its device: ``E`` destination offsets into
+    ``flat``, ``E`` first kernel blocks (``page * bpk``, or ``-1`` for the null page, which writes
+    zeros) and ``E`` kernel blocks per page; entry ``e`` writes ``first_e + k`` (or 0) at ``dst_e
+    + k`` for ``k < bpk_e <= max_bpk``. Capture-safe (no allocation, no host sync).
+
+    >>> write_pages(tables.flat, staged, num_entries=len(dst), max_bpk=17)
+    """
+    check_write_pages(flat, staged, num_entries)
+    if num_entries == 0:
         return
-    _apply_row_writes_kernel[(num_segments,)](tables.flat, staged, num_segments, TILE=256)
+    tile = 64
+    _write_pages_kernel[(triton.cdiv(num_entries, tile),)](flat, staged, num_entries, TILE_E=tile,
+                                                           MAX_BPK=triton.next_power_of_2(max(max_bpk, 1)))
 
 
 @triton.jit

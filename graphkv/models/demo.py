@@ -139,9 +139,9 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
     from graphkv.models.tiny_hybrid import init_weights
     from graphkv.report import format_plan
-    from graphkv.runtime.capture import capture
-    from graphkv.runtime.kv_pool import allocate
-    from graphkv.runtime.step import Step
+    from graphkv.runtime.capture.graphs import capture
+    from graphkv.runtime.pool.allocate import allocate
+    from graphkv.runtime.step.step import Step
 
     out = out if out is not None else sys.stdout
     config = TinyHybridConfig()

@@ -26,7 +26,8 @@ import torch
 
 from graphkv.errors import CapacityError, Problem
 from graphkv.plan.plan import Plan
-from graphkv.runtime.step import Batch, Step
+from graphkv.runtime.step.batch import Batch
+from graphkv.runtime.step.step import Step
 
 __all__ = ["DemoEngine", "DemoRequest", "EngineStats"]
 

@@ -24,11 +24,10 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.models.tiny_hybrid import TinyHybridWeights, rms_norm, split_qkv
-from graphkv.runtime.flex_attention import paged_flex_attention
-from graphkv.runtime.forward_context import current_context
-from graphkv.runtime.kernel_choice import write_kv
-from graphkv.runtime.kv_pool import KVPool
-from graphkv.runtime.step import StepContext
+from graphkv.runtime.flex.attention import paged_flex_attention
+from graphkv.runtime.step.context import StepContext, current_context
+from graphkv.runtime.ops.choice import write_kv
+from graphkv.runtime.pool.allocate import KVPool
 
 __all__ = ["PagedTinyHybrid"]
 

@@ -1,11 +1,21 @@
 """The runtime: allocate a Plan once, fill persistent buffers per step.
 
-``allocate(plan, device)`` -> :class:`KVPool` (raw slots + per-layer views);
-``BlockTables(plan, device)`` (per-group tables, staged edits, gather, slot mapping).
-Names are imported lazily, so importing ``graphkv.runtime.capture`` does not import Triton.
-On a CPU the runtime kernels run as torch code (:mod:`graphkv.runtime.torch_kernels`, chosen by
-``kernels="auto"``); to run the Triton kernels there, in Triton's interpreter, set
-``TRITON_INTERPRET=1`` before the first kernel import and pass ``kernels="triton"``.
+One folder per idea:
+
+- :mod:`~graphkv.runtime.pool` — ``allocate(plan, device)`` -> :class:`KVPool` (raw slots, per-layer views);
+- :mod:`~graphkv.runtime.tables` — :class:`BlockTables`: the host mirror of every request's pages (the
+  single source of truth) and its device copies, written only where they changed;
+- :mod:`~graphkv.runtime.step` — :class:`Step` / :class:`Batch`: a serving loop's step, with page
+  ownership enforced and every failure undone;
+- :mod:`~graphkv.runtime.flex` — paged flex attention and its in-place mask builds;
+- :mod:`~graphkv.runtime.capture` — graph keys, captured forwards, PIECEWISE splitting;
+- :mod:`~graphkv.runtime.ops` — the runtime kernels by device and their one reference.
+
+Names are imported lazily (``from graphkv.runtime import allocate, KVPool, BlockTables, Step, Batch,
+PAD_SLOT_ID``; the capture decorator is ``graphkv.capture``), so importing ``graphkv.runtime.capture.keys``
+does not import Triton. On a CPU the runtime's device work runs as numpy / torch code (``kernels="auto"``); to run the Triton kernels
+there, in Triton's interpreter, set ``TRITON_INTERPRET=1`` before the first kernel import and pass
+``kernels="triton"``.
 """
 
 from __future__ import annotations
@@ -17,15 +27,16 @@ from graphkv.extras import require
 
 require("runtime", "torch", needed_by="graphkv.runtime")
 
-__all__ = ["PAD_SLOT_ID", "Batch", "BlockTables", "KVPool", "Step", "allocate"]
+__all__ = ["PAD_SLOT_ID", "Batch", "BlockTables", "KVPool", "Step", "StepContext", "allocate"]
 
 _LAZY = {
-    "KVPool": "graphkv.runtime.kv_pool",
-    "allocate": "graphkv.runtime.kv_pool",
-    "BlockTables": "graphkv.runtime.block_tables",
+    "KVPool": "graphkv.runtime.pool.allocate",
+    "allocate": "graphkv.runtime.pool.allocate",
+    "BlockTables": "graphkv.runtime.tables.block_tables",
+    "Batch": "graphkv.runtime.step.batch",
+    "Step": "graphkv.runtime.step.step",
+    "StepContext": "graphkv.runtime.step.context",
     "PAD_SLOT_ID": "graphkv.runtime.padding",
-    "Step": "graphkv.runtime.step",
-    "Batch": "graphkv.runtime.step",
 }
 
 
@@ -33,3 +44,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'graphkv.runtime' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

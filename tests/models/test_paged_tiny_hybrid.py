@@ -9,8 +9,8 @@ import graphkv
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
-from graphkv.runtime.kv_pool import allocate
-from graphkv.runtime.step import Step
+from graphkv.runtime.pool.allocate import allocate
+from graphkv.runtime.step.step import Step
 
 
 def _engine(pattern: str, *, num_blocks: int, max_num_seqs: int = 3, budget: int = 64, seed: int = 0):

@@ -9,9 +9,10 @@ import graphkv
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
-from graphkv.runtime.capture import capture
-from graphkv.runtime.kv_pool import allocate
-from graphkv.runtime.step import Batch, Step
+from graphkv.runtime.capture.graphs import capture
+from graphkv.runtime.pool.allocate import allocate
+from graphkv.runtime.step.batch import Batch
+from graphkv.runtime.step.step import Step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: CUDA graphs cannot be captured on CPU")

@@ -139,17 +139,18 @@ def needed_blocks(mask_mod, *, num_tokens_padded: int, kv_tokens: int, q_tile: i
     return used
 
 
-def builder_for(batch: PagedBatch, *, bpk: int = 1, window: int | None = None, q_tile: int = 128):
+def builder_for(batch: PagedBatch, *, bpk: int = 1, window: int | None = None, q_tile: int = 128,
+                budget: int | None = None):
     """A :class:`FlexMaskBuilder` bound to ``batch``'s tensors, sized like a plan would size it
-    (``max_num_batched_tokens`` = the padded query length, the pool = the cache)."""
-    from graphkv.runtime.flex_geometry import FlexMaskGeometry
-    from graphkv.runtime.flex_mask import FlexMaskBuilder
+    (``max_num_batched_tokens`` = ``budget``, by default the padded query length; the pool = the cache)."""
+    from graphkv.runtime.flex.geometry import FlexMaskGeometry
+    from graphkv.runtime.flex.mask import FlexMaskBuilder
 
     seqs, width = batch.block_table.shape
     nkb = batch.kv_cache.shape[1]
     geometry = FlexMaskGeometry(group_index=0, q_tile_tokens=q_tile, kernel_block_size=batch.kernel_block_size,
                                 bpk=bpk, num_kernel_blocks=nkb, max_num_seqs=seqs,
-                                max_num_batched_tokens=batch.query.shape[0], block_table_width=width,
+                                max_num_batched_tokens=budget or batch.query.shape[0], block_table_width=width,
                                 kv_indices_width=min(min(q_tile, seqs) * width, nkb), window=window)
     return FlexMaskBuilder(geometry, block_table=batch.block_table, query_start_loc=batch.query_start_loc,
                            seq_lens=batch.seq_lens)

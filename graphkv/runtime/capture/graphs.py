@@ -1,0 +1,317 @@
+"""Capture a forward in CUDA graphs, one per :class:`GraphKey` of the plan, and replay them.
+
+Calling convention: the forward takes named tensor inputs whose token dimension (dim 0 unless
+``token_dims`` says otherwise) has ``num_tokens`` entries, and returns a tensor or a
+tuple / list / dict of tensors whose dim 0 is tokens. Per-request metadata (block tables, query
+start locations, sequence lengths) lives in persistent buffers the step fills in place and the
+layers read through :func:`graphkv.runtime.step.context.forward_context`.
+
+Per step the wrapper picks the smallest captured key that holds the step
+(:func:`graphkv.runtime.capture.keys.dispatch`), copies the given inputs into the first
+``num_tokens`` rows of its static buffers, pads rows ``num_tokens .. key.num_tokens`` with each
+input's pad value, replays, and returns the outputs sliced to ``num_tokens``. Steps outside the
+captured range, or whose key the plan's support does not allow, run eagerly on the caller's
+tensors, logged once per reason. Without CUDA every step runs eagerly.
+
+Example (a serving step)::
+
+    step = graphkv.runtime.step.Step(plan, "cuda")
+    fwd = graphkv.capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
+    fwd.capture(prepare=step.capture_context)         # dummy steps of each key's size
+    logits = step.run(fwd, batch, input_ids=ids)     # prepare + forward_context + replay or eager
+
+or, driving the call yourself after ``step.prepare(batch, padded_tokens=fwd.padded_tokens)``::
+
+    with forward_context(step.context):
+        logits = fwd(num_tokens=n, num_reqs=r, uniform=is_decode, input_ids=ids)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import time
+from typing import Any, Callable, ContextManager, Mapping
+
+import attrs
+import torch
+
+from graphkv.errors import CaptureError, Problem
+from graphkv.plan.plan import Plan
+from graphkv.runtime.capture import piecewise
+from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
+from graphkv.runtime.capture.static_inputs import StaticInputs
+from graphkv.spec.backends import CudaGraphSupport
+from graphkv.spec.limits import CudaGraphMode
+
+__all__ = ["CPU_UNAVAILABLE", "CaptureReport", "CapturedForward", "capture"]
+
+logger = logging.getLogger(__name__)
+
+CPU_UNAVAILABLE = "CUDA graphs unavailable: torch.cuda.is_available() is False (CPU build / no GPU); running eagerly"
+_FULL_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
+
+
+@attrs.frozen(kw_only=True)
+class CaptureReport:
+    """What :meth:`CapturedForward.capture` did: keys captured (largest first), seconds taken, and
+    why nothing or not everything was captured."""
+
+    keys: tuple[GraphKey, ...]
+    seconds: float
+    unavailable_reason: str | None = None
+    skipped: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if self.unavailable_reason is not None:
+            return self.unavailable_reason
+        text = f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s"
+        return "; ".join((text, *self.skipped))
+
+
+@attrs.define
+class _Captured:
+    graph: Any  # torch.cuda.CUDAGraph for FULL keys; None for PIECEWISE keys (runners hold the pieces)
+    outputs: Any  # static outputs of the FULL graph
+
+
+def _tree_map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_tree_map(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tree_map(fn, v) for k, v in value.items()}
+    return value
+
+
+class CapturedForward:
+    """A forward with one CUDA graph per captured key; build it with :func:`capture`.
+
+    Outputs of a replayed step alias static graph buffers: they are overwritten by the next replay
+    (of any key). Pass ``copy_outputs=True`` to get clones instead, or copy what you keep. The
+    forward always runs under ``torch.no_grad()`` (a replayed graph cannot backpropagate, and one
+    grad mode keeps a compiled forward from recompiling between capture and serving).
+    """
+
+    def __init__(self, fn: Callable[..., Any], plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
+                 pad_values: Mapping[str, float] | None = None, token_dims: Mapping[str, int] | None = None,
+                 copy_outputs: bool = False, pool: Any = None) -> None:
+        self.fn = fn
+        self.plan = plan
+        self.copy_outputs = copy_outputs
+        self.pool = pool
+        self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
+        self._graphs: dict[GraphKey, _Captured] = {}
+        self._dispatch = Dispatcher(plan.cudagraph, plan.limits)
+        self._logged: set[str] = set()
+        self._piecewise_missing: str | None = None
+        functools.update_wrapper(self, fn, updated=())
+        if not torch.cuda.is_available():
+            self.unavailable_reason: str | None = CPU_UNAVAILABLE
+        elif plan.cudagraph.mode is CudaGraphMode.NONE:
+            self.unavailable_reason = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
+        else:
+            self.unavailable_reason = None
+
+    @property
+    def support(self) -> CudaGraphSupport:
+        """The plan's CUDA-graph support (minimum over groups)."""
+        return self.plan.cudagraph.support
+
+    @property
+    def mode(self) -> CudaGraphMode:
+        """The plan's resolved capture mode."""
+        return self.plan.cudagraph.mode
+
+    @property
+    def keys(self) -> tuple[GraphKey, ...]:
+        """Keys captured, largest first (empty before :meth:`capture` and without CUDA)."""
+        return tuple(self._graphs)
+
+    @property
+    def static_inputs(self) -> Mapping[str, torch.Tensor]:
+        """The persistent input buffers graphs read, by name (a step may fill them in place)."""
+        return dict(self.inputs.buffers)
+
+    def padded_tokens(self, num_tokens: int, num_reqs: int, uniform: bool) -> int:
+        """Tokens a call with these sizes runs on: the graph key's size when a captured graph
+        replays it, ``num_tokens`` when it runs eagerly. A step fills its metadata (e.g. the flex
+        mask) for this size before the call."""
+        return self.step_size(self._dispatch(num_tokens, num_reqs, uniform), num_tokens)
+
+    def step_size(self, step: StepDispatch, num_tokens: int) -> int:
+        """:meth:`padded_tokens` for a step already dispatched (one dispatch per step)."""
+        if self.unavailable_reason is not None or step.key is None or step.key not in self._graphs:
+            return num_tokens
+        return step.key.num_tokens
+
+    def _refuse_never_groups(self) -> None:
+        if self.mode not in _FULL_MODES:
+            return
+        backend_of = {layer.index: layer.backend for layer in self.plan.layers}
+        problems = []
+        for g in self.plan.groups:
+            never = sorted({backend_of[i].name for i in g.layers
+                            if backend_of[i].cudagraph_support is CudaGraphSupport.NEVER})
+            if never:
+                problems.append(Problem(
+                    field="cudagraph_mode", value=self.mode.value,
+                    limit=(f"group {g.index} (layers {', '.join(g.layer_names)}; backend {', '.join(never)}) has "
+                           "cudagraph support NEVER, so it cannot run inside a FULL graph"),
+                    fix=(f"use cudagraph_mode='PIECEWISE' (attention runs eagerly between captured pieces) or "
+                         f"'NONE', or give group {g.index} a backend that supports capture")))
+        if problems:
+            raise CaptureError(*problems)
+
+    def _log_once(self, reason: str, level: int, detail: str = "") -> None:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.log(level, "%s%s (logged once per reason)", reason, detail)
+
+    @torch.no_grad()
+    def capture(self, progress: bool = True, *, prepare: Callable[[GraphKey], ContextManager[Any]] | None = None,
+                example_inputs: Mapping[str, torch.Tensor] | None = None) -> CaptureReport:
+        """Warm up and capture every key of the plan, largest first, into one memory pool.
+
+        ``prepare(key)`` returns a context entered around each key's warm-up and capture (e.g. a
+        forward context holding dummy metadata for ``key``); the metadata tensors must be the
+        persistent buffers serving steps fill, since a replay reads the captured addresses.
+        ``example_inputs`` allocates the static buffers (shape of each tensor with the token dim set
+        to the largest key) when no ``static_inputs`` were given. Capture fills every static input with its pad value.
+        ``progress`` writes a progress line to stderr.
+
+        Raises :class:`CaptureError` when the plan asks for FULL graphs and a group's backend
+        support is NEVER (on CPU too). Without CUDA it captures nothing, logs and returns
+        :data:`CPU_UNAVAILABLE` as ``unavailable_reason``; every call then runs eagerly.
+        """
+        self._refuse_never_groups()
+        if self.unavailable_reason is not None:
+            self._log_once(self.unavailable_reason, logging.WARNING)
+            return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
+        keys = capture_keys(self.plan.cudagraph, self.plan.limits)
+        if not keys:
+            return CaptureReport(keys=(), seconds=0.0, skipped=(f"the plan's cudagraph support {self.support.name} "
+                                                                f"allows no key of mode {self.mode.value}",))
+        self.inputs.ensure(example_inputs, keys[0].num_tokens)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        start = time.perf_counter()
+        # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
+        # while warming up, and a graph must be captured on the compiled entry that serving will use.
+        for phase, step in (("warming up", self._warm_up), ("capturing CUDA graphs", self._capture_key)):
+            for i, key in enumerate(keys):
+                if progress:
+                    sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
+                    sys.stderr.flush()
+                with prepare(key) if prepare is not None else contextlib.nullcontext():
+                    step(key)
+        torch.cuda.synchronize()
+        report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
+                               skipped=(self._piecewise_missing,) if self._piecewise_missing else ())
+        if progress:
+            sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
+        logger.info("%s", report)
+        return report
+
+    def _failed(self, key: GraphKey, what: str, error: RuntimeError) -> CaptureError:
+        return CaptureError(Problem(field="forward", value=str(key), limit=f"{what} failed: {error}",
+                                    fix="keep host syncs (.item(), .cpu(), data-dependent shapes) out of the forward, "
+                                        "or use cudagraph_mode='NONE'"))
+
+    def _warm_up(self, key: GraphKey) -> None:
+        views = self.inputs.pad_all(key.num_tokens)
+        side = torch.cuda.Stream()  # torch's recipe: warm up on a side stream before capture
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                self.fn(**views)
+        except RuntimeError as e:
+            raise self._failed(key, "warm-up", e) from e
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _capture_key(self, key: GraphKey) -> None:
+        mode = graph_mode(self.plan.cudagraph, key)
+        if mode is CudaGraphMode.PIECEWISE and self._piecewise_missing:
+            return
+        views = self.inputs.pad_all(key.num_tokens)
+        try:
+            if mode is CudaGraphMode.FULL:
+                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool)
+                self._graphs[key] = _Captured(graph=graph, outputs=outputs)
+                return
+            with piecewise.piecewise_capture(self.pool) as scope:
+                self.fn(**views)
+        except RuntimeError as e:
+            raise self._failed(key, f"{mode.value} capture", e) from e
+        if scope.num_captured or scope.num_replayed:
+            self._graphs[key] = _Captured(graph=None, outputs=None)
+        else:
+            self._piecewise_missing = (
+                "PIECEWISE mixed graphs not captured: the forward has no graphkv piecewise runners (compile it with "
+                "torch.compile(fn, backend=graphkv.runtime.capture.piecewise.piecewise_backend()) before capture); mixed "
+                "steps run eagerly")
+            logger.warning("%s", self._piecewise_missing)
+
+    def _eager(self, reason: str, level: int, num_tokens: int, inputs: Mapping[str, torch.Tensor], detail: str) -> Any:
+        self._log_once(reason, level, detail)
+        return self.fn(**self.inputs.eager_args(inputs, num_tokens))
+
+    @torch.no_grad()
+    def __call__(self, *, num_tokens: int, num_reqs: int, uniform: bool, **inputs: torch.Tensor) -> Any:
+        """Run one step of ``num_tokens`` tokens from ``num_reqs`` requests (``uniform``: every
+        request has ``1 + num_speculative_tokens`` query tokens).
+
+        ``inputs`` are the forward's named tensors with ``num_tokens`` entries on their token dim;
+        an input left out is read from its static buffer as the caller filled it. Returns the
+        forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs alias static
+        buffers (overwritten by the next replay) unless ``copy_outputs``.
+        """
+        return self.run(self._dispatch(num_tokens, num_reqs, uniform), num_tokens=num_tokens, num_reqs=num_reqs,
+                        uniform=uniform, inputs=inputs)
+
+    @torch.no_grad()
+    def run(self, step: StepDispatch, *, num_tokens: int, num_reqs: int, uniform: bool,
+            inputs: Mapping[str, torch.Tensor]) -> Any:
+        """:meth:`__call__` for a step already dispatched (``step``: the plan's
+        :class:`~graphkv.runtime.capture.keys.StepDispatch` of these sizes), so a serving step
+        dispatches once."""
+        self.inputs.check_names(inputs)
+        detail = f" (first at num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})"
+        if self.unavailable_reason is not None:
+            return self._eager(self.unavailable_reason, logging.WARNING, num_tokens, inputs, detail)
+        if step.key is None:
+            return self._eager(f"running eagerly: {step.eager_reason}", logging.INFO, num_tokens, inputs, detail)
+        captured = self._graphs.get(step.key)
+        if captured is None:
+            reason = (self._piecewise_missing if self._piecewise_missing and step.mode is CudaGraphMode.PIECEWISE
+                      else "running eagerly: graphs not captured yet (call .capture() first)")
+            return self._eager(reason, logging.WARNING, num_tokens, inputs, detail)
+        self.inputs.stage(inputs, num_tokens, step.key.num_tokens)
+        if captured.graph is not None:
+            captured.graph.replay()
+            outputs = captured.outputs
+        else:  # PIECEWISE: the compiled forward's runners replay their pieces
+            outputs = self.fn(**self.inputs.views(step.key.num_tokens))
+        outputs = _tree_map(lambda t: t.narrow(0, 0, num_tokens) if t.dim() else t, outputs)
+        return _tree_map(torch.clone, outputs) if self.copy_outputs else outputs
+
+
+def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
+            pad_values: Mapping[str, float] | None = None, token_dims: Mapping[str, int] | None = None,
+            copy_outputs: bool = False, pool: Any = None) -> Callable[[Callable[..., Any]], CapturedForward]:
+    """Wrap a forward for CUDA-graph capture under ``plan``: ``@capture(plan)`` or
+    ``capture(plan, static_inputs=...)(model.forward)``; compile first, then capture.
+
+    ``static_inputs``: persistent input buffers by forward argument name, token dim (dim 0, or
+    ``token_dims[name]``) sized >= the largest capture size. ``pad_values``: value of padding rows
+    per input (default 0, and -1 for names ending in ``slot_mapping``). ``pool``: a
+    ``torch.cuda.graph_pool_handle()`` to share (default: a new one at capture). Returns a
+    :class:`CapturedForward`; call ``.capture()`` once the model is loaded.
+    """
+    def wrap(fn: Callable[..., Any]) -> CapturedForward:
+        return CapturedForward(fn, plan, static_inputs=static_inputs, pad_values=pad_values, token_dims=token_dims,
+                               copy_outputs=copy_outputs, pool=pool)
+    return wrap

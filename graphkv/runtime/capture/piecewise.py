@@ -1,0 +1,264 @@
+"""PIECEWISE capture: split a forward's FX graph at the attention ops and capture the pieces
+between them, attention running eagerly.
+
+Attention (and any other op that cannot live inside a graph for a mixed batch) is a torch custom
+op, e.g. ``torch.library.custom_op("graphkv::attention", mutates_args=...)``. Dynamo keeps such an
+op as one node, so :func:`split_at_attention` can cut the graph there: a forward with ``n``
+attention ops becomes up to ``2n + 1`` pieces, ``n`` of them attention, the rest *graph pieces*.
+
+:func:`piecewise_backend` is a ``torch.compile`` backend that does the split and wraps every graph
+piece in a :class:`PiecewiseRunner`: inside a :func:`piecewise_capture` block a runner captures
+one CUDA graph per input signature (into the shared pool), outside it replays the graph of a
+known signature and runs any other signature eagerly. On CPU, and inside the capture of an
+enclosing FULL graph, a runner simply runs its piece (the piece then becomes part of the outer
+graph). :class:`graphkv.runtime.capture.CapturedForward` opens the capture block for you, after
+warming up every size first: a compiled forward recompiles (turns dynamic) while it sees new
+sizes, and serving runs on the entry compiled last, so pieces must be captured on that one.
+
+Example::
+
+    compiled = torch.compile(model, backend=piecewise_backend(("graphkv::attention",)))
+    # then wrap it: graphkv.runtime.capture.graphs(plan, static_inputs=...)(compiled).capture()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import attrs
+import torch
+from torch.fx.passes.split_module import split_module
+
+__all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
+           "capture_graph", "op_name", "piecewise_backend", "piecewise_capture", "split_at_attention"]
+
+# Ops that end a graph piece. Attention / state backends register their capture-unsafe op under
+# one of these names (or callers pass their own list).
+SPLITTING_OPS: tuple[str, ...] = ("graphkv::attention",)
+
+
+def op_name(op: Any) -> str | None:
+    """``"namespace::name"`` of a custom op (packet, overload, or a ``"ns::name"`` / ``"ns.name"``
+    string); ``None`` for anything that is not a torch op."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return op._qualified_op_name
+    if isinstance(op, torch._ops.OpOverload):
+        return op._schema.name
+    if isinstance(op, str):
+        return op if "::" in op else op.replace(".", "::", 1)
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class Piece:
+    """One submodule of a split graph, in call order: a graph piece or a splitting (attention) op."""
+
+    index: int  # position in call order
+    name: str  # attribute name on the split module, e.g. "submod_2"
+    module: torch.fx.GraphModule
+    splitting_op: str | None  # "ns::name" of the op this piece holds, None for a graph piece
+
+    @property
+    def is_graph_piece(self) -> bool:
+        """Whether the piece is captured (it holds no splitting op)."""
+        return self.splitting_op is None
+
+
+@attrs.frozen(kw_only=True)
+class SplitResult:
+    """A graph split at its splitting ops: the parent module calling ``pieces`` in order."""
+
+    module: torch.fx.GraphModule
+    pieces: tuple[Piece, ...]
+
+    @property
+    def graph_pieces(self) -> tuple[Piece, ...]:
+        """Pieces between splitting ops (captured in CUDA graphs)."""
+        return tuple(p for p in self.pieces if p.is_graph_piece)
+
+    @property
+    def splitting_pieces(self) -> tuple[Piece, ...]:
+        """Pieces holding one splitting op each (run eagerly)."""
+        return tuple(p for p in self.pieces if not p.is_graph_piece)
+
+
+def split_at_attention(gm: torch.fx.GraphModule, splitting_ops: Iterable[Any] = SPLITTING_OPS) -> SplitResult:
+    """Split ``gm`` so that every call of a ``splitting_ops`` op sits alone in its own piece.
+
+    ``splitting_ops`` holds op names (``"graphkv::attention"``) or op objects
+    (``torch.ops.graphkv.attention``). The split module computes exactly what ``gm`` computes
+    (same ops, same order). ``gm`` itself is not modified.
+    """
+    wanted = {op_name(op) for op in splitting_ops}
+    partition: dict[torch.fx.Node, int] = {}
+    split_op_of: dict[int, str] = {}
+    current = 0
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        name = op_name(node.target) if node.op == "call_function" else None
+        if name is not None and name in wanted:
+            current += 1
+            partition[node] = current
+            split_op_of[current] = name
+            current += 1
+        else:
+            partition[node] = current
+    split = split_module(gm, None, lambda node: partition[node], keep_original_order=True)
+    pieces = []
+    for node in split.graph.nodes:
+        if node.op == "call_module":
+            pid = int(node.target.rsplit("_", 1)[1])
+            pieces.append(Piece(index=len(pieces), name=node.target, module=getattr(split, node.target),
+                                splitting_op=split_op_of.get(pid)))
+    return SplitResult(module=split, pieces=tuple(pieces))
+
+
+@attrs.define(kw_only=True)
+class PiecewiseCaptureScope:
+    """An open :func:`piecewise_capture` block: the pool graphs go into, how many pieces were captured in
+    it and how many replayed a graph captured earlier (e.g. by another wrapper of the same forward)."""
+
+    pool: Any
+    num_captured: int = 0
+    num_replayed: int = 0
+
+
+_SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.ContextVar("graphkv_piecewise_capture",
+                                                                                     default=None)
+
+
+@contextlib.contextmanager
+def piecewise_capture(pool: Any = None) -> Iterator[PiecewiseCaptureScope]:
+    """Inside this block, :class:`PiecewiseRunner` s capture a graph for each new input signature
+    into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use)."""
+    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool))
+    try:
+        yield _SCOPE.get()
+    finally:
+        _SCOPE.reset(token)
+
+
+def capture_graph(fn: Callable[[], Any], pool: Any) -> tuple[Any, Any]:
+    """Capture ``fn()`` into a new CUDA graph allocating from ``pool``; return ``(graph, outputs)``.
+
+    ``outputs`` are static: each ``graph.replay()`` rewrites them. The one place graphkv captures.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs
+
+
+def _cuda_graphs_apply(t: torch.Tensor) -> bool:
+    """Whether a runner may replay/capture: the piece runs on CUDA and no enclosing capture is open."""
+    return t.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@attrs.define
+class _PieceGraph:
+    graph: Any  # torch.cuda.CUDAGraph
+    static_args: tuple[Any, ...]  # the tensors the graph reads (None for non-tensor args)
+    outputs: Any  # static outputs the graph writes
+
+
+class PiecewiseRunner(torch.nn.Module):
+    """Runs one graph piece: replays its CUDA graph for a captured input signature, captures one
+    inside a :func:`piecewise_capture` block, runs eagerly otherwise (always on CPU).
+
+    Replay copies an input into the captured input tensor only when its address changed (an
+    attention output allocated per call); outputs of the previous piece keep their address, so
+    they pass through without a copy. Outputs are static graph memory, overwritten by the next
+    replay.
+    """
+
+    def __init__(self, piece: torch.nn.Module, index: int = 0) -> None:
+        super().__init__()
+        self.piece = piece
+        self.index = index
+        self._graphs: dict[tuple[Any, ...], _PieceGraph] = {}
+
+    @property
+    def num_graphs(self) -> int:
+        """Graphs captured so far (one per input signature)."""
+        return len(self._graphs)
+
+    def forward(self, *args: Any) -> Any:
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None or not _cuda_graphs_apply(first):
+            return self.piece(*args)  # CPU, or part of an enclosing FULL capture
+        signature = _signature(args)
+        entry = self._graphs.get(signature)
+        scope = _SCOPE.get()
+        if entry is None:
+            if scope is None:
+                return self.piece(*args)
+            entry = self._capture(args, scope)
+            self._graphs[signature] = entry
+        elif scope is not None:
+            scope.num_replayed += 1
+        for static, arg in zip(entry.static_args, args):
+            if static is not None and static.data_ptr() != arg.data_ptr():
+                static.copy_(arg)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _capture(self, args: Sequence[Any], scope: PiecewiseCaptureScope) -> _PieceGraph:
+        if scope.pool is None:
+            scope.pool = torch.cuda.graph_pool_handle()
+        self.piece(*args)  # warm-up: lazy init and autotuning must not happen during capture
+        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool)
+        scope.num_captured += 1
+        static = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
+        return _PieceGraph(graph=graph, static_args=static, outputs=outputs)
+
+
+class _CallableModule(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+CaptureFn = Callable[[torch.nn.Module, int], Callable[..., Any]]  # (piece module, piece index) -> runner
+
+
+class PiecewiseBackend:
+    """A ``torch.compile`` backend: split each dynamo graph at ``splitting_ops`` and wrap every
+    graph piece with ``capture_fn(piece_module, piece_index)`` (default :class:`PiecewiseRunner`).
+
+    ``splits`` keeps one :class:`SplitResult` per compiled graph (several after recompiles or
+    graph breaks), with the runners installed on ``split.module``; ``runners`` lists them.
+    """
+
+    def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None) -> None:
+        self.splitting_ops = tuple(op_name(op) for op in splitting_ops)
+        self.capture_fn = PiecewiseRunner if capture_fn is None else capture_fn
+        self.splits: list[SplitResult] = []
+        self.runners: list[torch.nn.Module] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        split = split_at_attention(gm, self.splitting_ops)
+        for piece in split.graph_pieces:
+            runner = self.capture_fn(piece.module, piece.index)
+            if not isinstance(runner, torch.nn.Module):
+                runner = _CallableModule(runner)
+            setattr(split.module, piece.name, runner)
+            self.runners.append(runner)
+        self.splits.append(split)
+        return split.module
+
+
+def piecewise_backend(splitting_ops: Iterable[Any] = SPLITTING_OPS,
+                      capture_fn: CaptureFn | None = None) -> PiecewiseBackend:
+    """A ``torch.compile(backend=...)`` that splits at ``splitting_ops`` and captures the pieces
+    between them (see :class:`PiecewiseBackend`)."""
+    return PiecewiseBackend(splitting_ops, capture_fn)

@@ -1,0 +1,71 @@
+"""The flex attention call over a paged kv-first cache, with a mask from :class:`FlexMaskBuilder`.
+
+K and V are the strided views of :mod:`graphkv.runtime.flex.views` (kernel block ``b`` is flex kv block ``b * r``);
+the mask lists only kernel blocks, so the bytes between them (V, or other layers' pages) are never attended.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from graphkv.errors import Problem, SpecError
+from graphkv.runtime.flex.views import flex_kv_block_stride, paged_kv_views
+
+__all__ = ["flex_kernel_options", "paged_flex_attention"]
+
+
+def flex_kernel_options(query: torch.Tensor, block_mask: BlockMask) -> dict[str, int | bool] | None:
+    """Triton tile sizes compatible with the mask's sparse blocks on CUDA (``None`` on CPU).
+
+    The kernel's key tile must divide the kernel block size (a multiple of 16) and its query tile
+    the query tile, so take the largest power of two <= 64 dividing each; one kernel (not the
+    short-query decoding one) serves mixed and decode steps alike. Untested on a GPU so far."""
+    if query.device.type != "cuda":
+        return None
+    q_tile, kbs = block_mask.BLOCK_SIZE
+    return {"BLOCK_M": math.gcd(q_tile, 64), "BLOCK_N": math.gcd(kbs, 64), "FORCE_USE_FLEX_ATTENTION": True}
+
+
+def _check_mask_matches_cache(block_mask: BlockMask, kv_cache: torch.Tensor, k: torch.Tensor) -> None:
+    # Python ints only: free in eager, constant-folded under torch.compile. The mask's key length
+    # encodes the builder's kv block stride r (and pool size), so a mask built for the split
+    # layout used on a page-local cache, or vice versa, is caught here.
+    kbs, kv_len = kv_cache.shape[2], k.shape[2]
+    if block_mask.BLOCK_SIZE[1] != kbs or block_mask.seq_lengths[1] != kv_len:
+        raise SpecError(Problem(
+            field="block_mask", value={"kv_tokens": block_mask.seq_lengths[1], "kv_block": block_mask.BLOCK_SIZE[1]},
+            limit=f"must match the cache's flex view: kv_tokens={kv_len} (num_kernel_blocks={kv_cache.shape[1]}, "
+                  f"kv_block_stride={flex_kv_block_stride(kv_cache)}), kv_block={kbs}",
+            fix="build the mask with FlexMaskBuilder.from_plan(plan, group, ...) for the plan the pool was allocated "
+                "from (or pass FlexMaskGeometry(kv_block_stride=flex_kv_block_stride(kv_cache)))"))
+
+
+def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask: BlockMask, *,
+                         scale: float | None = None) -> torch.Tensor:
+    """Attention of packed queries ``[num_tokens_padded, Hq, D]`` over the paged cache.
+
+    ``kv_cache``: kv-first NHD ``(2, num_kernel_blocks, kbs, Hkv, D)``, split or page-local (see
+    the module docstring), with the step's new K/V already written; ``Hq`` a multiple of ``Hkv``
+    (GQA). ``block_mask``: from :meth:`FlexMaskBuilder.build` with the same ``num_tokens_padded``,
+    built for this cache (same pool size and kv block stride, checked: :class:`SpecError`
+    otherwise). Returns ``[num_tokens_padded, Hq, D]`` (a view of flex attention's output;
+    padding tokens get zeros). Capture-safe.
+
+    Uncompiled flex attention (the eager math path) scores every key of the flat view and only
+    then applies the mask, so it reads the bytes between kernel blocks too (V, and in a hybrid
+    pool other groups' pages, e.g. Mamba states): they never change the result as long as they
+    are finite. Compiled flex reads only the blocks the mask lists.
+    """
+    k, v = paged_kv_views(kv_cache)
+    _check_mask_matches_cache(block_mask, kv_cache, k)
+    q = query.transpose(0, 1).unsqueeze(0)
+    if query.device.type == "cpu":
+        # A fresh [1, Hq, T, D] buffer: inductor's CPU flex template reads the 4-D shape off the
+        # query's base buffer, which a view of a [T, Hq, D] tensor lacks (torch 2.13).
+        q = q.clone(memory_format=torch.contiguous_format)
+    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True,
+                         kernel_options=flex_kernel_options(query, block_mask))
+    return out[0].transpose(0, 1)

@@ -1,0 +1,54 @@
+"""Which implementation runs the runtime kernels: Triton on CUDA devices, torch elsewhere.
+
+The Triton kernels (``graphkv.kernels``) are the fast, capture-safe path on a GPU; on a CPU they
+can only run in Triton's interpreter, so ``"auto"`` picks the vectorized torch implementations
+(:mod:`graphkv.runtime.ops.torch_ops`) there. Both have the same semantics and are checked
+against the same reference.
+
+Example::
+
+    resolve_kernels("auto", "cpu")    # -> "torch"
+    resolve_kernels("auto", "cuda")   # -> "triton"
+    write_kv(k, v, pool.kv_cache(name), slots[g], layout=pool.layout(name))  # picks by the cache's device
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphkv.errors import Problem, SpecError
+from graphkv.kernels.reshape_and_cache import reshape_and_cache as triton_reshape_and_cache
+from graphkv.runtime.ops.torch_ops import reshape_and_cache as torch_reshape_and_cache
+from graphkv.spec.backends import KVLayout
+
+__all__ = ["KERNEL_CHOICES", "resolve_kernels", "write_kv"]
+
+KERNEL_CHOICES = ("auto", "triton", "torch")
+
+
+def resolve_kernels(kernels: str, device: "str | torch.device") -> str:
+    """The implementation ``kernels`` selects on ``device``: ``"triton"`` or ``"torch"``
+    (``"auto"`` is ``"triton"`` on CUDA devices and ``"torch"`` on any other). Raises
+    :class:`SpecError` for any other value. Pure; no tensors are touched."""
+    if not isinstance(kernels, str) or kernels not in KERNEL_CHOICES:
+        raise SpecError(Problem(field="kernels", value=kernels, limit=f"must be one of {', '.join(KERNEL_CHOICES)}",
+                                fix="pass kernels='auto' (Triton on CUDA devices, torch elsewhere), or force "
+                                    "'triton' or 'torch'"))
+    if kernels != "auto":
+        return kernels
+    return "triton" if torch.device(device).type == "cuda" else "torch"
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             *, layout: KVLayout, kernels: str = "auto") -> None:
+    """``reshape_and_cache`` with the implementation ``kernels`` picks for ``kv_cache``'s device:
+    write ``key`` / ``value`` ``[num_tokens, H, D]`` (latent: ``key`` ``[num_tokens, D]``,
+    ``value=None``) into the cache view at ``slot_mapping`` ``[>= num_tokens] int64``, skipping
+    negative and out-of-range slots. Capture-safe on the Triton path (``"auto"`` on CUDA).
+
+    >>> write_kv(k, v, pool.kv_cache(name), ctx.slot_mappings[g], layout=pool.layout(name))
+    """
+    if resolve_kernels(kernels, kv_cache.device) == "triton":
+        triton_reshape_and_cache(key, value, kv_cache, slot_mapping, layout=layout)
+    else:
+        torch_reshape_and_cache(key, value, kv_cache, slot_mapping, layout=layout)

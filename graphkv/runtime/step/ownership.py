@@ -1,0 +1,270 @@
+"""Page ownership: which live requests hold which pages, and what a step may write.
+
+The caller's scheduler decides which pages a request gets; graphkv owns the bytes and refuses
+what would corrupt them. Per page it keeps a *holder count* (live requests whose table lists the
+page) and the group it is held in; per request row the tokens it has had written. The rules:
+
+- page 0 (the null page) is never handed out, and a page is held in one group at a time (all
+  groups share the pool's page indices);
+- a page several live requests hold is read-only: that is prefix caching. A request joining the
+  step may receive a page another request holds only inside its cached context (page columns below
+  ``cdiv(seq_len - query_len, block_size)``); a running request may not receive one (it would
+  write into it), and a state (Mamba) page has one holder;
+- no token of a step is written into a page another live request holds;
+- a running request's context (``seq_len - query_len``) may shrink (speculative decoding rolls
+  back rejected drafts) but never exceed the tokens it has had written;
+- a request joining with cached context needs a plan that can hold a prefix (no Mamba group in
+  mamba_cache_mode ``none``), and each claimed page must hold the claimed tokens at the claimed
+  page index: written by a live request that got that far, or by one that finished.
+
+Everything is vectorized numpy over the step's pages and requests; checks never change state, so
+a refused step leaves every count as it was. The cost of the common step (no page shared with
+another request) is a handful of numpy calls: the prefix-sharing checks run only while a shared
+page exists.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from graphkv.errors import CapacityError, Problem, SpecError
+from graphkv.plan.plan import Plan
+from graphkv.runtime.tables.page_ids import PageEntries
+from graphkv.spec.limits import MambaCacheMode
+
+__all__ = ["HoldUndo", "PageOwnership"]
+
+
+class HoldUndo:
+    """What :meth:`PageOwnership.hold` changed, so that it can be taken back."""
+
+    __slots__ = ("group_of", "ids", "num_shared", "writer_col", "writer_row")
+
+    def __init__(self, ids: np.ndarray, group_of: np.ndarray, writer_row: np.ndarray, writer_col: np.ndarray,
+                 num_shared: int) -> None:
+        self.ids, self.group_of, self.writer_row, self.writer_col = ids, group_of, writer_row, writer_col
+        self.num_shared = num_shared
+
+
+class PageOwnership:
+    """Holder counts and written tokens of a plan's pool (host-side numpy).
+
+    Per page (``[num_blocks]``): ``holders`` (live requests listing it), ``group_of`` (the group
+    they hold it in, -1 when free), the row and page index of the request that writes it
+    (``writer_row`` -1 when none is live), and for pages whose writer finished, the tokens it holds
+    (``filled``) at which page index (``filled_at``). Per request row: ``written`` tokens.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        blocks, seqs = plan.num_blocks, plan.limits.max_num_seqs
+        self.num_blocks = blocks
+        self.holders = np.zeros(blocks, dtype=np.int32)
+        self.group_of = np.full(blocks, -1, dtype=np.int16)
+        self.writer_row = np.full(blocks, -1, dtype=np.int64)
+        self.writer_col = np.zeros(blocks, dtype=np.int64)
+        self.filled = np.zeros(blocks, dtype=np.int64)
+        self.filled_at = np.full(blocks, -1, dtype=np.int64)
+        self.written = np.zeros(seqs, dtype=np.int64)
+        self.num_shared = 0  # pages with more than one holder
+        self._stamp = np.zeros(blocks, dtype=np.int64)  # scratch: finds repeated pages in one step
+        self.state_group = np.array([g.is_ssm for g in plan.groups])
+        self.block_sizes = np.array([g.block_size for g in plan.groups], dtype=np.int64)
+        none = plan.limits.mamba_cache_mode is MambaCacheMode.NONE
+        self.prefix_refusal = (f"mamba_cache_mode={plan.limits.mamba_cache_mode.value} keeps one state per request, "
+                               "so no request can start from cached context"
+                               if none and self.state_group.any() else None)
+
+    # ---- checks (no state changes) ----------------------------------------------------------
+
+    def check_context(self, req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray, ctx: np.ndarray) -> None:
+        """Refuse a running request whose context exceeds its written tokens, and cached context for
+        a joining request where the plan cannot hold a prefix."""
+        ahead = (ctx > self.written[rows]) & ~new
+        if ahead.any():
+            i = int(np.flatnonzero(ahead)[0])
+            raise SpecError(Problem(
+                field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
+                limit=f"the request has had {int(self.written[rows[i]])} tokens written; its context may shrink "
+                      "(rolled-back drafts) but not skip ahead, or attention would read slots nobody wrote",
+                fix="set seq_len to the tokens written so far plus this step's query_len"))
+        if self.prefix_refusal is not None:
+            claims = new & (ctx > 0)
+            if claims.any():
+                i = int(np.flatnonzero(claims)[0])
+                raise SpecError(Problem(field=f"batch[{i}] ({req_ids[i]!r})",
+                                        value=f"seq_len - query_len = {int(ctx[i])} cached tokens",
+                                        limit=f"a new request starts with no cached context: {self.prefix_refusal}",
+                                        fix="give a new request seq_len == query_len (prefill it whole), or plan "
+                                            "with mamba_cache_mode='align' or 'all' for prefix caching"))
+
+    def check_new_pages(self, entries: PageEntries, req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray,
+                        ctx: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Check the pages a step appends (``held``: ``[num_groups, num_reqs]`` pages each request
+        holds before the step). Returns each page's column in its request's table, and whether a
+        page is shared (held already, or given twice)."""
+        lo, hi = entries.id_range
+        ids = entries.ids
+        seg = entries.segment_of_page()
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
+        column = held[group, req] + np.arange(ids.shape[0]) - np.repeat(np.cumsum(entries.count) - entries.count,
+                                                                        entries.count)
+        if lo < 1 or hi >= self.num_blocks:
+            bad = int(np.flatnonzero((ids < 1) | (ids >= self.num_blocks))[0])
+            page = int(ids[bad])
+            what = "page 0 is the null page (padding rows point at it); it is never handed out" if page == 0 \
+                else f"page ids must be in 1..num_blocks - 1 = {self.num_blocks - 1}"
+            raise SpecError(self._problem(req_ids, req, group, bad, page, what, "hand out pages from 1..num_blocks-1"))
+        self._stamp[ids] = np.arange(ids.shape[0])
+        repeated = self._stamp[ids] != np.arange(ids.shape[0])  # every occurrence but one of a repeated id
+        shared = self.holders[ids] > 0
+        if repeated.any():
+            winner = self._stamp[ids]
+            other_group = group[winner] != group
+            if other_group.any():
+                bad = int(np.flatnonzero(other_group)[0])
+                raise SpecError(self._problem(req_ids, req, group, bad, int(ids[bad]),
+                                              f"the step also gives it in group {int(group[winner[bad]])}; groups "
+                                              "share the pool's page indices, so a page serves one group at a time",
+                                              "give each group its own pages"))
+            shared |= repeated
+            shared[winner[repeated]] = True
+        if not shared.any():
+            return column, False
+        held_elsewhere = shared & (self.holders[ids] > 0) & (self.group_of[ids] != group)
+        if held_elsewhere.any():
+            bad = int(np.flatnonzero(held_elsewhere)[0])
+            raise SpecError(self._problem(req_ids, req, group, bad, int(ids[bad]),
+                                          f"live requests hold it in group {int(self.group_of[ids[bad]])}; a page "
+                                          "serves one group at a time", "give the request a free page"))
+        in_context = new[req] & (column < -(-ctx[req] // self.block_sizes[group])) & ~self.state_group[group]
+        bad_share = shared & ~in_context
+        if bad_share.any():
+            bad = int(np.flatnonzero(bad_share)[0])
+            holders = int(self.holders[ids[bad]])
+            why = ("a state page has one holder" if self.state_group[group[bad]] else
+                   "a new request may share only pages of its cached context (page columns below cdiv(seq_len - "
+                   "query_len, block_size)), and a running request may not receive a page another request holds: "
+                   "it would write into it")
+            raise SpecError(self._problem(req_ids, req, group, bad, int(ids[bad]),
+                                          f"{holders} live request(s) hold it (or the step gives it twice); {why}",
+                                          "give the request a page no live request holds"))
+        return column, True
+
+    def check_claims(self, entries: PageEntries, column: np.ndarray, req_ids: Sequence[Hashable], new: np.ndarray,
+                     ctx: np.ndarray, held_after: np.ndarray) -> None:
+        """Refuse a joining request's cached context that its pages do not hold: each page of the
+        context must hold the claimed tokens at the claimed page index (``held_after``: ``[groups,
+        num_reqs]`` pages each request holds after the step's appends)."""
+        claims = new & (ctx > 0)
+        if not claims.any():
+            return
+        attn = ~self.state_group
+        need = -(-ctx[None, :] // self.block_sizes[:, None])  # [G, n]
+        short = attn[:, None] & claims[None, :] & (held_after < need)
+        if short.any():
+            g, i = (int(x) for x in np.argwhere(short)[0])
+            raise CapacityError(Problem(field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})",
+                                        value=f"{int(held_after[g, i])} page(s)",
+                                        limit=f"{int(ctx[i])} cached tokens need {int(need[g, i])} page(s) of "
+                                              f"block_size {int(self.block_sizes[g])} in group {g}",
+                                        fix="give a joining request the pages of its whole cached context"))
+        ids = entries.ids
+        seg = entries.segment_of_page()
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
+        bs = self.block_sizes[group]
+        claimed = claims[req] & ~self.state_group[group] & (column * bs < ctx[req])
+        if not claimed.any():
+            return
+        tokens = np.minimum(bs, ctx[req] - column * bs)
+        live = self.writer_row[ids] >= 0
+        have = np.where(live, np.clip(self.written[np.maximum(self.writer_row[ids], 0)] - self.writer_col[ids] * bs,
+                                      0, bs), self.filled[ids])
+        at = np.where(live, self.writer_col[ids], self.filled_at[ids])
+        bad_claim = claimed & ((have < tokens) | (at != column))
+        if bad_claim.any():
+            bad = int(np.flatnonzero(bad_claim)[0])
+            raise SpecError(self._problem(
+                req_ids, req, group, bad, int(ids[bad]),
+                f"the request claims {int(tokens[bad])} cached token(s) in it at page index {int(column[bad])}, but "
+                f"it holds {int(have[bad])} written token(s) at page index {int(at[bad])}",
+                "claim only cached tokens whose pages were written (seq_len - query_len = the shared tokens)"))
+
+    def check_writes(self, req_ids: Sequence[Hashable], pages: np.ndarray, token_req: np.ndarray, group: int) -> None:
+        """Refuse a step that writes a token of group ``group`` into a page another live request holds
+        (``pages``, ``token_req``: page and batch row of each written token)."""
+        if self.num_shared == 0:
+            return
+        crowded = self.holders[pages] > 1
+        if crowded.any():
+            t = int(np.flatnonzero(crowded)[0])
+            i = int(token_req[t])
+            raise SpecError(Problem(field=f"batch[{i}] ({req_ids[i]!r})", value=f"page {int(pages[t])}",
+                                    limit=f"a token of this step would be written into page {int(pages[t])} of group "
+                                          f"{group}, which {int(self.holders[pages[t]])} live requests hold "
+                                          "(shared pages are read-only)",
+                                    fix="give the request a page of its own for the tokens it writes (copy-on-write "
+                                        "is the scheduler's job)"))
+
+    # ---- changes ------------------------------------------------------------------------------
+
+    def hold(self, entries: PageEntries, column: np.ndarray, rows: np.ndarray, new: np.ndarray, ctx: np.ndarray,
+             shared: bool) -> HoldUndo:
+        """Count the step's appended pages as held (``shared``: as :meth:`check_new_pages` said); a
+        page no one held, outside a joining request's cached context, becomes its request's to
+        write. Returns what :meth:`undo_hold` needs."""
+        ids = entries.ids
+        seg = entries.segment_of_page()
+        req, group = entries.request_of_segment()[seg], entries.group[seg]
+        undo = HoldUndo(ids, self.group_of[ids], self.writer_row[ids], self.writer_col[ids], self.num_shared)
+        self.group_of[ids] = group
+        if shared:
+            fresh = self.holders[ids] == 0
+            np.add.at(self.holders, ids, 1)
+            self.num_shared = int((self.holders > 1).sum())
+            owned = fresh & ~(new[req] & (column * self.block_sizes[group] < ctx[req]))  # not claimed context
+            self.writer_row[ids[owned]] = rows[req[owned]]
+            self.writer_col[ids[owned]] = column[owned]
+        else:  # every page was free and appears once
+            self.holders[ids] = 1
+            claimed = new[req] & (column * self.block_sizes[group] < ctx[req])
+            owned = ids[~claimed] if claimed.any() else ids
+            self.writer_row[owned] = rows[req] if owned is ids else rows[req[~claimed]]
+            self.writer_col[owned] = column if owned is ids else column[~claimed]
+        return undo
+
+    def undo_hold(self, undo: HoldUndo) -> None:
+        """Take back one :meth:`hold`."""
+        np.add.at(self.holders, undo.ids, -1)
+        self.group_of[undo.ids] = undo.group_of
+        self.writer_row[undo.ids] = undo.writer_row
+        self.writer_col[undo.ids] = undo.writer_col
+        self.num_shared = undo.num_shared
+
+    def release(self, row: int, pages_per_group: Sequence[np.ndarray]) -> None:
+        """A request left: its pages lose a holder; pages it wrote keep what it wrote (for prefix reuse)."""
+        pages = np.concatenate(pages_per_group) if len(pages_per_group) > 1 else pages_per_group[0]
+        if pages.shape[0] == 0:
+            return
+        columns = np.concatenate([np.arange(p.shape[0]) for p in pages_per_group])
+        bs = np.concatenate([np.full(p.shape[0], self.block_sizes[g]) for g, p in enumerate(pages_per_group)])
+        mine = self.writer_row[pages] == row
+        wrote = pages[mine]
+        self.filled[wrote] = np.clip(self.written[row] - columns[mine] * bs[mine], 0, bs[mine])
+        self.filled_at[wrote] = columns[mine]
+        self.writer_row[wrote] = -1
+        if self.num_shared:
+            self.num_shared -= int((self.holders[pages] == 2).sum())
+        self.holders[pages] -= 1
+        self.group_of[pages[self.holders[pages] == 0]] = -1
+        self.written[row] = 0
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _problem(req_ids: Sequence[Hashable], req: np.ndarray, group: np.ndarray, k: int, page: int, why: str,
+                 fix: str) -> Problem:
+        i, g = int(req[k]), int(group[k])
+        return Problem(field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})", value=page,
+                       limit=f"request {req_ids[i]!r}, group {g}, page {page}: {why}", fix=fix)

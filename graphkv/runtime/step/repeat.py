@@ -1,0 +1,146 @@
+"""The step that repeats the last one: the same requests with the same query lengths, no new pages.
+
+That is a serving loop's commonest step (decode: every request one token longer). Everything
+but the lengths is unchanged: rows, query layout, state pages, padded size, graph key, block
+tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
+checks and writes only what changes, with the same checks as the full path: integer sequence
+lengths, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and a context
+(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_REQUESTS`
+requests the work is a plain Python loop over memoryviews (a numpy call costs more than a
+request's whole update); above that, a constant number of numpy calls. Anything unusual — a
+length that is not a plain int, a check that fails, a page another request shares — returns
+``None`` with nothing changed, and the full path checks (and raises) as usual.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import numpy as np
+
+from graphkv.plan.plan import Plan
+from graphkv.runtime.capture.keys import StepDispatch
+from graphkv.runtime.step.batch import Batch, PreparedStep
+from graphkv.runtime.step.ownership import PageOwnership
+from graphkv.runtime.step.staging import StepStaging
+from graphkv.runtime.tables.block_tables import BlockTables
+
+__all__ = ["PYTHON_REQUESTS", "Parts", "RepeatStep"]
+
+PYTHON_REQUESTS = 8  # up to this many requests a repeated step is updated in plain Python
+
+
+class Parts:
+    """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, and
+    ``remember_undo(rows, written)`` (what :meth:`Step.undo` restores)."""
+
+    __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables")
+
+    def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, staging: StepStaging,
+                 remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]"], None]) -> None:
+        self.plan, self.tables, self.ownership, self.staging = plan, tables, ownership, staging
+        self.remember_undo = remember_undo
+
+
+class RepeatStep:
+    """What the last full step derived (its requests, rows, padded size, result and dispatch), to
+    repeat it cheaply on ``parts`` (see the module docstring)."""
+
+    def __init__(self, parts: Parts, req_ids: tuple, query_lens: tuple, rows: np.ndarray, padded: int,
+                 prepared: PreparedStep, dispatch: StepDispatch) -> None:
+        self.parts = parts
+        self.req_ids, self.query_lens, self.padded, self.prepared = req_ids, query_lens, padded, prepared
+        self.dispatch = dispatch
+        self.rows = rows
+        self.row_list = rows.tolist()
+        self.qlens = np.asarray(query_lens, dtype=np.int64)
+        tables = parts.tables
+        groups = parts.plan.groups
+        held = tables.num_pages_np[:, rows].astype(np.int64)
+        tokens = np.array([[parts.plan.max_model_len if g.is_ssm else g.block_size] for g in groups])
+        self.capacity = (held * tokens).min(0)  # tokens each request's pages hold, [n]
+        self.capacity_list = self.capacity.tolist()
+        self.num_tokens = prepared.num_tokens
+        st = parts.staging
+        self.decode = self.num_tokens == rows.shape[0]
+        self.token_offset = st.token_offset[:self.num_tokens].copy()
+        self.token_req = st.token_row[:self.num_tokens].copy()
+        self.attention = [(g.index, g.block_size, tables.max_pages[g.index]) for g in groups if not g.is_ssm]
+        if rows.shape[0] <= PYTHON_REQUESTS:
+            self.views = (memoryview(st.seq_lens), memoryview(st.context_lens), memoryview(st.positions),
+                          memoryview(parts.ownership.written))
+            self.slot_views = [(memoryview(st.slot_mappings[g]), memoryview(tables.pages_np[g].reshape(-1)), bs, pages)
+                               for g, bs, pages in self.attention]
+
+    def matches(self, batch: Batch) -> bool:
+        """Whether ``batch`` repeats the last step (same requests and query lengths, no new pages)."""
+        return not batch.new_pages and batch.req_ids == self.req_ids and batch.query_lens == self.query_lens
+
+    def prepare(self, batch: Batch, padded: int) -> PreparedStep | None:
+        """Fill the buffers for ``batch`` (which :meth:`matches`) run on ``padded`` tokens, or return
+        ``None`` with nothing changed."""
+        parts = self.parts
+        n = len(self.row_list)
+        if parts.ownership.num_shared or padded != self.padded:  # a shared page: the full path checks writes
+            return None
+        parts.staging.wait_until_read()
+        old = self._python(batch.seq_lens) if n <= PYTHON_REQUESTS else self._numpy(batch.seq_lens)
+        if old is None:
+            return None
+        parts.remember_undo(self.rows, old)
+        parts.tables.sync(self.rows, self.padded, same_rows=True)
+        parts.staging.copy_to_device()
+        return self.prepared
+
+    def _python(self, seq_lens: tuple) -> list[int] | None:
+        """The small-batch update; returns the requests' written tokens before it (for an undo)."""
+        seq_mv, ctx_mv, pos_mv, written = self.views
+        max_len = self.parts.plan.max_model_len
+        old = []
+        for i, (row, q, s, cap) in enumerate(zip(self.row_list, self.query_lens, seq_lens, self.capacity_list)):
+            if type(s) is not int or not q <= s <= max_len or s > cap or s - q > written[row]:
+                return None
+            old.append(written[row])
+        t = 0
+        for i, (row, q, s) in enumerate(zip(self.row_list, self.query_lens, seq_lens)):
+            ctx = s - q
+            seq_mv[i] = s
+            ctx_mv[i] = ctx
+            for pos in range(ctx, s):
+                pos_mv[t] = pos
+                for slot_mv, pages_mv, bs, pages in self.slot_views:
+                    slot_mv[t] = pages_mv[row * pages + pos // bs] * bs + pos % bs
+                t += 1
+            written[row] = s
+        return old
+
+    def _numpy(self, seq_lens: tuple) -> np.ndarray | None:
+        """The large-batch update: a constant number of numpy calls."""
+        parts = self.parts
+        n = self.rows.shape[0]
+        try:
+            slens = np.frombuffer(struct.pack(f"{n}q", *seq_lens), dtype=np.int64)
+        except (struct.error, TypeError):
+            return None
+        ctx = slens - self.qlens
+        written = parts.ownership.written
+        old = written[self.rows]
+        if ((ctx < 0) | (slens > parts.plan.max_model_len) | (slens > self.capacity) | (ctx > old)).any():
+            return None
+        st = parts.staging
+        st.seq_lens[:n] = slens
+        st.context_lens[:n] = ctx
+        pos = st.positions[:self.num_tokens]
+        if self.decode:
+            pos[:] = ctx
+            token_rows = self.rows
+        else:
+            np.add(self.token_offset, ctx[self.token_req], out=pos)
+            token_rows = self.rows[self.token_req]
+        for g, bs, _ in self.attention:
+            np.add(parts.tables.pages_np[g][token_rows, pos // bs] * bs, pos % bs,
+                   out=st.slot_mappings[g, :self.num_tokens])
+        written[self.rows] = slens
+        return old
+

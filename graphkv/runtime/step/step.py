@@ -1,0 +1,435 @@
+"""The serving-stack step API: describe a batch, fill the persistent buffers, run the forward.
+
+A serving loop owns the scheduling (which requests run, which pages they get); graphkv owns the
+buffers and the bytes, and refuses what would corrupt them. Per step the loop builds a
+:class:`Batch` and calls :meth:`Step.run`, which
+
+1. checks the batch whole before changing anything (:mod:`graphkv.runtime.step.checks`): sizes,
+   integer lengths, hashable unique request ids, free rows, page ids, capacity, page ownership
+   (:mod:`graphkv.runtime.step.ownership`); one graph-key dispatch gives the padded size;
+2. gives joining requests a free table row and appends every new page in one vectorized call;
+3. writes the step's metadata and slot mappings into the host staging arrays (a decode step that
+   repeats the last step's requests rewrites only lengths, positions and slots) and refuses a
+   token written into a page another live request holds;
+4. writes the block tables' changed columns to the device (gathering only when the batch's rows
+   changed) and copies the staging arrays (nothing on a CPU, where they are the buffers);
+5. runs the forward inside ``with forward_context(step.context)``; the forward builds the flex
+   masks itself (:meth:`StepContext.build_masks`), so a captured graph replays the build.
+
+Every refusal leaves the step exactly as it was, and so does a forward that raises:
+:meth:`Step.run` undoes the step (rows, host and device tables, free rows, holder counts, written
+tokens). Every tensor the forward reads is allocated once, in the constructor (the same
+``data_ptr()`` every step), so a CUDA graph captured over them stays valid.
+
+Example (one step of a serving loop)::
+
+    step = Step(plan, device="cuda")
+    fwd = graphkv.capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
+    fwd.capture(prepare=step.capture_context)
+    logits = step.run(fwd, Batch(req_ids=("a", "b"), query_lens=(5, 1), seq_lens=(5, 40),
+                                 new_pages=(((7, 8), (3,)), ((), ()))), input_ids=ids)
+    step.finish("b")  # the request left; its row is free, its pages are the caller's again
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Hashable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from graphkv.errors import Problem, SpecError
+from graphkv.plan.plan import Plan
+from graphkv.runtime.capture.keys import Dispatcher, GraphKey
+from graphkv.runtime.device import resolve_device
+from graphkv.runtime.flex.mask import FlexMaskBuilder
+from graphkv.runtime.padding import PAD_SLOT_ID
+from graphkv.runtime.step.batch import Batch, PreparedStep
+from graphkv.runtime.step.checks import BatchChecker, CheckedBatch, check_input_ids
+from graphkv.runtime.step.context import StepContext, forward_context
+from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
+from graphkv.runtime.step.repeat import Parts, RepeatStep
+from graphkv.runtime.step.rows import RequestRows
+from graphkv.runtime.step.staging import StepStaging
+from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.slots import host_slot_mappings
+
+__all__ = ["Step"]
+
+_I64 = np.int64
+
+
+class _Undo:
+    """What one prepared step changed (taken back by :meth:`Step.undo`)."""
+
+    __slots__ = ("held", "hold", "new", "rows", "written")
+
+    def __init__(self, rows: np.ndarray, new: list[tuple[Hashable, int]], held: np.ndarray | None,
+                 hold: HoldUndo | None, written: np.ndarray) -> None:
+        self.rows, self.new, self.held, self.hold, self.written = rows, new, held, hold, written
+
+
+class Step:
+    """Persistent per-step buffers of a plan, the page ownership that guards them, and the host
+    logic that fills them.
+
+    Owns a :class:`BlockTables` (``.tables``), a :class:`PageOwnership` (``.ownership``), the
+    staging arrays of the token and request metadata, one :class:`FlexMaskBuilder` per flex group,
+    and the map from request ids to table rows. The forward's own inputs live in
+    :attr:`input_ids` (``[max_num_batched_tokens] int64``), which :meth:`run` fills and a captured
+    forward can take as its static input buffer. ``device``: ``"cpu"`` or an existing CUDA device
+    (anything else is a :class:`SpecError`).
+    """
+
+    def __init__(self, plan: Plan, device: "str | torch.device" = "cpu") -> None:
+        if not isinstance(plan, Plan):
+            raise SpecError(Problem(field="plan", value=type(plan).__name__, limit="must be a graphkv Plan",
+                                    fix="build it with graphkv.compile(model, limits, budget)"))
+        self.plan = plan
+        self.device = resolve_device(device)
+        limits = plan.limits
+        self.max_num_seqs, self.max_num_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
+        self.decode_query_len = 1 + limits.num_speculative_tokens
+        self.tables = BlockTables(plan, self.device)
+        self.ownership = PageOwnership(plan)
+        self._staging = st = StepStaging(plan, self.device)
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        self._input_ids_np = self.input_ids.numpy() if self.device.type == "cpu" else None
+        self._ids_host = (torch.zeros(self.max_num_tokens, dtype=torch.int64, pin_memory=True)
+                          if self.device.type == "cuda" else None)  # pinned staging of host token ids
+        self.mask_builders = {
+            g.index: FlexMaskBuilder.from_plan(plan, g.index, block_table=self.tables.input_tables[g.index],
+                                               query_start_loc=st.query_start_loc_dev, seq_lens=st.seq_lens_dev)
+            for g in plan.groups if f"flex.{g.index}.kv_indices" in plan.buffers}
+        self._context = StepContext(
+            plan=plan, query_start_loc=st.query_start_loc_dev, seq_lens=st.seq_lens_dev,
+            query_lens=st.query_lens_dev, context_lens=st.context_lens_dev, row_valid=st.row_valid_dev,
+            num_reqs=st.num_reqs_dev, positions=st.positions_dev, token_row=st.token_row_dev,
+            token_offset=st.token_offset_dev, slot_mappings=st.slot_mappings_dev,
+            block_tables=self.tables.input_tables, state_indices=st.state_pages_dev, mask_builders=self.mask_builders,
+            group_of_layer={d.name: plan.group_of(d.index).index for d in plan.layers})
+        self._dispatch = Dispatcher(plan.cudagraph, limits)
+        self._requests = RequestRows(self.max_num_seqs)
+        self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch)
+        self._parts = Parts(plan, self.tables, self.ownership, st, self._remember_undo)
+        self._arange = np.arange(max(self.max_num_seqs, self.max_num_tokens), dtype=_I64)
+        self._last_reqs = 0  # batch rows the staging arrays hold values for
+        self._undo: _Undo | None = None
+        self._repeat: RepeatStep | None = None
+
+    # ---- the persistent buffers ----------------------------------------------------------------
+
+    @property
+    def context(self) -> StepContext:
+        """The forward context: the persistent buffers, which :meth:`prepare` fills for each step
+        (one object for the Step's life)."""
+        return self._context
+
+    @property
+    def query_start_loc(self) -> torch.Tensor:
+        """``[max_num_seqs + 1] int32`` query start of each batch row (then the token count)."""
+        return self._staging.query_start_loc_dev
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """``[max_num_seqs] int32`` sequence length of each batch row after the step (0 past it)."""
+        return self._staging.seq_lens_dev
+
+    @property
+    def context_lens(self) -> torch.Tensor:
+        """``[max_num_seqs] int64`` tokens before each batch row's query."""
+        return self._staging.context_lens_dev
+
+    @property
+    def row_valid(self) -> torch.Tensor:
+        """``[max_num_seqs] int32`` 1 for the step's batch rows, 0 past them."""
+        return self._staging.row_valid_dev
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[max_num_batched_tokens] int64`` position of each packed token (0 for padding)."""
+        return self._staging.positions_dev
+
+    @property
+    def token_row(self) -> torch.Tensor:
+        """``[max_num_batched_tokens] int64`` batch row of each packed token (-1 for padding)."""
+        return self._staging.token_row_dev
+
+    @property
+    def token_offset(self) -> torch.Tensor:
+        """``[max_num_batched_tokens] int64`` index of each token inside its request's query."""
+        return self._staging.token_offset_dev
+
+    @property
+    def state_indices(self) -> dict[int, torch.Tensor]:
+        """Per Mamba group, ``[max_num_seqs] int64`` state page of each batch row (0 past the step)."""
+        return self._staging.state_pages_dev
+
+    @property
+    def slot_mappings(self) -> torch.Tensor:
+        """``[num_groups, max_num_batched_tokens] int64`` slot of each token per group (PAD_SLOT_ID
+        for padding tokens and state groups)."""
+        return self._staging.slot_mappings_dev
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    @property
+    def active_requests(self) -> tuple[Hashable, ...]:
+        """Request ids holding a table row (joined and not finished)."""
+        return tuple(self._requests.rows)
+
+    def row_of(self, req_id: Hashable) -> int:
+        """The persistent table row of ``req_id``."""
+        return self._requests.row_of(req_id)
+
+    def finish(self, req_id: Hashable) -> None:
+        """Release ``req_id``'s table row (its entries return to the null page) and its pages (one
+        holder less each). The pages are the caller's to reuse; pages it wrote keep their contents
+        for prefix reuse. Nothing on the device is cleared."""
+        row = self.row_of(req_id)
+        held = self.tables.num_pages_np[:, row]
+        self.ownership.release(row, [self.tables.pages_np[g][row, :n] for g, n in enumerate(held.tolist())])
+        self.tables.remove(row)
+        self._requests.release(req_id)
+        self._forget_last()
+        self._undo = None
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def prepare(self, batch: Batch, *, padded_tokens: Callable[[int, int, bool], int] | None = None) -> PreparedStep:
+        """Fill every persistent buffer for ``batch`` and return its sizes.
+
+        ``padded_tokens(num_tokens, num_reqs, uniform)`` says how many tokens the forward will run
+        (a captured forward's :meth:`~graphkv.runtime.capture.graphs.CapturedForward.padded_tokens`);
+        by default ``num_tokens`` (an eager forward). ``PreparedStep.key`` is the plan's graph key
+        for the step either way. Raises :class:`SpecError` / :class:`CapacityError` for a batch
+        that is inconsistent or would corrupt another request's pages; nothing has changed then.
+        :meth:`undo` takes the step back (e.g. when your forward raised). Not capture-safe (host
+        work); call it before the forward.
+        """
+        repeat = self._repeat_of(batch)
+        if repeat is not None:
+            size = repeat.num_tokens if padded_tokens is None else \
+                padded_tokens(repeat.num_tokens, len(repeat.row_list), repeat.prepared.uniform)
+            prepared = repeat.prepare(batch, size)
+            if prepared is not None:
+                return prepared
+        checked = self._checker.check(batch)
+        padded = checked.num_tokens
+        if padded_tokens is not None:
+            padded = padded_tokens(checked.num_tokens, checked.num_reqs, checked.uniform)
+            if isinstance(padded, bool) or not isinstance(padded, (int, np.integer)) \
+                    or not checked.num_tokens <= padded <= self.max_num_tokens:
+                raise SpecError(Problem(field="padded_tokens", value=padded,
+                                        limit=f"must be an int in [num_tokens={checked.num_tokens}, "
+                                              f"max_num_batched_tokens={self.max_num_tokens}]",
+                                        fix="return the graph key's token count, or num_tokens for an eager step"))
+        return self._apply(checked, int(padded))
+
+    def run(self, forward: Callable[..., Any], batch: Batch, *, input_ids: torch.Tensor | Sequence[int]) -> Any:
+        """Prepare ``batch``, then call ``forward`` inside the step's forward context.
+
+        ``forward`` is a :class:`~graphkv.runtime.capture.graphs.CapturedForward` (it replays a graph
+        or runs eagerly; the step is dispatched once for both) or a plain callable taking
+        ``input_ids``. ``input_ids``: ``[num_tokens]`` integer token ids, packed in batch order, on
+        the CPU or the step's device. Returns the forward's output for the step's ``num_tokens``
+        tokens. Raises as :meth:`prepare` does, and :class:`SpecError` for ``input_ids`` of another
+        length, dtype or device, before changing anything. When ``forward`` raises, the step is
+        undone (:meth:`undo`) and the exception propagates: K/V the forward wrote lie past every
+        request's written tokens and are overwritten by the retry, but a state (Mamba) layer that
+        updated a request's state in place before the error has advanced it — finish such requests
+        or prefill them again.
+        """
+        captured = hasattr(forward, "step_size") and hasattr(forward, "run")
+        repeat = self._repeat_of(batch)
+        prepared = None
+        if repeat is not None:
+            dispatch = repeat.dispatch
+            ids = check_input_ids(input_ids, repeat.num_tokens, self.device)
+            prepared = repeat.prepare(batch, forward.step_size(dispatch, repeat.num_tokens) if captured
+                                      else repeat.num_tokens)
+        if prepared is None:
+            checked = self._checker.check(batch)
+            dispatch = checked.dispatch
+            ids = check_input_ids(input_ids, checked.num_tokens, self.device)
+            padded = forward.step_size(dispatch, checked.num_tokens) if captured else checked.num_tokens
+            prepared = self._apply(checked, padded)
+        try:
+            n = prepared.num_tokens
+            dst = self.input_ids[:n]
+            if self._ids_host is not None and (isinstance(ids, np.ndarray) or ids.device.type == "cpu"):
+                # Through pinned memory, so the copy does not wait for the previous step's forward;
+                # the staging event (synchronized before the next step's staging) covers it.
+                host = self._ids_host[:n]
+                if isinstance(ids, np.ndarray):
+                    host.numpy()[:] = ids
+                else:
+                    host.copy_(ids)
+                dst.copy_(host, non_blocking=True)
+                self._staging.record_copy()
+            elif isinstance(ids, np.ndarray):
+                self._input_ids_np[:n] = ids  # a CPU step: the buffer is host memory
+            else:
+                dst.copy_(ids)
+            with forward_context(self.context):
+                if captured:
+                    return forward.run(dispatch, num_tokens=prepared.num_tokens, num_reqs=prepared.num_reqs,
+                                       uniform=prepared.uniform, inputs={"input_ids": dst})
+                return forward(input_ids=dst)
+        except BaseException:
+            self.undo()
+            raise
+
+    def undo(self) -> None:
+        """Take back the last prepared step: joining requests leave (their rows are free again),
+        appended pages are dropped from the tables (host and device) and from the holder counts,
+        written tokens return to what they were. Call it when a forward you ran after
+        :meth:`prepare` raised (:meth:`run` does). Raises :class:`SpecError` when there is nothing
+        to undo (no step prepared, or a request finished since)."""
+        undo, self._undo = self._undo, None
+        if undo is None:
+            raise SpecError(Problem(field="undo", value=None, limit="no prepared step to take back (none was "
+                                    "prepared, it was undone already, or a request finished since)",
+                                    fix="call undo() right after the prepare() whose forward failed"))
+        own = self.ownership
+        own.written[undo.rows] = undo.written
+        if undo.hold is not None:
+            own.undo_hold(undo.hold)
+        if undo.held is not None:
+            for i, row in enumerate(undo.rows.tolist()):
+                if (self.tables.num_pages_np[:, row] != undo.held[:, i]).any():
+                    self.tables.truncate(row, undo.held[:, i])
+        for req_id, row in reversed(undo.new):
+            self.tables.remove(row)
+            self._requests.release(req_id)
+        self.tables.commit()  # the device tables as they were
+        self.tables.forget_shown_rows()
+        self._forget_last()
+
+    @contextlib.contextmanager
+    def capture_context(self, key: GraphKey) -> Iterator[StepContext]:
+        """A dummy step of ``key``'s size for warm-up and capture (pass as ``capture(prepare=...)``).
+
+        Its requests hold no pages (every table row is the null page, every slot ``PAD_SLOT_ID``),
+        so capture writes nothing into live requests' pages and leaves their rows untouched."""
+        num_reqs = key.num_reqs if key.num_reqs is not None else min(self.max_num_seqs, key.num_tokens)
+        qlens = np.full(num_reqs, key.num_tokens // num_reqs, dtype=_I64)
+        qlens[: key.num_tokens - int(qlens.sum())] += 1
+        self._stage_metadata(num_reqs, key.num_tokens, key.num_tokens, qlens, qlens.copy(), np.zeros(num_reqs, _I64),
+                             rows=None, same=False)
+        self.tables.show_null_rows(num_reqs)
+        self._staging.copy_to_device()
+        self._forget_last()
+        self._undo = None
+        with forward_context(self.context) as ctx:
+            yield ctx
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _apply(self, c: CheckedBatch, padded: int) -> PreparedStep:
+        """Change the state for a checked batch (rows, pages, holders, staging, device), all or nothing."""
+        rows = c.rows
+        new: list[tuple[Hashable, int]] = []
+        if c.num_new:
+            rows = rows.copy()
+            new = self._requests.admit(c.req_ids, rows, c.new)
+        own = self.ownership
+        undo = _Undo(rows, new, c.held if c.entries is not None else None, None, own.written[rows])
+        self._undo = undo
+        try:
+            if c.entries is not None:
+                self.tables.append_pages(rows, c.entries)
+                undo.hold = own.hold(c.entries, c.columns, rows, c.new, c.ctx, c.shared)
+            last = self._requests.last
+            same = last is not None and last == (c.req_ids, c.query_lens, padded) and not c.num_new
+            written_pages = self._stage_metadata(c.num_reqs, c.num_tokens, padded, c.qlens, c.slens, c.ctx, rows,
+                                                 same=same)
+            if own.num_shared:
+                token_req = self._arange[:c.num_tokens] if c.num_tokens == c.num_reqs else \
+                    self._staging.token_row[:c.num_tokens]
+                for g, pages in written_pages:
+                    own.check_writes(c.req_ids, pages, token_req, g)
+            own.written[rows] = c.slens
+            self.tables.sync(rows, padded, same_rows=last is not None and last[0] == c.req_ids)
+            self._staging.copy_to_device()
+        except BaseException:
+            self.undo()
+            raise
+        requests = self._requests
+        requests.last = (c.req_ids, c.query_lens, padded)
+        requests.last_rows = rows
+        prepared = PreparedStep(num_tokens=c.num_tokens, num_reqs=c.num_reqs, num_tokens_padded=padded,
+                                uniform=c.uniform, key=c.dispatch.key)
+        requests.last_full = (c.req_ids, c.query_lens, rows, padded, prepared, c.dispatch)
+        self._repeat = None
+        return prepared
+
+    def _repeat_of(self, batch: Batch) -> RepeatStep | None:
+        """The cheap path for ``batch`` when it repeats the last full step (built on first use)."""
+        if type(batch) is not Batch:
+            return None
+        if self._repeat is None:
+            last = self._requests.last_full
+            if last is None or batch.new_pages or batch.req_ids != last[0] or batch.query_lens != last[1]:
+                return None
+            self._repeat = RepeatStep(self._parts, *last)
+        return self._repeat if self._repeat.matches(batch) else None
+
+    def _forget_last(self) -> None:
+        """Rows, pages or staging changed outside a step: the next step takes the full path."""
+        self._requests.forget_last()
+        self._repeat = None
+
+    def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
+        """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
+        self._undo = _Undo(rows, [], None, None, written)
+
+    def _stage_metadata(self, n: int, num_tokens: int, padded: int, qlens: np.ndarray, slens: np.ndarray,
+                        ctx: np.ndarray, rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
+        """Write the step's metadata and slot mappings into the staging arrays (numpy only; ``rows``
+        ``None``: a dummy step whose requests hold no pages). With ``same`` (the last step had these
+        requests, query lengths and padded size) only lengths, positions and slots are rewritten.
+        Returns, per attention group, the page each token is written into."""
+        st = self._staging
+        st.wait_until_read()
+        decode = num_tokens == n
+        if not same:
+            st.qsl[0] = 0
+            np.cumsum(qlens, out=st.qsl[1:n + 1])
+            st.qsl[n + 1:] = num_tokens
+            st.num_reqs[0] = n
+            st.query_lens[:n] = qlens
+            st.row_valid[:n] = 1
+            stale = self._last_reqs  # rows [n, stale) hold the last step's values
+            if stale > n:
+                for array in (st.seq_lens, st.row_valid, st.query_lens, st.context_lens, *st.state_pages.values()):
+                    array[n:stale] = 0
+            for g, pages in st.state_pages.items():
+                pages[:n] = self.tables.state_pages(g, rows) if rows is not None else 0
+            if decode:
+                st.token_row[:n] = self._arange[:n]
+                st.token_offset[:n] = 0
+            else:
+                st.token_row[:num_tokens] = np.repeat(self._arange[:n], qlens)
+                np.subtract(self._arange[:num_tokens], st.qsl[st.token_row[:num_tokens]],
+                            out=st.token_offset[:num_tokens])
+            if padded > num_tokens:
+                st.token_row[num_tokens:padded] = -1
+                st.token_offset[num_tokens:padded] = 0
+                st.positions[num_tokens:padded] = 0
+                st.slot_mappings[:, num_tokens:padded] = PAD_SLOT_ID
+        self._last_reqs = n
+        st.seq_lens[:n] = slens
+        ctx_out = st.context_lens[:n]
+        ctx_out[:] = ctx
+        pos = st.positions[:num_tokens]
+        if decode:
+            pos[:] = ctx
+        else:
+            np.add(st.token_offset[:num_tokens], ctx_out[st.token_row[:num_tokens]], out=pos)
+        if rows is None:
+            st.slot_mappings[:, :num_tokens] = PAD_SLOT_ID
+            return []
+        token_rows = rows if decode else rows[st.token_row[:num_tokens]]
+        return host_slot_mappings(self.tables, token_rows, pos, st.slot_mappings)

@@ -1,0 +1,134 @@
+"""The lean path of :meth:`BlockTables.append_batch` for the commonest step shape.
+
+One KV-cache group, every row gaining the same number of pages (a decode step in which requests
+cross into a new page, a uniform prefill). Small appends cost less in plain Python than in numpy
+calls, whose fixed cost dominates below a few hundred pages (measured with
+``benchmarks/block_tables.py``, where other work runs between steps and caches are cold):
+
+- up to :data:`TINY_PAGES` pages, one Python loop stores every page through memoryviews of the
+  mirror and (on a CPU, when batch row ``i`` shows request row ``i``, with one kernel block per
+  page) of the step tables. A memoryview of int32 refuses floats, strings, ``None`` and ints out
+  of range as it stores, so the loop is its own type check; on a refusal what it stored is undone;
+- above that, ``struct.pack`` checks the ids (as on the general path) and a constant handful of
+  numpy calls write them: one row-slice write when every row holds the same number of pages,
+  else one scatter.
+
+Anything else (several groups, ragged counts, an id that is not an integer in ``[0, num_blocks)``
+or may be a bool, a full row) returns False with nothing changed, and the general path checks,
+raises or appends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from graphkv.runtime.tables.host_sync import HostSync, as_slice
+from graphkv.runtime.tables.mirror import PageMirror
+from graphkv.runtime.tables.staged_sync import StagedSync
+
+__all__ = ["TINY_PAGES", "append_uniform"]
+
+TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
+_chain = itertools.chain.from_iterable
+
+
+def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
+                   new_pages: Sequence[Any]) -> bool:
+    """Append ``new_pages[i][0]`` to row ``row_list[i]`` of the mirror's only group (telling ``sync``,
+    the device side) when every row gains the same number of pages; returns False (nothing changed)
+    when this path does not apply."""
+    try:
+        lists = [p for (p,) in new_pages]
+        count = len(lists[0]) if lists else 0
+        if count and count * len(lists) <= TINY_PAGES:
+            flat = list(_chain(lists))
+            lo, hi = (min(flat), max(flat)) if flat else (0, 0)
+            if len(flat) != count * len(lists) or lo < 0 or hi >= bt.num_blocks or (
+                    lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
+                return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
+            return _store_pages(bt, sync, row_list, lists, count)  # checks each row's count as it goes
+        if not count or set(map(len, lists)) != {count}:
+            return False
+    except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
+        return False
+    num = count * len(lists)
+    try:  # the type check of the general path, list by list (one huge argument tuple costs more), in int32
+        ids = np.frombuffer(b"".join(itertools.starmap(struct.Struct(f"{count}i").pack, lists)), dtype=np.int32)
+    except (struct.error, TypeError, OverflowError):
+        return False  # not integers, or beyond int32 (beyond any pool): the general path names it
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= bt.num_blocks:
+        return False
+    if lo <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or a 1 may have been a bool
+                       for i in np.flatnonzero(ids <= 1).tolist()):
+        return False
+    counts = bt.num_pages_mv
+    held = [counts[r] for r in row_list]
+    if max(held) + count > bt.max_pages[0]:
+        return False
+    shown = bt.identity_rows > max(row_list)  # batch row i shows request row i for every row here
+    _write_arrays(bt, sync, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, ids,
+                  count, shown)
+    for r, h in zip(row_list, held):
+        counts[r] = h + count
+    return True
+
+
+def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[int], lists: list[Any],
+                 count: int) -> bool:
+    """One loop over the rows: capacity, mirror, step tables (when they show these rows with one
+    kernel block per page), page counts. Undoes itself and returns False on anything unexpected."""
+    pages, mirror, counts = bt.max_pages[0], bt.pages_mv, bt.num_pages_mv
+    step = sync.step_view() if bt.identity_rows > max(row_list) else None
+    kernel_blocks = step[0] if step is not None and step[1] == 1 else None
+    done: list[tuple[int, int]] = []  # (row, pages held before)
+    try:
+        for r, ids in zip(row_list, lists):
+            h = counts[r]
+            if len(ids) != count or h + count > pages:
+                raise ValueError("not this path")
+            done.append((r, h))
+            base = r * pages + h
+            if kernel_blocks is None:
+                for j, page in enumerate(ids):
+                    mirror[base + j] = page
+            else:
+                for j, page in enumerate(ids):
+                    mirror[base + j] = kernel_blocks[base + j] = page
+            counts[r] = h + count
+    except (TypeError, ValueError, OverflowError):
+        for r, h in done:  # undo: the stored pages back to the null page, the counts as they were
+            for j in range(h, min(h + count, pages)):
+                mirror[r * pages + j] = 0
+                if kernel_blocks is not None:
+                    kernel_blocks[r * pages + j] = 0
+            counts[r] = h
+        return False
+    held = np.array([h for _, h in done])
+    if step is None:
+        sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
+    elif kernel_blocks is None:  # kernel blocks per page > 1: the step table's page lines, expanded
+        lines = [r * pages + h + j for r, h in done for j in range(count)]
+        sync.write_lines(lines, list(_chain(lists)))
+    return True
+
+
+def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],
+                  held: list[int], ids: np.ndarray, count: int, shown: bool) -> None:
+    """A constant number of numpy calls: one row-slice write when every row holds the same pages."""
+    start = held[0]
+    if held.count(start) == len(held):
+        block = ids.reshape(len(row_list), count)
+        if not (shown and sync.write_rows(as_slice(row_list), start, block)):
+            bt.pages_np[0][rows, start:start + count] = block
+            sync.appended_one_group(rows, np.full(len(row_list), start), start + count)
+        return
+    first = rows * bt.max_pages[0] + np.array(held)
+    dst = (first[:, None] + np.arange(count)).ravel()
+    if not sync.write_through(rows, dst, ids):
+        bt.pages_flat[dst] = ids
+        sync.appended_one_group(rows, np.array(held), max(held) + count)

@@ -1,0 +1,126 @@
+"""Capture on a GPU: capture once, change inputs, replay many times, each replay equal to eager."""
+
+import pytest
+import torch
+
+from capture_toys import ATTENTION_OP, ToyModel, make_plan
+from graphkv import CudaGraphMode
+from graphkv.runtime.capture.graphs import capture
+from graphkv.runtime.capture.keys import GraphKey
+from graphkv.runtime.capture.piecewise import piecewise_backend
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: CUDA graphs cannot be captured on CPU")
+
+MAX_TOKENS = 32
+STEPS = [(1, 1, True), (3, 3, True), (4, 4, True), (5, 2, False), (17, 3, False), (32, 4, False), (9, 4, False)]
+
+
+def model_and_buffers():
+    """The toy model on the GPU and static input buffers for MAX_TOKENS tokens."""
+    model = ToyModel().cuda().eval()
+    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
+              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+    return model, static
+
+
+def step_inputs(num_tokens, seed):
+    """Fresh random inputs for one step."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return {"input_ids": torch.randint(0, 32, (num_tokens,), device="cuda", generator=g),
+            "positions": torch.randint(0, 100, (num_tokens,), device="cuda", generator=g)}
+
+
+def check_replays_equal_eager(fwd, model, rounds=3):
+    """Every step of STEPS, repeated with new inputs, equals the eager model on the real tokens."""
+    for seed in range(rounds):
+        for n, r, uniform in STEPS:
+            inputs = step_inputs(n, seed * 100 + n)
+            out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
+            with torch.no_grad():
+                expected = model(**inputs)
+            assert out.shape == expected.shape
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_full_graphs_replay_equal_to_eager():
+    """FULL: every key is captured once, largest first; replays with changing inputs equal eager."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs=static)(model.forward)
+    assert fwd.unavailable_reason is None
+    report = fwd.capture(progress=False)
+    assert report.keys == fwd.keys and len(fwd.keys) == 10  # decode 1, 2, 4 and mixed 1, 2, 4, 8, 16, 24, 32
+    assert fwd.keys[0] == GraphKey(num_tokens=32, num_reqs=None, uniform=False)
+    check_replays_equal_eager(fwd, model)
+    assert torch.equal(static["input_ids"][9:16], torch.zeros(7, dtype=torch.int64, device="cuda"))  # padded tail
+
+
+def test_replay_allocates_nothing():
+    """Replays of captured keys leave torch.cuda.memory_allocated unchanged."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs=static)(model.forward)
+    fwd.capture(progress=False)
+    inputs = [(n, r, u, step_inputs(n, n)) for n, r, u in STEPS]
+    for n, r, u, x in inputs:  # one replay of each key first
+        fwd(num_tokens=n, num_reqs=r, uniform=u, **x)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(5):
+        for n, r, u, x in inputs:
+            fwd(num_tokens=n, num_reqs=r, uniform=u, **x)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_outputs_alias_static_buffers_unless_copied():
+    """Two replays of one key return views of the same static output; copy_outputs returns fresh tensors."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs=static)(model.forward)
+    fwd.capture(progress=False)
+    a = fwd(num_tokens=5, num_reqs=2, uniform=False, **step_inputs(5, 1))
+    a_values = a.clone()
+    b = fwd(num_tokens=6, num_reqs=2, uniform=False, **step_inputs(6, 2))  # same key: 8 tokens
+    assert a.data_ptr() == b.data_ptr()
+    assert not torch.equal(a, a_values)  # overwritten by the next replay
+    copying = capture(plan, static_inputs=static, copy_outputs=True, pool=fwd.pool)(model.forward)
+    copying.capture(progress=False)
+    c = copying(num_tokens=5, num_reqs=2, uniform=False, **step_inputs(5, 1))
+    d = copying(num_tokens=6, num_reqs=2, uniform=False, **step_inputs(6, 2))
+    assert c.data_ptr() != d.data_ptr()
+    torch.testing.assert_close(c, a_values)
+
+
+def test_compiled_forward_full_capture_equals_eager():
+    """A torch.compile'd (inductor) forward, compiled first and captured second, replays equal to eager."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs=static)(torch.compile(model))
+    fwd.capture(progress=False)
+    check_replays_equal_eager(fwd, model, rounds=2)
+
+
+def test_piecewise_capture_runs_attention_eagerly_between_graph_pieces():
+    """PIECEWISE: the piecewise-compiled forward captures its 3 graph pieces per size; replays equal eager."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="PIECEWISE")
+    assert plan.cudagraph.mode is CudaGraphMode.PIECEWISE
+    backend = piecewise_backend([ATTENTION_OP])
+    fwd = capture(plan, static_inputs=static)(torch.compile(model, backend=backend))
+    report = fwd.capture(progress=False)
+    assert report.skipped == () and len(fwd.keys) == 7  # mixed 1, 2, 4, 8, 16, 24, 32
+    assert all(len(split.pieces) == 5 for split in backend.splits)
+    assert sum(r.num_graphs for r in backend.runners) == 3 * 7
+    check_replays_equal_eager(fwd, model)
+
+
+def test_piecewise_mode_without_the_piecewise_backend_runs_mixed_steps_eagerly(caplog):
+    """PIECEWISE on a forward not compiled with piecewise_backend captures nothing and says so."""
+    model, static = model_and_buffers()
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="PIECEWISE")
+    fwd = capture(plan, static_inputs=static)(model.forward)
+    report = fwd.capture(progress=False)
+    assert fwd.keys == () and "no graphkv piecewise runners" in report.skipped[0]
+    check_replays_equal_eager(fwd, model, rounds=1)

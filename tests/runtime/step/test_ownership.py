@@ -1,0 +1,227 @@
+"""Page ownership: every refusal names request, group and page, changes nothing, and live requests stay correct."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from step_harness import Harness
+
+from graphkv import CapacityError, GraphkvError, SpecError
+from graphkv.runtime import Batch
+
+
+def _live(pattern: str = "MAMA", **kw) -> Harness:
+    """Requests a (20 tokens: attention pages 1, 2 and a state page) and b (5 tokens), prefilled and decoded once."""
+    h = Harness(pattern, **kw)
+    h.add("a", 20)
+    h.add("b", 5)
+    h.run({"a": 20, "b": 5})
+    h.decode_all()
+    return h
+
+
+def _refused(h: Harness, batch: Batch, error: type, match: str, ids: list[int] | None = None) -> None:
+    """``batch`` raises ``error`` matching ``match``; the state is unchanged; a valid decode still equals dense."""
+    before = h.snapshot()
+    with pytest.raises(error, match=match):
+        h.step.run(h.model, batch, input_ids=ids if ids is not None else [1] * sum(batch.query_lens))
+    h.assert_unchanged(before)
+    h.check_accounting()
+    h.decode_all()
+
+
+def test_a_running_request_may_not_receive_a_page_another_request_holds():
+    """b continuing into a's attention page is refused (it would write into it), naming request, group and page."""
+    h = _live()
+    page = h.pages["a"][h.attention[0]][1]
+    seq = h.computed["b"] + 1
+    batch = Batch(req_ids=("b",), query_lens=(1,), seq_lens=(seq,), new_pages=(h.group_pages([page]),))
+    _refused(h, batch, SpecError, rf"request 'b', group {h.attention[0]}, page {page}: 1 live request\(s\) hold it")
+
+
+def test_a_token_written_into_a_shared_page_is_refused():
+    """A new request claiming a's partly filled page as context would write its next token into it: refused."""
+    h = _live("AA")
+    a_pages = h.pages["a"][0]  # 21 tokens: page 1 full, page 2 holds 5
+    h.add("c", 0, prompt=h.tokens["a"][:21] + [5, 6])
+    batch = Batch(req_ids=("c",), query_lens=(2,), seq_lens=(23,), new_pages=((tuple(a_pages),),))
+    _refused(h, batch, SpecError, rf"batch\[0\] \('c'\)='page {a_pages[1]}': a token of this step would be written "
+                                  rf"into page {a_pages[1]} of group 0, which 2 live requests hold")
+
+
+def test_page_zero_and_out_of_pool_pages_are_refused():
+    """Page 0 (the null page) and ids outside the pool are never handed out."""
+    h = _live()
+    for page, text in ((0, "page 0 is the null page"), (h.plan.num_blocks, "page ids must be in 1..num_blocks - 1 = 39"),
+                       (-3, "page ids must be in 1..num_blocks - 1 = 39")):
+        h.add("x", 3)
+        batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([page], [30]),))
+        _refused(h, batch, SpecError, rf"request 'x', group \d, page {page}: {text}")
+
+
+def test_a_state_page_held_twice_is_refused():
+    """A new request given a's state page is refused: a state page has one holder."""
+    h = _live()
+    state = h.pages["a"][h.state[0]][0]
+    h.add("x", 3)
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([30], [state]),))
+    _refused(h, batch, SpecError, rf"group {h.state[0]}, page {state}: .*a state page has one holder")
+
+
+def test_the_same_page_in_two_groups_is_refused():
+    """A page given in two groups (they share page indices) is refused."""
+    h = _live()
+    h.add("x", 3)
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([30], [30]),))
+    _refused(h, batch, SpecError, "page 30: the step also gives it in group")
+    state = h.pages["b"][h.state[0]][0]
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages([state], [31]),))
+    _refused(h, batch, SpecError, rf"page {state}: live requests hold it in group {h.state[0]}")
+
+
+def test_context_beyond_the_written_tokens_is_refused_and_a_rollback_is_allowed():
+    """A running request may not skip ahead of its written tokens; rolling back to fewer (rejected drafts) works."""
+    h = _live("AA")
+    written = h.computed["a"]
+    batch = Batch(req_ids=("a",), query_lens=(1,), seq_lens=(written + 5,))
+    _refused(h, batch, SpecError, rf"batch\[0\] \('a'\)='seq_len - query_len = {written + 4}': the request has had "
+                                  rf"{h.computed['a']} tokens written")
+    # Roll back 3 drafts: the context shrinks to 19 tokens and the next 2 tokens are written again.
+    h.computed["a"] -= 3
+    del h.tokens["a"][h.computed["a"] + 2:]
+    h.run({"a": 2})
+    h.decode_all()
+
+
+def test_cached_context_where_the_plan_cannot_hold_a_prefix_is_refused():
+    """mamba_cache_mode none: a joining request claiming cached tokens is refused (its state would be empty)."""
+    h = _live("MAMA")
+    h.add("x", 20)
+    batch = Batch(req_ids=("x",), query_lens=(4,), seq_lens=(20,), new_pages=(h.group_pages([30, 31], [32]),))
+    _refused(h, batch, SpecError, r"batch\[0\] \('x'\)='seq_len - query_len = 16 cached tokens': a new request starts "
+                                  r"with no cached context: mamba_cache_mode=none")
+
+
+def test_cached_context_its_pages_do_not_hold_is_refused():
+    """A joining request claiming tokens on a page never written (or at another page index) is refused."""
+    h = _live("AA")
+    h.add("x", 20)
+    fresh = Batch(req_ids=("x",), query_lens=(4,), seq_lens=(20,), new_pages=(((30, 31),),))
+    _refused(h, fresh, SpecError, "page 30: the request claims 16 cached token\\(s\\) in it at page index 0, but it "
+                                  "holds 0 written token\\(s\\)")
+    a_pages = h.pages["a"][0]
+    swapped = Batch(req_ids=("x",), query_lens=(4,), seq_lens=(20,), new_pages=(((a_pages[1], 31),),))
+    _refused(h, swapped, SpecError, rf"page {a_pages[1]}: .* at page index 0, but it holds 6 written token\(s\) at "
+                                    "page index 1")
+
+
+@pytest.mark.parametrize("ids,text", [([True], "page ids must be integers"), ([2.0], "page ids must be integers"),
+                                      (["7"], "page ids must be integers"), ([None], "page ids must be integers"),
+                                      ([2**70], "page ids must be integers")])
+def test_page_ids_that_are_not_integers_are_refused(ids, text):
+    """Bools, floats, strings, None and huge ints as page ids are SpecErrors naming request and group."""
+    h = _live()
+    h.add("x", 3)
+    pages = [()] * len(h.plan.groups)
+    pages[h.attention[0]] = tuple(ids)
+    pages[h.state[0]] = (30,)
+    batch = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(tuple(pages),))
+    _refused(h, batch, SpecError, rf"batch.new_pages\[0\]\[{h.attention[0]}\] \('x'\)=.*{text}")
+
+
+@pytest.mark.parametrize("query_lens,seq_lens,text", [
+    ((1,), (float("nan"),), "sequence lengths must be integers"),
+    ((1,), (2**70,), "sequence lengths must be integers"),
+    ((1.0,), (22,), "query lengths must be integers"),
+    (("1",), (22,), "query lengths must be integers"),
+    ((1,), (None,), "sequence lengths must be integers"),
+])
+def test_lengths_that_are_not_integers_are_refused(query_lens, seq_lens, text):
+    """NaN, huge, float, str and None lengths are SpecErrors, not raw numpy or torch exceptions."""
+    h = _live()
+    _refused(h, Batch(req_ids=("a",), query_lens=query_lens, seq_lens=seq_lens), SpecError, text, ids=[1])
+
+
+def test_unhashable_request_ids_and_wrong_batches_are_refused():
+    """An unhashable request id, a non-Batch and non-sequence fields are SpecErrors."""
+    h = _live()
+    _refused(h, Batch(req_ids=(["a"],), query_lens=(1,), seq_lens=(22,)), SpecError,
+             r"batch.req_ids\[0\]=\['a'\]: request ids must be hashable")
+    before = h.snapshot()
+    with pytest.raises(SpecError, match="must be a graphkv Batch"):
+        h.step.prepare({"req_ids": ("a",)})
+    with pytest.raises(SpecError, match="Batch.query_lens=5: must be a sequence"):
+        Batch(req_ids=("a",), query_lens=5, seq_lens=(22,))
+    h.assert_unchanged(before)
+
+
+@pytest.mark.parametrize("ids,text", [(torch.ones(1), r"input_ids='torch.float32': token ids must be an integer"),
+                                      (torch.ones(1, dtype=torch.bool), "token ids must be an integer"),
+                                      (torch.ones(1, 1, dtype=torch.int64), r"input_ids=\(1, 1\): must be \[1\]"),
+                                      ([1.5], "token ids must be integers"), ([[1]], "token ids must be integers")])
+def test_wrong_input_ids_are_refused_before_anything_changes(ids, text):
+    """input_ids of a float / bool dtype, another shape or non-integer values raise SpecError; nothing changes."""
+    h = _live()
+    _refused(h, Batch(req_ids=("a",), query_lens=(1,), seq_lens=(h.computed["a"] + 1,)), SpecError, text, ids=ids)
+
+
+def test_input_ids_on_another_device_are_refused():
+    """input_ids on a device that is neither the CPU nor the step's device raise SpecError."""
+    h = _live()
+    meta = torch.ones(1, dtype=torch.int64, device="meta")
+    _refused(h, Batch(req_ids=("a",), query_lens=(1,), seq_lens=(h.computed["a"] + 1,)), SpecError,
+             "input_ids='meta': must be on the CPU or on the step's device cpu", ids=meta)
+
+
+def test_a_forward_that_raises_leaves_the_step_as_it_was():
+    """A forward raising after prepare undoes the step: a new request's row, its pages, a's appended page, written."""
+    h = _live()
+    h.add("x", 3)
+    batch, ids, _ = h.batch({"a": 1, "x": 3})
+    assert batch.new_pages  # x gets pages; a may get one
+    h.run_failing(batch, ids, "out of memory")
+    with pytest.raises(SpecError, match="no prepared step to take back"):
+        h.step.undo()
+    h.check_accounting()
+    h.decode_all()
+    h.run({"x": 3})  # the same step now succeeds
+    h.decode_all()
+
+
+def test_capacity_and_missing_pages_are_refused():
+    """More pages than a request can hold, or too few for its length, raise CapacityError naming the request."""
+    h = _live()
+    h.add("x", 3)
+    too_many = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(h.group_pages(range(20, 30), [30]),))
+    _refused(h, too_many, CapacityError, r"batch.new_pages\[0\]\[\d\] \('x'\)=10: group \d .* its capacity is 8 pages")
+    too_few = Batch(req_ids=("x",), query_lens=(20,), seq_lens=(20,), new_pages=(h.group_pages([30], [31]),))
+    _refused(h, too_few, CapacityError, r"needs 2 page\(s\) for seq_len=20")
+
+
+def test_every_refusal_is_a_graphkv_error():
+    """The hierarchy: each refusal above derives from GraphkvError (one except clause catches them all)."""
+    assert issubclass(SpecError, GraphkvError) and issubclass(CapacityError, GraphkvError)
+
+
+def test_two_requests_reading_the_same_full_pages_equal_the_dense_reference():
+    """Prefix caching: c joins with a's first two full pages as cached context; both decode exactly as dense."""
+    h = Harness("AA")
+    h.add("a", 40)
+    h.run({"a": 40})  # pages 1, 2 full (32 tokens), page 3 holds 8
+    shared, prefix = h.pages["a"][0][:2], h.tokens["a"][:32]
+    h.add("c", 0, prompt=prefix + [3, 1, 4, 1, 5], cached_pages=[shared], cached_tokens=32)
+    h.run({"c": 5, "a": 1})
+    own = h.step.ownership
+    assert own.holders[shared].tolist() == [2, 2] and own.num_shared == 2
+    for _ in range(3):
+        h.decode_all()
+        h.check_accounting()
+    h.finish("a")  # c keeps reading a's pages; they stay held
+    assert own.holders[shared].tolist() == [1, 1] and own.num_shared == 0
+    h.decode_all()
+    h.check_accounting()
+    h.finish("c")  # nobody holds them now, but they keep what a wrote: a new request may claim them
+    h.add("d", 0, prompt=prefix + [2, 7], cached_pages=[shared], cached_tokens=32)
+    h.run({"d": 2})
+    h.decode_all()
+    h.check_accounting()
