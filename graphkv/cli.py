@@ -114,8 +114,8 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mamba-block-size", type=count(1), metavar="N",
                    help="Mamba block size for --mamba-cache-mode align/all (default: chosen by the planner)")
     g.add_argument("--max-concurrent-batches", type=count(1, maximum=1024), default=d["max_concurrent_batches"],
-                   metavar="N", help="steps in flight whose sliding-window pages are not freed yet: 2 with async "
-                                     "scheduling, the pipeline depth with pipeline parallelism (default: %(default)s)")
+                   metavar="N", help="steps in flight whose sliding-window pages are not freed yet (default: --pp + 1, "
+                                     "as vLLM's async scheduling: 2 on one stage; a synchronous scheduler keeps --pp)")
     g.add_argument("--speculative-lookahead-tokens", type=count(0, maximum=1024),
                    default=d["speculative_lookahead_tokens"], metavar="N",
                    help="prefill tokens a drafter reads ahead (multi-module MTP: the draft length); sliding windows "

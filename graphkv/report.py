@@ -49,7 +49,10 @@ def format_sizes(sizes: Sequence[int]) -> str:
 
 
 def format_layers(layers: Sequence[int]) -> str:
-    """A layer-index list as its count and first few indices: ``12: 3, 7, 11, 15, …``."""
+    """A layer-index list as its count and first few indices: ``12: 3, 7, 11, 15, …`` (``0 on this
+    stage`` for a group with no layer on a pipeline stage)."""
+    if not layers:
+        return "0 on this stage"
     shown = ", ".join(str(i) for i in layers[:_MAX_LAYERS_SHOWN])
     more = ", …" if len(layers) > _MAX_LAYERS_SHOWN else ""
     return f"{len(layers)}: {shown}{more}"
