@@ -119,9 +119,10 @@ def stage_model(model: ModelKV, pp_size: int, pp_rank: int, partition: Sequence[
     layers = tuple(x for x in model.layers if start <= x.model_layer < end)
     cacheless = tuple(x for x in model.cacheless if start <= x.index < end)
     if not layers:
-        raise SpecError(Problem(field="pp_rank", value=pp_rank,
-                                limit=f"stage {pp_rank} of {pp_size} holds model layers {start}-{end - 1} "
-                                      f"(partition {list(parts)}), none of which holds a cache",
+        held_text = f"model layers {start}-{end - 1}, none of which holds a cache" if end > start else "no model layer"
+        raise SpecError(Problem(field="partition" if partition is not None else "pp_size",
+                                value=list(parts) if partition is not None else pp_size,
+                                limit=f"leaves stage {pp_rank} of {pp_size} with {held_text} (partition {list(parts)})",
                                 fix="use a partition that gives every stage a cache-holding layer, or fewer stages"))
     held = {x.name for x in layers}
     for decl in cacheless:
