@@ -29,7 +29,7 @@ class RankFigures:
     rank: int
     tp_rank: int
     pp_rank: int
-    model_layers: tuple[int, int]  # first and last model layer of its cache entries
+    model_layers: tuple[int, int]  # first and last model layer of its stage
     budget_bytes: int
     pool_bytes_per_block: int
     num_blocks: int
@@ -80,8 +80,7 @@ def _figures(agreement: Agreement) -> tuple[RankFigures, ...]:
     rows = []
     for r in agreement.reports:
         assert r.plan is not None
-        layers = r.plan.stage_layers
-        rows.append(RankFigures(rank=r.rank, tp_rank=r.tp_rank, pp_rank=r.pp_rank, model_layers=(layers[0], layers[-1]),
+        rows.append(RankFigures(rank=r.rank, tp_rank=r.tp_rank, pp_rank=r.pp_rank, model_layers=r.plan.model_layers,
                                 budget_bytes=r.plan.budget_bytes, pool_bytes_per_block=r.plan.pool_bytes_per_block,
                                 num_blocks=r.plan.num_blocks, max_model_len=r.plan.max_model_len))
     return tuple(rows)

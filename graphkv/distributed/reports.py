@@ -17,6 +17,7 @@ from graphkv.plan import Plan, compile_plan
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
+from graphkv.spec.stages import model_layer_count
 
 __all__ = ["LocalPlan", "RankReport", "budget_report", "limits_fingerprint", "local_plan", "model_fingerprint",
            "rank_report"]
@@ -28,7 +29,7 @@ Fingerprint = tuple[tuple[str, str], ...]
 def model_fingerprint(model: ModelKV) -> Fingerprint:
     """The whole model (every stage) as this rank shards it: one entry per cache entry and cacheless layer."""
     whole = model.whole
-    rows = [("model.name", whole.name), ("model.max_position_embeddings", str(whole.max_position_embeddings)),
+    rows = [("model.max_position_embeddings", str(whole.max_position_embeddings)),
             ("model.tensor_parallel_size", str(whole.tensor_parallel_size)),
             ("model.layers (count)", str(len(whole.layers))), ("model.cacheless (count)", str(len(whole.cacheless)))]
     rows += [(f"model.layers[{x.name}]", f"{x.spec.describe()} on {x.backend.name} (index {x.index}, layer "
@@ -41,6 +42,12 @@ def limits_fingerprint(limits: Limits) -> Fingerprint:
     """Every limit as ``("limits.<field>", value)``."""
     return tuple((f"limits.{name}", str(getattr(value, "value", value)))
                  for name, value in attrs.asdict(limits, recurse=False).items())
+
+
+def _stage_layers(model: ModelKV) -> tuple[int, int]:
+    if model.pipeline is not None:
+        return model.pipeline.start_layer, model.pipeline.end_layer - 1
+    return 0, model_layer_count(model) - 1
 
 
 def _shape(plan: Plan) -> Fingerprint:
@@ -63,7 +70,7 @@ class LocalPlan:
     pool_bytes_per_block: int
     budget_bytes: int  # the KV budget the rank planned with (num_blocks x pool bytes when it had none)
     shape: Fingerprint  # block size, kernel block sizes, groups
-    stage_layers: tuple[int, ...]  # model layers of the rank's cache entries
+    model_layers: tuple[int, int]  # first and last model layer of the rank's stage (every layer without stages)
     group_layers: tuple[tuple[int, ...], ...]  # each group's layers on this rank
 
 
@@ -87,14 +94,14 @@ class RankReport:
         return f"rank {self.rank} (tp {self.tp_rank}, pp {self.pp_rank})"
 
 
-def local_plan(plan: Plan, budget: Budget | None) -> LocalPlan:
-    """The figures of ``plan`` a rank reports."""
+def local_plan(plan: Plan, budget: Budget | None, model: ModelKV) -> LocalPlan:
+    """The figures of ``plan`` (of ``model``) a rank reports."""
     kv = budget.kv_pool_bytes() if budget is not None else plan.num_blocks * plan.pool_bytes_per_block
     return LocalPlan(num_blocks=plan.num_blocks, max_model_len=plan.max_model_len,
                      num_blocks_reason=plan.capacity.num_blocks_reason,
                      max_model_len_reason=plan.capacity.max_model_len_reason,
                      pool_bytes_per_block=plan.pool_bytes_per_block, budget_bytes=kv, shape=_shape(plan),
-                     stage_layers=tuple(sorted({x.model_layer for x in plan.layers})),
+                     model_layers=_stage_layers(model),
                      group_layers=tuple(g.layers for g in plan.groups))
 
 
@@ -117,7 +124,7 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
         plan, used = compile_local()
     except GraphkvError as err:
         return RankReport(plan=None, error=f"{type(err).__name__}: {err}", **common)
-    return RankReport(plan=local_plan(plan, used), **common)
+    return RankReport(plan=local_plan(plan, used, model), **common)
 
 
 def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int) -> RankReport:

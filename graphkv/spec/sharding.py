@@ -27,18 +27,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.spec._checks import int_problems
 from graphkv.spec.layers import RankSpec
 
 if TYPE_CHECKING:
     from graphkv.spec.model import ModelKV
 
 __all__ = ["kv_tp_replicas", "shard_model"]
-
-
-def _count(field: str, value: Any, minimum: int, fix: str) -> list[Problem]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        return [Problem(field=field, value=value, limit=f"must be an integer >= {minimum}", fix=fix)]
-    return []
 
 
 def _relabel(problem: Problem, layer_name: str) -> Problem:
@@ -57,8 +52,8 @@ def shard_model(model: ModelKV, tp_size: int, tp_rank: int) -> ModelKV:
     Raises :class:`SpecError` naming every head count ``tp_size`` cannot split (once per distinct
     spec), a state without a ``tp_split``, a bad size or rank, or a model already sharded.
     """
-    problems = _count("tp_size", tp_size, 1, "pass the tensor-parallel size, e.g. 2")
-    problems += _count("tp_rank", tp_rank, 0, "pass this rank's index, 0 .. tp_size - 1")
+    problems = int_problems("tp_size", tp_size, 1, "pass the tensor-parallel size, e.g. 2")
+    problems += int_problems("tp_rank", tp_rank, 0, "pass this rank's index, 0 .. tp_size - 1")
     if not problems and tp_rank >= tp_size:
         problems.append(Problem(field="tp_rank", value=tp_rank, limit=f"must be < tp_size={tp_size}",
                                 fix=f"pass a rank in 0 .. {tp_size - 1}"))

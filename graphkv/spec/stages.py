@@ -21,11 +21,12 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.spec._checks import int_problems
 from graphkv.spec.layers import KVSharedSpec
 
 if TYPE_CHECKING:
@@ -51,12 +52,6 @@ class PipelineStage:
         total = sum(self.partition)
         return (f"pipeline stage {self.rank} of {self.size}: model layers {self.start_layer}-{self.end_layer - 1} "
                 f"({self.end_layer - self.start_layer} of {total}; partition {','.join(map(str, self.partition))})")
-
-
-def _count(field: str, value: Any, minimum: int, fix: str) -> list[Problem]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        return [Problem(field=field, value=value, limit=f"must be an integer >= {minimum}", fix=fix)]
-    return []
 
 
 def layer_partition(num_layers: int, pp_size: int, partition: Sequence[int] | None = None) -> tuple[int, ...]:
@@ -100,8 +95,8 @@ def stage_model(model: ModelKV, pp_size: int, pp_rank: int, partition: Sequence[
     Raises :class:`SpecError` for a bad size, rank or partition, a model that is already a stage,
     a stage with no cache-holding layer, or a KV-sharing layer whose source sits on another stage.
     """
-    problems = _count("pp_size", pp_size, 1, "pass the pipeline-parallel size, e.g. 2")
-    problems += _count("pp_rank", pp_rank, 0, "pass this stage's index, 0 .. pp_size - 1")
+    problems = int_problems("pp_size", pp_size, 1, "pass the pipeline-parallel size, e.g. 2")
+    problems += int_problems("pp_rank", pp_rank, 0, "pass this stage's index, 0 .. pp_size - 1")
     if not problems and pp_rank >= pp_size:
         problems.append(Problem(field="pp_rank", value=pp_rank, limit=f"must be < pp_size={pp_size}",
                                 fix=f"pass a stage index in 0 .. {pp_size - 1}"))

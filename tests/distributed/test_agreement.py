@@ -9,6 +9,7 @@ float32: 16384 B per page).
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from graphkv import (Budget, ConsensusError, FullAttentionSpec, IndexerKeySpec, Limits, MambaSpec, MLASpec, ModelKV,
@@ -27,8 +28,6 @@ LEN16 = Limits(max_model_len=16)
 
 def model(*specs, tp_heads: int = 1) -> ModelKV:
     """Layers ``layers.0..`` of ``specs`` (whole model, KV heads multiplied by ``tp_heads`` so a shard has vLLM's 2)."""
-    import attrs
-
     scaled = [attrs.evolve(s, num_kv_heads=s.num_kv_heads * tp_heads) for s in specs]
     return ModelKV.from_specs("vllm-case", [(s, "flash_attn") for s in scaled], max_position_embeddings=4096)
 
