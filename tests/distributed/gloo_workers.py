@@ -85,7 +85,8 @@ def four_ranks(rank: int, world: int, port: int, out: str) -> None:
 
 
 def two_ranks(rank: int, world: int, port: int, out: str) -> None:
-    """Llama-3.1-8B over tp 2 with 8 and 6 GiB, then different limits, then rank 0 (the store's host) dies."""
+    """Llama-3.1-8B over tp 2 with 8 and 6 GiB, different limits, a cpu:gloo group passed explicitly, then rank 0
+    (the store's host) dies."""
     from graphkv import Budget, Limits
     from graphkv.distributed import compile_consensus
     from graphkv.presets import preset_model
@@ -98,11 +99,16 @@ def two_ranks(rank: int, world: int, port: int, out: str) -> None:
     limits = Limits(max_model_len=4096) if rank == 1 else Limits()
     seen["mismatch"] = _outcome(lambda: compile_consensus(local, limits, Budget.kv_bytes("8GiB"),
                                                           timeout=CONSENSUS_TIMEOUT_S))
+    import torch.distributed as dist
+
+    # A group whose backend is not plain gloo (as an nccl group on GPUs): the exchange runs on a gloo group beside it.
+    composite = dist.new_group(ranks=[0, 1], backend="cpu:gloo")
+    seen["composite_backend"] = dist.get_backend(composite)
+    seen["composite"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("4GiB"), group=composite,
+                                                           timeout=CONSENSUS_TIMEOUT_S))
     if rank == 0:
         Path(out, f"{rank}.json").write_text(json.dumps(seen))
         _die_after_the_others_arrive()
-    import torch.distributed as dist
-
     dist.barrier()
     seen["dead"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB"),
                                                       timeout=CONSENSUS_TIMEOUT_S))
@@ -126,3 +132,22 @@ def launch(worker: Callable[..., None], nprocs: int, out: Path, deadline_s: floa
             if process.is_alive():
                 process.kill()
     return [json.loads(Path(out, f"{rank}.json").read_text()) for rank in range(nprocs)]
+
+
+def nccl_ranks(rank: int, world: int, port: int, out: str) -> None:
+    """Llama-3.1-8B over tp 2 on two GPUs (nccl world), 8 and 6 GiB."""
+    import torch
+    import torch.distributed as dist
+
+    from graphkv import Budget, Limits
+    from graphkv.distributed import compile_consensus
+    from graphkv.presets import preset_model
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    local = preset_model("llama-3.1-8b").shard(2, rank)
+    seen = {"agree": _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB" if rank == 0 else "6GiB"),
+                                                        timeout=CONSENSUS_TIMEOUT_S))}
+    Path(out, f"{rank}.json").write_text(json.dumps(seen))
+    os._exit(0)

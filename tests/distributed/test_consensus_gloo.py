@@ -44,7 +44,8 @@ def test_four_ranks_agree_refuse_mismatches_and_survive_a_dead_rank(tmp_path):
 
 def test_two_ranks_agree_refuse_other_limits_and_survive_a_dead_rank_zero(tmp_path):
     """tp 2 with 8 and 6 GiB (1 MiB per page index): both plan rank 1's 6144 pages and 6143 x 16 tokens;
-    max_model_len 4096 on rank 1 only is named; when rank 0 (the store's host) dies, rank 1 raises within the timeout."""
+    max_model_len 4096 on rank 1 only is named; an explicit cpu:gloo group (not plain gloo, like nccl) agrees on 4096
+    pages of 4 GiB; when rank 0 (the store's host) dies, rank 1 raises within the timeout."""
     seen = launch(two_ranks, 2, tmp_path)
     assert seen[0]["agree"]["plan"] == seen[1]["agree"]["plan"]
     plan = seen[0]["agree"]["plan"]
@@ -52,4 +53,5 @@ def test_two_ranks_agree_refuse_other_limits_and_survive_a_dead_rank_zero(tmp_pa
     assert plan["max_model_len"] == 6143 * 16 and plan["stages"][0]["max_model_len"] == 98288
     for s in seen:
         assert s["mismatch"]["fields"] == ["limits.max_model_len"] and "rank(s) [1]" in s["mismatch"]["message"]
+        assert s["composite_backend"] == "cpu:gloo" and s["composite"]["plan"]["num_blocks"] == 4096
     assert seen[1]["dead"]["error"] == "ConsensusError" and seen[1]["dead"]["seconds"] < CONSENSUS_TIMEOUT_S + SLACK_S
