@@ -111,3 +111,11 @@ def test_parallel_planning_imports_no_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_emit_vllm_keeps_a_page_count_the_user_fixed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--num-blocks-override with --tp 2: the agreed plan still emits --num-gpu-blocks-override, not a memory size."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--tp", "2", "--num-blocks-override", "4096",
+                       "--emit", "vllm")
+    assert code == 0
+    assert "  --num-gpu-blocks-override 4096 \\" in out.splitlines() and "--kv-cache-memory-bytes" not in out

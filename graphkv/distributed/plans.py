@@ -99,9 +99,9 @@ def _reasons(agreement: Agreement, limits: Limits) -> tuple[str, str]:
     return blocks, f"the shortest of {n} ranks' auto-fit lengths: {shortest.place}: {shortest.plan.max_model_len_reason}"
 
 
-def _pinned(plan: Plan, num_blocks_reason: str, max_model_len_reason: str, note: str) -> Plan:
+def _pinned(plan: Plan, num_blocks_reason: str, max_model_len_reason: str, note: str, from_override: bool) -> Plan:
     capacity = attrs.evolve(plan.capacity, num_blocks_reason=num_blocks_reason,
-                            max_model_len_reason=max_model_len_reason, from_override=False)
+                            max_model_len_reason=max_model_len_reason, from_override=from_override)
     return attrs.evolve(plan, capacity=capacity, notes=(*plan.notes, note))
 
 
@@ -116,8 +116,9 @@ def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement) -> Con
     blocks_reason, len_reason = _reasons(agreement, limits)
     note = (f"agreed by {len(agreement.reports)} ranks (tp={agreement.tensor_parallel_size} x pp={pp}): "
             f"num_blocks={agreement.num_blocks}, max_model_len={agreement.max_model_len}")
-    stages = tuple(_pinned(compile_plan(whole.stage(pp, k, partition), pinned, None), blocks_reason, len_reason, note)
-                   for k in range(pp))
+    from_override = limits.num_blocks_override is not None  # the user fixed the page count, not a memory budget
+    stages = tuple(_pinned(compile_plan(whole.stage(pp, k, partition), pinned, None), blocks_reason, len_reason, note,
+                           from_override) for k in range(pp))
     return ConsensusPlan(tensor_parallel_size=agreement.tensor_parallel_size, pipeline_parallel_size=pp,
                          num_blocks=agreement.num_blocks, max_model_len=agreement.max_model_len,
                          num_blocks_reason=blocks_reason, max_model_len_reason=len_reason,
