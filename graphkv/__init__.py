@@ -4,7 +4,7 @@ spec (frozen descriptors) --compile--> Plan --allocate--> runtime buffers --capt
 Importing graphkv does not import torch; only the runtime does.
 """
 
-from graphkv.errors import CapacityError, CaptureError, GraphkvError, PlanError, Problem, SpecError
+from graphkv.errors import CapacityError, CaptureError, ConsensusError, GraphkvError, PlanError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.spec import (AUTO, BUILTIN_BACKENDS, Backend, Budget, CacheOrder, CachelessDecl, ChunkedLocalSpec,
                           CudaGraphMode, CudaGraphSupport, DType, FullAttentionSpec, IndexerKeySpec, KVLayout,
@@ -25,6 +25,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AUTO", "BUILTIN_BACKENDS", "Backend", "Budget", "CacheOrder", "CachelessDecl", "CapacityError", "CaptureError",
+    "ConsensusError",
     "ChunkedLocalSpec", "CudaGraphMode", "CudaGraphSupport", "DType", "FullAttentionSpec", "GraphkvError",
     "IndexerKeySpec", "KVLayout", "KVSharedSpec", "LayerDecl", "LayerKind", "Limits", "MLASpec", "MambaCacheMode",
     "MambaSpec", "ModelKV", "MultipleOf", "NoCacheSpec", "Plan", "PlanError", "Problem", "SlidingWindowSpec",

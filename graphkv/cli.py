@@ -24,19 +24,21 @@ from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
 from graphkv.command.flag_errors import in_flag_terms
 from graphkv.command.model_source import ModelSource, load_model_source
+from graphkv.command.ranks import RankedPlans, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError
 from graphkv.models.demo import MAX_SEED, DemoOptions
 from graphkv.plan import Plan
 from graphkv.plan.block_size import choose_block_size
 from graphkv.presets import list_presets, load_preset_config, preset_model
-from graphkv.report import format_plan, format_table
+from graphkv.report import format_consensus, format_plan, format_table
 from graphkv.spec.budget import KNOWN_GPUS
 from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
 
-__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table", "plan_from_args"]
+__all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table", "plan_from_args",
+           "ranks_from_args"]
 
 DEFAULT_PRESET = "qwen3-next-80b-a3b"  # hybrid: gated-delta states + full attention every 4th layer
 DEFAULT_KV_MEMORY = "20GiB"
@@ -54,6 +56,13 @@ def _max_model_len(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number of tokens ({e})") from None
 
 
+def _partition(text: str) -> tuple[int, ...]:
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be layer counts separated by commas, e.g. 10,12,12,10")
+    return tuple(int(part) for part in parts)
+
+
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (default: --preset %s)" % DEFAULT_PRESET)
     src = g.add_mutually_exclusive_group()
@@ -64,6 +73,12 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                           "weight bytes are read from model.safetensors.index.json or the safetensors headers)")
     g.add_argument("--tp", type=count(1, maximum=4096), default=1, metavar="N",
                    help="tensor-parallel degree the per-rank cache is planned for (default: %(default)s)")
+    g.add_argument("--pp", type=count(1, maximum=4096), default=1, metavar="M",
+                   help="pipeline-parallel stages (default: %(default)s); with --tp, every rank is planned and the "
+                        "ranks' agreed plan printed")
+    g.add_argument("--pp-partition", type=_partition, metavar="N,N,...",
+                   help="model layers per pipeline stage, as VLLM_PP_LAYER_PARTITION (default: vLLM's even split, "
+                        "the remainder on the stages before the last)")
     g.add_argument("--kv-cache-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. fp8"),
                    help="attention cache dtype, e.g. bfloat16, fp8 (default: the model's)")
     g.add_argument("--mamba-ssm-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. float32"),
@@ -114,8 +129,8 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mamba-block-size", type=count(1), metavar="N",
                    help="Mamba block size for --mamba-cache-mode align/all (default: chosen by the planner)")
     g.add_argument("--max-concurrent-batches", type=count(1, maximum=1024), default=d["max_concurrent_batches"],
-                   metavar="N", help="steps in flight whose sliding-window pages are not freed yet: 2 with async "
-                                     "scheduling, the pipeline depth with pipeline parallelism (default: %(default)s)")
+                   metavar="N", help="steps in flight whose sliding-window pages are not freed yet (default: --pp + 1, "
+                                     "as vLLM's async scheduling: 2 on one stage; a synchronous scheduler keeps --pp)")
     g.add_argument("--speculative-lookahead-tokens", type=count(0, maximum=1024),
                    default=d["speculative_lookahead_tokens"], metavar="N",
                    help="prefill tokens a drafter reads ahead (multi-module MTP: the draft length); sliding windows "
@@ -208,17 +223,28 @@ def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> di
                   for name, value in attrs.asdict(limits, recurse=False).items()}
     dtypes = {"kv_cache_dtype": args.kv_cache_dtype, "mamba_ssm_dtype": args.mamba_ssm_dtype,
               "attention_backend": args.attention_backend}
-    return {**source.description, "tp": args.tp, **dtypes, "limits": limit_dict}
+    partition = list(args.pp_partition) if args.pp_partition is not None else None
+    return {**source.description, "tp": args.tp, "pp": args.pp, "pp_partition": partition, **dtypes,
+            "limits": limit_dict}
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
-    """Compile the plan the ``plan`` subcommand's flags describe: the model, the planned budget
-    (``.plan`` is the plan) and the JSON-ready inputs."""
+    """Compile the plan the ``plan`` subcommand's flags describe (one rank: ``--tp 1 --pp 1``): the
+    model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args))
     limits = _build_limits(args)
     planned = plan_with_budget(_budget_flags(args), source, limits, tp=args.tp)
     return source, planned, _inputs(source, limits, args)
+
+
+def ranks_from_args(args: argparse.Namespace) -> tuple[ModelSource, RankedPlans, dict[str, Any]]:
+    """Plan every rank ``--tp`` x ``--pp`` describe and agree: the model, the agreed plans and the inputs."""
+    source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
+                               tp=args.tp, overrides=_overrides(args))
+    limits = _build_limits(args)
+    ranked = plan_ranks(_budget_flags(args), source, limits, tp=args.tp, pp=args.pp, partition=args.pp_partition)
+    return source, ranked, _inputs(source, limits, args)
 
 
 def _engine_block_size(source: ModelSource, plan: Plan) -> int | None:
@@ -232,19 +258,37 @@ def _engine_block_size(source: ModelSource, plan: Plan) -> int | None:
         return None
 
 
-def _vllm_command(source: ModelSource, planned: PlannedBudget, args: argparse.Namespace) -> str:
+def _vllm_command(source: ModelSource, planned: PlannedBudget, args: argparse.Namespace,
+                  plan: Plan | None = None) -> str:
     budget = planned.budget
     gpu = budget.gpu if budget is not None else None
-    target = VllmTarget(model=source.serve_name, tensor_parallel_size=args.tp,
-                        engine_block_size=_engine_block_size(source, planned.plan),
+    plan = planned.plan if plan is None else plan
+    target = VllmTarget(model=source.serve_name, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
+                        engine_block_size=_engine_block_size(source, plan),
                         gpu_name=gpu.name if gpu is not None else None,
                         gpu_bytes=gpu.total_memory_bytes if gpu is not None else None,
                         kv_cache_dtype=args.kv_cache_dtype, mamba_ssm_dtype=args.mamba_ssm_dtype,
                         attention_backend=args.attention_backend)
-    return vllm_serve_command(planned.plan, target)
+    return vllm_serve_command(plan, target)
+
+
+def _run_ranks(args: argparse.Namespace) -> int:
+    source, ranked, inputs = ranks_from_args(args)
+    consensus, planned = ranked.consensus, ranked.planned
+    if args.json:
+        data = {**consensus.stages[0].to_dict(), "budget": planned.as_json, "inputs": inputs,
+                "consensus": consensus.to_dict(stages=args.pp > 1)}
+        print(json.dumps(data, indent=2))
+    elif args.emit == "vllm":
+        print(_vllm_command(source, planned, args, ranked.widest_stage))
+    else:
+        print(format_consensus(consensus, budget_text=planned.text))
+    return 0
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    if args.tp > 1 or args.pp > 1:
+        return _run_ranks(args)
     source, planned, inputs = plan_from_args(args)
     plan: Plan = planned.plan
     if args.json:

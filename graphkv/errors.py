@@ -14,6 +14,7 @@ import attrs
 __all__ = [
     "CapacityError",
     "CaptureError",
+    "ConsensusError",
     "GraphkvError",
     "MissingExtraError",
     "PlanError",
@@ -77,6 +78,11 @@ class PlanError(GraphkvError):
 
 class CapacityError(PlanError):
     """The KV pool cannot hold what the limits ask for."""
+
+
+class ConsensusError(PlanError):
+    """Ranks that cannot agree on one plan: mismatched models or limits, a rank whose own plan
+    failed, or a rank that never arrived (dead or stuck). Raised alike on every rank that can."""
 
 
 class CaptureError(GraphkvError):

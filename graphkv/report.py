@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
+from graphkv.distributed.plans import ConsensusPlan
 from graphkv.plan.plan import GroupPlan, Ledger, LedgerEntry, Plan
 from graphkv.spec.budget import format_bytes
 
-__all__ = ["format_layers", "format_plan", "format_sizes", "format_table"]
+__all__ = ["format_consensus", "format_layers", "format_plan", "format_sizes", "format_table"]
 
 _MAX_SIZES_SHOWN = 8
 _MAX_LAYERS_SHOWN = 4
@@ -49,7 +50,10 @@ def format_sizes(sizes: Sequence[int]) -> str:
 
 
 def format_layers(layers: Sequence[int]) -> str:
-    """A layer-index list as its count and first few indices: ``12: 3, 7, 11, 15, …``."""
+    """A layer-index list as its count and first few indices: ``12: 3, 7, 11, 15, …`` (``0 on this
+    stage`` for a group with no layer on a pipeline stage)."""
+    if not layers:
+        return "0 on this stage"
     shown = ", ".join(str(i) for i in layers[:_MAX_LAYERS_SHOWN])
     more = ", …" if len(layers) > _MAX_LAYERS_SHOWN else ""
     return f"{len(layers)}: {shown}{more}"
@@ -173,4 +177,38 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
     ]
     if plan.notes:
         lines += ["", "Notes", *(f"  - {note}" for note in plan.notes)]
+    return "\n".join(lines)
+
+
+def _rank_rows(consensus: ConsensusPlan) -> list[list[str]]:
+    return [[str(r.rank), str(r.tp_rank), str(r.pp_rank), f"{r.model_layers[0]}-{r.model_layers[1]}",
+             format_bytes(r.budget_bytes), format_bytes(r.pool_bytes_per_block), str(r.num_blocks), str(r.max_model_len)]
+            for r in consensus.ranks]
+
+
+def format_consensus(consensus: ConsensusPlan, *, budget_text: str) -> str:
+    """What ``graphkv plan --tp N --pp M`` prints: each rank's own figures, what they agreed on and
+    why, then the agreed plan of every pipeline stage (:func:`format_plan`).
+
+    ``budget_text`` describes the budget each rank planned from (the same flags on every rank).
+    """
+    tp, pp = consensus.tensor_parallel_size, consensus.pipeline_parallel_size
+    lines = [f"graphkv plan: {consensus.stages[0].model_name} on {tp * pp} ranks (tp {tp} x pp {pp})",
+             f"  each rank       plans its own shard / stage from {budget_text}",
+             "", "Ranks: their own plans (rank = pp rank x tp + tp rank)"]
+    lines += format_table(["rank", "tp", "pp", "model layers", "KV budget", "page index", "num_blocks", "max_model_len"],
+                          _rank_rows(consensus), right=(0, 1, 2, 4, 5, 6, 7))
+    replicas = consensus.kv_tp_replicas
+    lines += ["", "Agreed by every rank",
+              f"  num_blocks      {consensus.num_blocks} — {consensus.num_blocks_reason}",
+              f"  max_model_len   {consensus.max_model_len} — {consensus.max_model_len_reason}",
+              f"  tp replicas     {replicas} — consecutive tensor-parallel ranks whose caches are identical"
+              + (" (MLA latents / replicated KV heads)" if replicas > 1 else "")]
+    for k, plan in enumerate(consensus.stages):
+        members = [str(r.rank) for r in consensus.ranks if r.pp_rank == k]
+        title = f"stage {k} of {pp}" if pp > 1 else "the agreed plan"
+        pool = format_bytes(plan.pool_bytes)
+        lines += ["", f"=== {title} (ranks {', '.join(members)}) ===",
+                  format_plan(plan, budget_text=f"{pool}: the agreed {plan.num_blocks} pages of "
+                                                f"{plan.pool_bytes_per_block} B per rank")]
     return "\n".join(lines)

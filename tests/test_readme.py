@@ -1,7 +1,7 @@
 """README.md stays true: every code block runs as written and prints what the README shows.
 
 - ``python`` blocks run in a fresh interpreter; when a ``text`` block follows, stdout must equal it.
-- ``text`` blocks of ``$ graphkv …`` sessions are run and compared line by line (the demo's
+- ``text`` blocks of ``$ graphkv …`` / ``$ python …`` sessions are run and compared line by line (the demo's
   plan-report placeholder and its timing line are the only lines not compared to the character).
 - The quick-start ``bash`` block must be exactly what ``.ci/run`` runs on a clean clone, and the
   benchmark block is run and its deterministic columns compared with the table shown.
@@ -59,6 +59,8 @@ def run_shell(command: str, cwd: Path) -> tuple[int, str]:
     argv = shlex.split(command)
     if argv[0] == "graphkv":
         argv = [sys.executable, "-m", "graphkv.cli", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
     return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stderr  # what a terminal shows of each
 

@@ -58,17 +58,19 @@ def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
     return value
 
 
-def _weights(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[int, str]:
+def _weights(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tuple[int, str]:
     if flags.weights_memory is not None:
         return _size("--weights-memory", flags.weights_memory, allow_zero=True), "--weights-memory"
     if source.weights is None:
         return 0, "unknown — 0 B assumed: no safetensors metadata for this model; give --weights-memory SIZE"
-    per_rank = source.weights.per_rank(tp)
+    per_rank = source.weights.per_rank(tp * pp)
     split = f" / tp {tp}" if tp > 1 else ""
+    if pp > 1:  # embeddings and the head sit on the first / last stage; an even split is within a few percent
+        split += f" / pp {pp}, split evenly over the stages"
     return per_rank, f"{source.weights.source}, {source.weights.total_bytes} B{split}"
 
 
-def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[Budget, dict[str, str]]:
+def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tuple[Budget, dict[str, str]]:
     assert flags.gpu is not None
     gpu = KNOWN_GPUS.get(flags.gpu.strip().lower())
     if gpu is None:
@@ -76,7 +78,7 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[Budge
         raise SpecError(Problem(field="--gpu", value=flags.gpu, limit=f"is not a known GPU; known: {known}",
                                 fix="pick one of those or give the KV pool size directly with --kv-memory SIZE"))
     utilization = DEFAULT_UTILIZATION if flags.utilization is None else flags.utilization
-    weights, weights_from = _weights(flags, source, tp)
+    weights, weights_from = _weights(flags, source, tp, pp)
     activations = 0 if flags.activation_memory is None else _size("--activation-memory", flags.activation_memory,
                                                                   allow_zero=True)
     reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
@@ -84,7 +86,8 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int) -> tuple[Budge
     if weights + activations + reserve >= usable:
         ranks = ""
         if weights and flags.weights_memory is None:
-            ranks = f", or --tp >= {tp * weights // max(usable - activations - reserve, 1) + 1}"
+            needed = tp * pp * weights // max(usable - activations - reserve, 1) + 1
+            ranks = f", or --tp >= {needed}" if pp == 1 else f", or --tp x --pp >= {needed}"
         raise SpecError(Problem(
             field="--gpu", value=flags.gpu,
             limit=(f"weights {format_bytes(weights)} per rank ({weights_from}) + activations "
@@ -128,8 +131,8 @@ def _json(budget: Budget | None, source: str, notes: dict[str, str] | None) -> d
     }
 
 
-def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int) -> PlannedBudget:
-    """Build the budget the flags describe and compile the plan within it."""
+def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int = 1) -> PlannedBudget:
+    """Build the budget the flags describe and compile ``source.model`` (one rank of ``tp x pp``) within it."""
     if flags.gpu is None:
         for flag, value in (("--utilization", flags.utilization), ("--weights-memory", flags.weights_memory),
                             ("--activation-memory", flags.activation_memory), ("--graph-reserve", flags.graph_reserve)):
@@ -137,7 +140,7 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
                 raise SpecError(Problem(field=flag, value=value, limit="only applies with --gpu",
                                         fix=f"add --gpu NAME or drop {flag}"))
     if flags.gpu is not None:
-        budget, notes = _gpu_budget(flags, source, tp)
+        budget, notes = _gpu_budget(flags, source, tp, pp)
         fitted = compile_for_gpu(source.model, limits, budget)
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
                              as_json=_json(fitted.budget, "gpu", notes))

@@ -27,10 +27,11 @@ CONFIG_NAME = "config.json"
 class ModelSource:
     """The planned model and where it came from."""
 
-    model: ModelKV
+    model: ModelKV  # tensor-parallel rank 0 of --tp (the reader checked that --tp splits every head)
     description: dict[str, Any]  # {"preset": name} or {"hf_config": path}, for the JSON inputs
     serve_name: str  # what `vllm serve` loads: a Hugging Face repository id or a local directory
     weights: CheckpointWeights | None  # the whole checkpoint's bytes, when known
+    whole: ModelKV  # every head, unsharded: what ModelKV.shard splits for each rank
 
 
 def _config_path(path: str) -> tuple[str, str | None]:
@@ -49,9 +50,10 @@ def _from_hf_config(path: str, tp: int, overrides: dict[str, Any]) -> ModelSourc
         raise SpecError(Problem(field="--hf-config", value=path, limit=f"holds a JSON {type(config).__name__}, not an object",
                                 fix="pass a config.json whose top level is an object"))
     model = ModelKV.from_hf_config(config, tp=tp, **overrides)
+    whole = model if tp == 1 else ModelKV.from_hf_config(config, **overrides)
     weights = checkpoint_weights(directory, field="--hf-config") if directory is not None else None
     serve = directory if directory is not None else os.path.dirname(os.path.abspath(config_file))
-    return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights)
+    return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights, whole=whole)
 
 
 def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
@@ -61,8 +63,9 @@ def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
     repo = str(load_preset_config(name).get("_source", name))
     total = preset_weight_bytes(name)
     weights = None if total is None else CheckpointWeights(total_bytes=total, source=f"preset: the {repo} checkpoint")
-    return ModelSource(model=preset_model(name, tp=tp, **overrides), description={"preset": name}, serve_name=repo,
-                       weights=weights)
+    model = preset_model(name, tp=tp, **overrides)
+    whole = model if tp == 1 else preset_model(name, **overrides)
+    return ModelSource(model=model, description={"preset": name}, serve_name=repo, weights=weights, whole=whole)
 
 
 def load_model_source(*, preset: str | None, hf_config: str | None, default_preset: str, tp: int,

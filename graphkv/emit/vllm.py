@@ -41,7 +41,9 @@ _CACHE_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": 
 class VllmTarget:
     """What the command needs besides the plan.
 
-    ``model``: the repository id or directory ``vllm serve`` loads; ``engine_block_size``: the
+    ``model``: the repository id or directory ``vllm serve`` loads; ``tensor_parallel_size`` /
+    ``pipeline_parallel_size``: the ranks (with stages, ``plan`` is the stage with the most bytes per
+    page index, so the pinned per-GPU pool covers every stage); ``engine_block_size``: the
     page size the planner picks with no ``block_size`` given (the engine's own choice);
     ``gpu_name`` / ``gpu_bytes``: the GPU when planned with ``--gpu`` (``None``: unknown);
     ``kv_cache_dtype``, ``mamba_ssm_dtype``, ``attention_backend``: the overrides given, if any.
@@ -49,6 +51,7 @@ class VllmTarget:
 
     model: str
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     engine_block_size: int | None = None
     gpu_name: str | None = None
     gpu_bytes: int | None = None
@@ -90,6 +93,12 @@ def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
     lim, cap = plan.limits, plan.capacity
     notes: list[str] = []
     flags: list[tuple[str, str]] = [("--tensor-parallel-size", str(target.tensor_parallel_size))]
+    if target.pipeline_parallel_size > 1:
+        flags.append(("--pipeline-parallel-size", str(target.pipeline_parallel_size)))
+        notes.append(f"--pipeline-parallel-size {target.pipeline_parallel_size}: the engine splits the layers as the "
+                     f"plan does (its default partition, or VLLM_PP_LAYER_PARTITION); the pool below is sized for the "
+                     f"stage with the most bytes per page index, and the engine keeps every worker's smallest page "
+                     f"count, {plan.num_blocks}")
 
     flags.append(("--max-model-len", str(plan.max_model_len)))
     if plan.max_model_len != cap.max_position_embeddings:

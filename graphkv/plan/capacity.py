@@ -37,7 +37,7 @@ class PageCounter:
         """A counter using the limits' step budget, steps in flight, Mamba mode and speculative tokens."""
         return cls(groups=tuple(groups), max_num_batched_tokens=limits.max_num_batched_tokens,
                    mamba_cache_mode=limits.mamba_cache_mode, num_speculative_blocks=limits.num_speculative_tokens,
-                   max_concurrent_batches=limits.max_concurrent_batches,
+                   max_concurrent_batches=limits.concurrent_batches(),
                    extra_retained_tokens=limits.extra_retained_tokens)
 
     def group_pages(self, group: GroupDraft, max_model_len: int) -> int:

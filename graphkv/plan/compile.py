@@ -6,6 +6,8 @@ model plans on a laptop in milliseconds, before any weight is loaded.
 
 from __future__ import annotations
 
+import attrs
+
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.block_size import choose_block_size, pad_mamba_layers
 from graphkv.plan.buffers import plan_buffers
@@ -17,11 +19,12 @@ from graphkv.plan.kernel_blocks import choose_kernel_block_size
 from graphkv.plan.layout import page_local_slots
 from graphkv.plan.ledger import build_ledger, estimate_graph_pool_bytes
 from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
+from graphkv.plan.stage_groups import project_grouping
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 
-__all__ = ["compile_plan"]
+__all__ = ["compile_plan", "resolve_limits"]
 
 
 def _check_inputs(model: ModelKV, limits: Limits, budget: Budget | None) -> None:
@@ -51,10 +54,21 @@ def _check_inputs(model: ModelKV, limits: Limits, budget: Budget | None) -> None
         raise SpecError(*problems)
 
 
+def resolve_limits(model: ModelKV, limits: Limits) -> Limits:
+    """``limits`` with ``max_concurrent_batches`` resolved from the model's pipeline stages
+    (:meth:`Limits.concurrent_batches`): what the plan records."""
+    if limits.max_concurrent_batches is not None:
+        return limits
+    return attrs.evolve(limits, max_concurrent_batches=limits.concurrent_batches(model.pipeline_parallel_size))
+
+
 def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None) -> Plan:
     """Plan the KV cache and CUDA graphs of ``model`` under ``limits`` within ``budget``.
 
-    ``budget`` may be ``None`` only when ``limits.num_blocks_override`` is set. Raises
+    A pipeline stage (:meth:`ModelKV.stage`) is planned with the whole model's block size, groups
+    and CUDA-graph support, its pool holding only its own layers' pages
+    (:mod:`graphkv.plan.stage_groups`); the plan's ``limits`` record ``max_concurrent_batches``
+    resolved from the stages. ``budget`` may be ``None`` only when ``limits.num_blocks_override`` is set. Raises
     :class:`SpecError` for invalid inputs (all problems at once), :class:`PlanError` for inputs
     that cannot be planned together and :class:`CapacityError` when the pool is too small.
 
@@ -66,14 +80,22 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     """
     limits = Limits() if limits is None else limits
     _check_inputs(model, limits, budget)
+    limits = resolve_limits(model, limits)
 
-    block = choose_block_size(model, limits)
-    layers = pad_mamba_layers(model, block)
+    whole = model.whole
+    block = choose_block_size(whole, limits)
+    layers = pad_mamba_layers(whole, block)
     grouping = build_groups(layers, block.block_size)
     kernel_sizes = [
         choose_kernel_block_size(d.block_size, [layer.backend for layer in d.layers], group=f"group {i}")
         for i, d in enumerate(grouping.groups)
     ]
+    backends = [tuple(dict.fromkeys(layer.backend.name for layer in d.layers)) for d in grouping.groups]
+    cudagraph = plan_cudagraph(grouping.groups, limits)
+    if model.pipeline is not None:
+        held = {layer.index for layer in model.layers}
+        layers = tuple(layer for layer in layers if layer.index in held)
+        grouping = project_grouping(grouping, held, f"pipeline stage {model.pipeline.rank}")
     slot_pages = grouping.slot_page_bytes
     pool_bytes_per_block = sum(slot_pages)
 
@@ -117,7 +139,7 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     groups = tuple(
         GroupPlan(index=i, spec=d.spec, layers=tuple(layer.index for layer in d.layers),
                   layer_names=tuple(layer.name for layer in d.layers),
-                  backends=tuple(dict.fromkeys(layer.backend.name for layer in d.layers)),
+                  backends=backends[i],
                   block_size=d.block_size, kernel_block_size=kernel_sizes[i], page_size_bytes=d.page_size_bytes,
                   real_page_size_bytes=real(d.spec, d.block_size),
                   layer_real_page_bytes=tuple(real(layer.spec, d.block_size) for layer in d.layers),
@@ -135,7 +157,6 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                         max_model_len_reason=len_reason, num_blocks_reason=blocks_reason, from_override=from_override,
                         max_position_embeddings=cap)
     buffers = plan_buffers(model, limits, groups, max_model_len=max_model_len, num_blocks=num_blocks)
-    cudagraph = plan_cudagraph(groups, limits, layers)
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots, buffers=buffers,
                           graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))

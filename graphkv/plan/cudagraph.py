@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.plan.plan import CaptureSizes, CudaGraphPlan, GroupPlan
+from graphkv.plan.groups import GroupDraft
+from graphkv.plan.plan import CaptureSizes, CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
-from graphkv.spec.model import LayerDecl
 
 __all__ = ["capture_ladder", "plan_cudagraph"]
 
@@ -49,19 +49,19 @@ def _resolve(requested: CudaGraphMode, support: CudaGraphSupport, decode_ok: boo
     return mode, notes
 
 
-def plan_cudagraph(groups: Sequence[GroupPlan], limits: Limits, layers: Sequence[LayerDecl]) -> CudaGraphPlan:
+def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPlan:
     """Resolve the requested mode against the groups' support and list the capture sizes.
 
-    Support is read from the layers' own :class:`Backend` descriptors (``layers``), so custom
-    backends that are not built in are planned like the built-in ones.
+    ``groups`` are the whole model's (every pipeline stage captures the same sizes). Support is
+    read from the layers' own :class:`Backend` descriptors, so custom backends that are not built
+    in are planned like the built-in ones.
     """
-    by_index = {layer.index: layer.backend for layer in layers}
     support, limited_by = CudaGraphSupport.ALWAYS, "all groups"
-    for g in groups:
-        for layer_index in g.layers:
-            backend = by_index[layer_index]
+    for index, g in enumerate(groups):
+        for layer in g.layers:
+            backend = layer.backend
             if backend.cudagraph_support < support:
-                support, limited_by = backend.cudagraph_support, f"group {g.index} ({backend.name})"
+                support, limited_by = backend.cudagraph_support, f"group {index} ({backend.name})"
     k = limits.num_speculative_tokens
     decode_needs = CudaGraphSupport.UNIFORM_BATCH if k else CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
     decode_ok = support >= decode_needs

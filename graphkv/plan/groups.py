@@ -45,6 +45,7 @@ class Grouping:
     group_size: int
     slot_page_bytes: tuple[int, ...]  # bytes per page of each pool slot
     notes: tuple[str, ...]
+    slot_per_layer: bool = False  # one group whose layers differ in page size: slot j is sized to layer j
 
 
 def group_size_rule(bucket_sizes: Sequence[int]) -> int:
@@ -65,7 +66,7 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
         slot_pages = tuple(pages[layer.spec] for layer in layers)
         group = GroupDraft(spec=layers[0].spec, layers=tuple(layers), block_size=block_size,
                            page_size_bytes=max(slot_pages))
-        return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages,
+        return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages, slot_per_layer=True,
                         notes=("layers need the same pages per request but differ in page size: one group, each "
                                "layer its own slot sized to its own page",))
 

@@ -44,6 +44,11 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
         data = pages * sum(g.layer_real_page_bytes)
         padding = pages * sum(s.page_size_bytes - real for s, real in zip(slots, g.layer_real_page_bytes))
         empty = pages * sum(s.page_size_bytes for s in slots[n_layers:])
+        if not n_layers:  # a pipeline stage without this group's layers still hands out its pages
+            entries.append(LedgerEntry(name=f"group {g.index} empty slots", nbytes=empty, in_kv_budget=True,
+                                       reason=f"{pages} pages x {len(slots)} slot(s): the group has no layer on this "
+                                              "pipeline stage, but every request still gets its pages"))
+            continue
         why = f"{conc} requests x {g.pages_per_request} page(s) x {n_layers} layer(s)"
         if len(set(g.layer_real_page_bytes)) == 1:
             real_reason = f"{why} x {g.real_page_size_bytes} B real page"

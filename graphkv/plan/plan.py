@@ -204,7 +204,7 @@ class Plan:
     """Everything decided about a model's KV cache and CUDA graphs, before any weight is loaded."""
 
     model_name: str
-    limits: Limits  # as given
+    limits: Limits  # as given, max_concurrent_batches resolved from the pipeline stages
     layers: tuple[LayerDecl, ...]  # every KV layer, Mamba pages padded as planned
     block: BlockSizeChoice
     groups: tuple[GroupPlan, ...]

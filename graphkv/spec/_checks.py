@@ -38,6 +38,14 @@ class Checker:
             raise SpecError(*self.problems)
 
 
+def int_problems(field: str, value: Any, minimum: int, fix: str) -> list[Problem]:
+    """``[]`` when ``value`` is an int >= ``minimum`` (not a bool), else one problem naming ``field``
+    (for function arguments, which carry no owner prefix)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        return [Problem(field=field, value=value, limit=f"must be an integer >= {minimum}", fix=fix)]
+    return []
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ints."""
     return -(-a // b)

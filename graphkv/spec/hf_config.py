@@ -29,8 +29,9 @@ an MLA backend such as ``triton_mla``, of every MLA layer).
 Example::
 
     with open("config.json") as f:
-        model = model_from_hf_config(json.load(f), tp=2, kv_cache_dtype="fp8")
-    model.layers[0].spec.page_size_bytes(16)  # bytes of one 16-token page of layer 0 on one rank
+        model = model_from_hf_config(json.load(f), kv_cache_dtype="fp8")  # every head
+    rank = model.shard(2, 1)  # what tensor-parallel rank 1 of 2 caches
+    rank.layers[0].spec.page_size_bytes(16)  # bytes of one 16-token page of layer 0 on that rank
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dtype: str | None = None,
                          mamba_ssm_dtype: str | None = None, attention_backend: str | None = None,
                          name: str | None = None) -> ModelKV:
-    """What one tensor-parallel rank caches for the model ``config`` describes.
+    """What tensor-parallel rank 0 of ``tp`` caches for the model ``config`` describes.
 
     ``config`` is the parsed ``config.json`` (a ``PretrainedConfig`` is accepted through its
-    ``to_dict()``); ``tp`` the tensor-parallel size the per-rank shapes are split for. The result
-    records ``tensor_parallel_size=tp``, ``max_position_embeddings``, ``hidden_size`` and a note
+    ``to_dict()``); ``tp`` the tensor-parallel size. The reader builds the whole model (every
+    head; state specs carry their :class:`~graphkv.spec.layers.StateSplit`), checks that ``tp``
+    splits every head count, and returns ``model.shard(tp, 0)`` — with ``tp=1``, the whole model,
+    which :meth:`ModelKV.shard` splits for any rank. The result records ``tensor_parallel_size=tp``, ``max_position_embeddings``, ``hidden_size`` and a note
     saying how the config was read, and is named ``name``, else the config's ``_name_or_path``,
     else its ``model_type``. Cache entries are ``layers``; MLP and KV-shared layers are declared
     in ``cacheless``.
@@ -99,8 +102,9 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     note = f"config reader: {source.describe()}; layer kinds from {layout.source}"
     if shared:
         note += f"; the last {len(shared)} layers read earlier layers' KV (num_kv_shared_layers)"
-    return ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=max_positions,
-                   tensor_parallel_size=opts.tp, hidden_size=hidden_size, notes=(note,))
+    model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=max_positions,
+                    hidden_size=hidden_size, notes=(note,))
+    return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
 
 def _dtype(cfg: ConfigReader, value: Any, field: str, fallback: DType | None) -> DType | None:

@@ -56,10 +56,14 @@ class Limits:
     - ``mamba_cache_mode``, ``num_speculative_tokens``, ``tensor_parallel_size`` (``None``: the
       model's), ``block_size`` / ``mamba_block_size`` (``None``: chosen by the planner),
       ``cudagraph_mode``: the requested capture mode (downgraded, with a note, if unsupported);
-    - ``max_concurrent_batches``: steps scheduled but not yet settled — 2 under async scheduling on
-      one pipeline stage (vLLM 0.33 ``VllmConfig.max_concurrent_batches``), the pipeline depth
-      under pipeline parallelism, 1 for a synchronous scheduler. Sliding-window and chunked layers
-      keep the pages of every step in flight: ``max_concurrent_batches * max_num_batched_tokens``;
+    - ``max_concurrent_batches``: steps scheduled but not yet settled. ``None`` (the default)
+      follows the pipeline depth as vLLM 0.33 does under its default async scheduling (Model Runner
+      V2, ``VllmConfig.max_concurrent_batches``): ``stages + 1`` — 2 on one stage, 3 for a model
+      split into 2 pipeline stages; the plan learns the stages from the model
+      (:meth:`ModelKV.stage <graphkv.spec.model.ModelKV.stage>`) and its ``limits`` hold the
+      resolved number. Set it for another scheduler: ``stages`` for a synchronous one (1 on one
+      stage). Sliding-window and chunked layers keep the pages of every step in flight:
+      ``max_concurrent_batches * max_num_batched_tokens``;
     - ``speculative_lookahead_tokens``: prefill tokens a drafter reads past the scheduled range
       (vLLM's ``num_prefill_lookahead_tokens``: ``num_speculative_tokens`` for multi-module MTP, 1
       for other EAGLE drafters, 0 without one); sliding windows retain ``max(0, this - 1)`` more.
@@ -77,7 +81,7 @@ class Limits:
     mamba_block_size: int | None = None
     cudagraph_mode: CudaGraphMode = attrs.field(default=CudaGraphMode.FULL_AND_PIECEWISE,
                                                 converter=_enum(CudaGraphMode))
-    max_concurrent_batches: int = 2
+    max_concurrent_batches: int | None = None
     speculative_lookahead_tokens: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -103,7 +107,8 @@ class Limits:
             check.positive_int("block_size", self.block_size)
         if self.mamba_block_size is not None:
             check.positive_int("mamba_block_size", self.mamba_block_size)
-        check.positive_int("max_concurrent_batches", self.max_concurrent_batches)
+        if self.max_concurrent_batches is not None:
+            check.positive_int("max_concurrent_batches", self.max_concurrent_batches)
         check.non_negative_int("speculative_lookahead_tokens", self.speculative_lookahead_tokens)
         if not isinstance(self.cudagraph_mode, CudaGraphMode):
             check.add("cudagraph_mode", self.cudagraph_mode, f"must be one of {[m.value for m in CudaGraphMode]}",
@@ -119,6 +124,13 @@ class Limits:
                       f"raise max_num_batched_tokens to >= {1 + self.num_speculative_tokens} or lower "
                       "num_speculative_tokens")
         check.raise_if_any()
+
+    def concurrent_batches(self, pipeline_parallel_size: int = 1) -> int:
+        """Steps in flight: ``max_concurrent_batches`` when set, else ``pipeline_parallel_size + 1``
+        (vLLM 0.33 with async scheduling: every stage busy plus the step being scheduled)."""
+        if self.max_concurrent_batches is not None:
+            return self.max_concurrent_batches
+        return pipeline_parallel_size + 1
 
     @property
     def extra_retained_tokens(self) -> int:

@@ -12,6 +12,7 @@ from graphkv.spec._checks import Checker
 from graphkv.spec.backends import Backend, get_backend
 from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKeySpec, KVSharedSpec, LayerKind,
                                  LayerSpec, MambaSpec, MLASpec, NoCacheSpec, SlidingWindowSpec)
+from graphkv.spec.stages import PipelineStage
 
 __all__ = ["CachelessDecl", "LayerDecl", "ModelKV"]
 
@@ -34,6 +35,7 @@ class LayerDecl:
     spec: LayerSpec
     backend: Backend = attrs.field(converter=get_backend)
     layer_index: int | None = None
+    tp_replicas: int = 1  # consecutive tensor-parallel ranks holding this same cache (set by ModelKV.shard)
 
     @property
     def model_layer(self) -> int:
@@ -64,13 +66,15 @@ def _tuple(value: Any) -> Any:
 
 @attrs.frozen(kw_only=True)
 class ModelKV:
-    """What one GPU (one tensor-parallel rank) caches for a model.
+    """What one GPU caches for a model: the whole model, or one tensor-parallel rank and/or
+    pipeline stage of it.
 
     ``layers`` lists the cache entries (layers that hold a cache); ``cacheless`` the layers that
     hold none, declared so a plan can say what every layer became (optional). ``max_position_embeddings``
-    caps ``max_model_len``; ``tensor_parallel_size`` records the sharding the specs were built for;
-    ``hidden_size`` sizes the estimated activations of captured graphs; ``notes`` (e.g. which
-    config reader built the model) are copied into the plan.
+    caps ``max_model_len``; ``tensor_parallel_size`` / ``tensor_parallel_rank`` record the sharding
+    the specs were built for (:meth:`shard`); ``pipeline`` the stage the layers are (:meth:`stage`;
+    ``None``: every layer); ``hidden_size`` sizes the estimated activations of captured graphs;
+    ``notes`` (e.g. which config reader built the model) are copied into the plan.
     """
 
     name: str
@@ -80,6 +84,8 @@ class ModelKV:
     hidden_size: int | None = None
     cacheless: tuple[CachelessDecl, ...] = attrs.field(default=(), converter=_tuple)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    tensor_parallel_rank: int = 0
+    pipeline: PipelineStage | None = None
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"ModelKV[{self.name}]")
@@ -98,7 +104,13 @@ class ModelKV:
             self._check_unique(check)
         if self.max_position_embeddings is not None:
             check.positive_int("max_position_embeddings", self.max_position_embeddings)
-        check.positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if check.positive_int("tensor_parallel_size", self.tensor_parallel_size):
+            rank = self.tensor_parallel_rank
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.tensor_parallel_size:
+                check.add("tensor_parallel_rank", rank, f"must be an integer in 0 .. {self.tensor_parallel_size - 1}",
+                          "give this rank's index in its tensor-parallel group")
+        if self.pipeline is not None and not isinstance(self.pipeline, PipelineStage):
+            check.add("pipeline", self.pipeline, "must be a PipelineStage or None", "build stages with ModelKV.stage(...)")
         if self.hidden_size is not None:
             check.positive_int("hidden_size", self.hidden_size)
         if not isinstance(self.notes, tuple) or not all(isinstance(n, str) for n in self.notes):
@@ -122,6 +134,9 @@ class ModelKV:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 check.add(f"layers[{i}].{field}", value, "must be an integer >= 0",
                           "give each layer its position in the model")
+        if isinstance(layer.tp_replicas, bool) or not isinstance(layer.tp_replicas, int) or layer.tp_replicas < 1:
+            check.add(f"layers[{i}].tp_replicas", layer.tp_replicas, "must be an integer >= 1",
+                      "leave it to ModelKV.shard (1: each rank its own cache)")
         if not isinstance(layer.name, str) or not layer.name:
             check.add(f"layers[{i}].name", layer.name, "must be a non-empty string",
                       "name each layer, e.g. 'model.layers.0.self_attn'")
@@ -173,7 +188,8 @@ class ModelKV:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], *, tp: int = 1, **overrides: Any) -> "ModelKV":
-        """Derive every layer's KV spec from a Hugging Face ``config.json`` dict.
+        """Derive every layer's KV spec from a Hugging Face ``config.json`` dict: the whole model
+        (every head) sharded for tensor-parallel rank 0 of ``tp`` (:meth:`shard`).
 
         The reader follows what the config says (``layer_types``, each family's older fields,
         legacy names, ``text_config``), not its class name; see :mod:`graphkv.spec.hf_config` for
@@ -182,6 +198,57 @@ class ModelKV:
         from graphkv.spec.hf_config import model_from_hf_config
 
         return model_from_hf_config(config, tp=tp, **overrides)
+
+    def shard(self, tp_size: int, tp_rank: int) -> "ModelKV":
+        """What tensor-parallel rank ``tp_rank`` of ``tp_size`` caches (this model's specs describe
+        every head): KV heads divided, or one replicated head per rank when fewer than ``tp_size``;
+        MLA latents and indexer keys whole; states split by their ``tp_split``. Raises
+        :class:`SpecError` naming each count ``tp_size`` cannot split. See :mod:`graphkv.spec.sharding`.
+
+        >>> from graphkv.presets import preset_model
+        >>> preset_model("qwen3-next-80b-a3b").shard(4, 0).layers[3].spec.num_kv_heads
+        1
+        """
+        from graphkv.spec.sharding import shard_model
+
+        return shard_model(self, tp_size, tp_rank)
+
+    def stage(self, pp_size: int, pp_rank: int, partition: Sequence[int] | None = None) -> "ModelKV":
+        """What pipeline stage ``pp_rank`` of ``pp_size`` caches: its model layers under vLLM 0.33's
+        default partition, or ``partition`` (layers per stage, as ``VLLM_PP_LAYER_PARTITION``).
+        The stage keeps the whole model, so its plan pages like every other stage's and holds only
+        its own layers' pages. See :mod:`graphkv.spec.stages`.
+
+        >>> from graphkv.presets import preset_model
+        >>> len(preset_model("llama-3.1-8b").stage(2, 1).layers)
+        16
+        """
+        from graphkv.spec.stages import stage_model
+
+        return stage_model(self, pp_size, pp_rank, partition)
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """Pipeline stages the model is cut into (1 when it is not a stage)."""
+        return 1 if self.pipeline is None else self.pipeline.size
+
+    @property
+    def pipeline_rank(self) -> int:
+        """This stage's index (0 when the model is not a stage)."""
+        return 0 if self.pipeline is None else self.pipeline.rank
+
+    @property
+    def whole(self) -> "ModelKV":
+        """Every layer of the model (this model unless it is a pipeline stage), sharded like it."""
+        return self if self.pipeline is None else self.pipeline.model
+
+    @property
+    def kv_tp_replicas(self) -> int:
+        """Consecutive tensor-parallel ranks holding identical caches for every layer
+        (:func:`graphkv.spec.sharding.kv_tp_replicas`)."""
+        from graphkv.spec.sharding import kv_tp_replicas
+
+        return kv_tp_replicas(self)
 
     @property
     def has_attention(self) -> bool:

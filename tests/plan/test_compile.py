@@ -102,7 +102,7 @@ def test_default_limits_are_used_when_none_given():
     sliding = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=1024)
     model = ModelKV.from_specs("s", [(sliding, "flash_attn")], max_position_embeddings=4096)
     plan = compile_plan(model, None, Budget.kv_bytes("1GiB"))
-    assert plan.limits == Limits()
+    assert plan.limits == Limits(max_concurrent_batches=2)  # resolved: one pipeline stage + 1 (async scheduling)
     # min(1023 + 8192, 4096) = 4096 -> 256 + 1 = 257 pages.
     assert plan.capacity.pages_per_request == 257
 

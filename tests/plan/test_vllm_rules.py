@@ -37,8 +37,8 @@ def test_gpt_oss_20b_sliding_pages_follow_steps_in_flight(batches, expected):
 
 
 def test_default_limits_keep_two_steps_in_flight():
-    """Limits() defaults to max_concurrent_batches=2 (vLLM's async scheduling on one pipeline stage)."""
-    assert Limits().max_concurrent_batches == 2
+    """Limits() leaves max_concurrent_batches to the pipeline depth: 2 on one stage (vLLM's async scheduling)."""
+    assert Limits().max_concurrent_batches is None and Limits().concurrent_batches() == 2
     assert sliding_pages(compile_plan(preset_model("gpt-oss-20b"), Limits(max_num_batched_tokens=2048,
                                                                           max_model_len=32768), GIB20)) == 265
 

@@ -19,6 +19,7 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
 from graphkv.spec.dtypes import DType
+from graphkv.spec.split_rules import Refusal, SplitRule, split_count
 
 __all__ = ["CAPS", "MISSING", "ConfigReader", "Options"]
 
@@ -58,10 +59,6 @@ class Options:
         if self.ssm_dtype is not None:
             return self.ssm_dtype
         return self.model_dtype if default is None else default
-
-
-def _divisors(value: int, limit: int = 64) -> list[int]:
-    return [d for d in range(1, min(value, limit) + 1) if value % d == 0]
 
 
 class ConfigReader:
@@ -147,23 +144,14 @@ class ConfigReader:
             return default
         return value
 
-    def shard(self, key: str, value: int | None, tp: int) -> int | None:
-        """``value // tp`` for a head or channel count that tensor parallelism splits."""
+    def split(self, key: str, value: int | None, tp: int, rule: SplitRule = SplitRule.DIVIDE) -> int | None:
+        """``value`` (the unsplit count) when ``tp`` ranks can split it by ``rule``; otherwise record
+        a problem naming ``key`` and return ``None``. The reader builds every spec with unsplit
+        counts and shards the model afterwards, with the same rules (:mod:`graphkv.spec.split_rules`)."""
         if value is None:
             return None
-        if value % tp:
-            self.problem(key, value, f"must be divisible by tp={tp} (each rank holds {key} / tp)",
-                         f"use a tensor-parallel size that divides {value}, e.g. one of {_divisors(value)}")
+        result = split_count(value, tp, rule, name=key)
+        if isinstance(result, Refusal):
+            self.problem(key, value, result.limit, result.fix)
             return None
-        return value // tp
-
-    def kv_heads_per_rank(self, key: str, heads: int | None, tp: int) -> int | None:
-        """KV heads one rank caches: ``heads // tp``, or 1 (replicated) when ``tp > heads``."""
-        if heads is None or heads >= tp:
-            return self.shard(key, heads, tp)
-        if tp % heads:
-            self.problem(key, heads, f"is below tp={tp}, so every rank keeps one replicated KV head, which needs "
-                                     f"tp to be a multiple of {heads}",
-                         f"use tp={heads} or a multiple of it, or a tp that divides {heads}")
-            return None
-        return 1
+        return value

@@ -15,8 +15,10 @@
 - window: ``sliding_window`` (``sliding_window_size``, ``attention_window_size``, ``window_size``);
   chunk: ``attention_chunk_size``.
 
-Per rank, KV heads are split over ``tp`` (replicated when ``tp`` exceeds them); query heads must
-divide by ``tp``, KV heads may not exceed query heads and must divide them.
+Specs hold the model's KV heads; the reader checks that ``tp`` can split them (divided, or one
+replicated head per rank when ``tp`` exceeds them) and :meth:`ModelKV.shard
+<graphkv.spec.model.ModelKV.shard>` divides them. Query heads must divide by ``tp``, KV heads may
+not exceed query heads and must divide them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Mapping
 from graphkv.spec.hf._reader import CAPS, MISSING, ConfigReader, Options
 from graphkv.spec.hf.layout import Role
 from graphkv.spec.layers import ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
+from graphkv.spec.split_rules import SplitRule
 
 __all__ = ["AttentionReader", "HEAD_KEYS", "HIDDEN_KEYS", "query_heads"]
 
@@ -100,7 +103,7 @@ class AttentionReader:
         self.cfg, self.opts = cfg, opts
         self.heads = query_heads(cfg, opts, check_tp=False)
         self.kv_key, self.kv_heads = _kv_heads(cfg, self.heads)
-        cfg.kv_heads_per_rank(self.kv_key, self.kv_heads, opts.tp)  # records a split problem before any layer
+        cfg.split(self.kv_key, self.kv_heads, opts.tp, SplitRule.KV_HEADS)  # records a split problem before any layer
         check_query_heads_split(cfg, opts, self.heads)
         self.head_size = _head_size(cfg, self.heads)
         self.head_size_v = cfg.optional_int("v_head_dim", cap="dim")
@@ -176,15 +179,15 @@ class AttentionReader:
     def spec(self, index: int, role: Role) -> AttentionSpec | None:
         """The spec of layer ``index`` (full, sliding or chunked by ``role``); ``None`` after recording a problem."""
         kv, head, v = self._layer_fields(index, role)
-        kv_per_rank = self.cfg.kv_heads_per_rank(self.kv_key, kv, self.opts.tp)
+        kv = self.cfg.split(self.kv_key, kv, self.opts.tp, SplitRule.KV_HEADS)  # the model's heads, if tp splits them
         window = self.window if role is Role.SLIDING else None
         chunk = self.chunk if role is Role.CHUNKED else None
-        if kv_per_rank is None or head is None or (role is Role.SLIDING and window is None) or (
+        if kv is None or head is None or (role is Role.SLIDING and window is None) or (
                 role is Role.CHUNKED and chunk is None):
             return None
-        key = (role, kv_per_rank, head, v, window, chunk)
+        key = (role, kv, head, v, window, chunk)
         if key not in self._specs:
-            self._specs[key] = _build(self.opts, kv_per_rank, head, v, window, chunk)
+            self._specs[key] = _build(self.opts, kv, head, v, window, chunk)
         return self._specs[key]
 
 

@@ -1,4 +1,4 @@
-"""Recurrent state layers from a config: which recurrence its fields describe, and its per-rank shapes.
+"""Recurrent state layers from a config: which recurrence its fields describe, and its shapes.
 
 The fields decide the family of the state (``layer_types`` only says ``linear_attention``), in
 this order:
@@ -27,6 +27,11 @@ this order:
 - short convolution (LFM2 ``conv`` layers): ``(conv_L_cache - 1, conv_dim / tp)`` with
   ``conv_dim`` defaulting to ``hidden_size`` (``short_conv_state_shape``).
 
+Shapes are those of the whole model (every head) with a :class:`~graphkv.spec.layers.StateSplit`
+naming the config fields; the reader checks that ``tp`` splits them (recording a problem naming
+the field) and :meth:`ModelKV.shard <graphkv.spec.model.ModelKV.shard>` computes the per-rank
+shapes above.
+
 Conv states use the checkpoint dtype; ssm / recurrent states use the dtype asked for (the
 ``mamba_ssm_dtype`` argument, else the config's ``mamba_ssm_cache_dtype`` / ``mamba_ssm_dtype``,
 else the family's default), else the variant's default.
@@ -39,7 +44,8 @@ from typing import Any, Callable, Mapping
 from graphkv.spec.dtypes import DType
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.attention import HEAD_KEYS, HIDDEN_KEYS
-from graphkv.spec.layers import MambaSpec
+from graphkv.spec.layers import MambaSpec, StateSplit
+from graphkv.spec.split_rules import SplitRule
 
 __all__ = ["STATE_BACKENDS", "read_conv_state", "read_state", "state_variant"]
 
@@ -85,12 +91,13 @@ def _mamba1(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         name = "mamba_expand * hidden_size" if cfg.has("mamba_expand") else "expand * hidden_size"
     else:
         inner, name = cfg.int_field("intermediate_size", cap="width"), "intermediate_size"
-    inner = cfg.shard(name, inner, opts.tp)
+    inner = cfg.split(name, inner, opts.tp)
     if None in (kernel, state, inner):
         return None
     assert kernel is not None and state is not None and inner is not None
+    split = StateSplit.mamba1(inner=inner, state=state, conv_kernel=kernel, names={"inner": f"config.{name}"})
     return MambaSpec(shapes=((kernel - 1, inner), (inner, state)), dtypes=(opts.model_dtype, opts.state_dtype()),
-                     variant="mamba1")
+                     variant="mamba1", tp_split=split)
 
 
 def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
@@ -105,36 +112,38 @@ def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     inner = cfg.optional_int("mamba_d_ssm", cap="width")
     if inner is None and heads is not None and head_dim is not None:
         inner = heads * head_dim
-    heads_rank = cfg.shard(head_key, heads, opts.tp)
-    if groups is not None and groups % opts.tp and groups != 1:
-        cfg.problem(groups_key, groups, f"must be divisible by tp={opts.tp}, or be 1 (one group is replicated on "
-                                        "every rank)", f"use a tensor-parallel size that divides {groups}")
-        groups = None
-    inner_rank = cfg.shard("mamba inner size (heads x head_dim)", inner, opts.tp)
-    if None in (heads_rank, head_dim, state, groups, kernel, chunk, inner_rank):
+    heads = cfg.split(head_key, heads, opts.tp)
+    groups = cfg.split(groups_key, groups, opts.tp, SplitRule.GROUPS)  # a single group is replicated on every rank
+    inner_key = "mamba inner size (heads x head_dim)"
+    inner = cfg.split(inner_key, inner, opts.tp)
+    if None in (heads, head_dim, state, groups, kernel, chunk, inner):
         return None
-    assert heads_rank is not None and head_dim is not None and state is not None and groups is not None
-    assert kernel is not None and chunk is not None and inner_rank is not None
-    groups_rank = 1 if groups % opts.tp else groups // opts.tp  # vLLM extra_groups_for_head_shards: 1 group per rank
-    conv_dim = inner_rank + 2 * groups_rank * state
-    return MambaSpec(shapes=((kernel - 1, conv_dim), (heads_rank, head_dim, state)),
-                     dtypes=(opts.model_dtype, opts.state_dtype()), variant="mamba2", chunk_size=chunk)
+    assert heads is not None and head_dim is not None and state is not None and groups is not None
+    assert kernel is not None and chunk is not None and inner is not None
+    split = StateSplit.mamba2(heads=heads, head_dim=head_dim, state=state, groups=groups, conv_kernel=kernel,
+                              inner=inner, names={"heads": f"config.{head_key}", "groups": f"config.{groups_key}",
+                                                  "inner": f"config.{inner_key}"})
+    return MambaSpec(shapes=((kernel - 1, inner + 2 * groups * state), (heads, head_dim, state)),
+                     dtypes=(opts.model_dtype, opts.state_dtype()), variant="mamba2", chunk_size=chunk, tp_split=split)
 
 
 def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     kernel = cfg.int_field("linear_conv_kernel_dim", minimum=2, cap="kernel")
-    key_heads = cfg.shard("linear_num_key_heads", cfg.int_field("linear_num_key_heads", cap="heads"), opts.tp)
-    value_heads = cfg.shard("linear_num_value_heads", cfg.int_field("linear_num_value_heads", cap="heads"), opts.tp)
+    key_heads = cfg.split("linear_num_key_heads", cfg.int_field("linear_num_key_heads", cap="heads"), opts.tp)
+    value_heads = cfg.split("linear_num_value_heads", cfg.int_field("linear_num_value_heads", cap="heads"), opts.tp)
     key_dim = cfg.int_field("linear_key_head_dim", cap="dim")
     value_dim = cfg.int_field("linear_value_head_dim", cap="dim")
     if None in (kernel, key_heads, value_heads, key_dim, value_dim):
         return None
     assert kernel is not None and key_heads is not None and value_heads is not None
     assert key_dim is not None and value_dim is not None
-    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim  # per rank: q, k, v channels
+    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim  # q, k, v channels
+    split = StateSplit.gated_delta(key_heads=key_heads, value_heads=value_heads, key_dim=key_dim, value_dim=value_dim,
+                                   conv_kernel=kernel, names={"key_heads": "config.linear_num_key_heads",
+                                                              "value_heads": "config.linear_num_value_heads"})
     return MambaSpec(shapes=((kernel - 1, conv_dim), (value_heads, value_dim, key_dim)),
                      dtypes=(opts.model_dtype, opts.state_dtype()), variant="gated_delta",
-                     chunk_size=GATED_DELTA_CHUNK_TOKENS)
+                     chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split)
 
 
 def _kda(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
@@ -149,14 +158,15 @@ def _kda(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     if sub is not cfg:
         for p in sub.check.problems:
             cfg.problem(prefix + p.field.split(".", 1)[1], p.value, p.limit, p.fix)
-    heads_rank = cfg.shard(prefix + names[0], heads, opts.tp)
-    if None in (heads_rank, head_dim, kernel):
+    heads = cfg.split(prefix + names[0], heads, opts.tp)
+    if None in (heads, head_dim, kernel):
         return None
-    assert heads_rank is not None and head_dim is not None and kernel is not None
+    assert heads is not None and head_dim is not None and kernel is not None
+    split = StateSplit.kda(heads=heads, head_dim=head_dim, conv_kernel=kernel, names={"heads": f"config.{prefix}{names[0]}"})
     # vLLM 0.33 kda_state_dtype: the recurrent state is float32 unless a dtype is asked for
-    return MambaSpec(shapes=((kernel - 1, 3 * heads_rank * head_dim), (heads_rank, head_dim, head_dim)),
+    return MambaSpec(shapes=((kernel - 1, 3 * heads * head_dim), (heads, head_dim, head_dim)),
                      dtypes=(opts.model_dtype, opts.state_dtype(DType.FLOAT32)), variant="kda",
-                     chunk_size=GATED_DELTA_CHUNK_TOKENS)
+                     chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split)
 
 
 def _lightning(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
@@ -169,12 +179,14 @@ def _lightning(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         if hidden is not None and heads is not None and hidden % heads:
             cfg.problem("head_dim", None, f"is absent and hidden_size={hidden} is not divisible by "
                                           f"num_attention_heads={heads}", "add head_dim to the config")
-    heads_rank = cfg.shard(cfg.first_present(*HEAD_KEYS), heads, opts.tp)
-    if heads_rank is None or head_dim is None:
+    head_key = cfg.first_present(*HEAD_KEYS)
+    heads = cfg.split(head_key, heads, opts.tp)
+    if heads is None or head_dim is None:
         return None
     chunk = _first(cfg, ("block_size",), cap="width", default=256)
-    return MambaSpec(shapes=((heads_rank, head_dim, head_dim),), dtypes=(opts.model_dtype,), variant="lightning",
-                     chunk_size=chunk or 256)
+    split = StateSplit.lightning(heads=heads, head_dim=head_dim, names={"heads": f"config.{head_key}"})
+    return MambaSpec(shapes=((heads, head_dim, head_dim),), dtypes=(opts.model_dtype,), variant="lightning",
+                     chunk_size=chunk or 256, tp_split=split)
 
 
 _READERS: Mapping[str, Callable[[ConfigReader, Options], MambaSpec | None]] = {
@@ -201,8 +213,9 @@ def read_conv_state(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         dim, name = cfg.int_field("conv_dim", cap="width"), "conv_dim"
     else:
         dim, name = cfg.int_field(HIDDEN_KEYS[0], also=HIDDEN_KEYS[1:], cap="width"), "hidden_size"
-    dim = cfg.shard(name, dim, opts.tp)
+    dim = cfg.split(name, dim, opts.tp)
     if kernel is None or dim is None:
         return None
+    split = StateSplit.short_conv(channels=dim, conv_kernel=kernel, names={"channels": f"config.{name}"})
     return MambaSpec(shapes=((kernel - 1, dim),), dtypes=(opts.model_dtype,), variant="short_conv",
-                     chunk_size=256)
+                     chunk_size=256, tp_split=split)

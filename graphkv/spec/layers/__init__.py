@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Union
 
-from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand
+from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand, RankSpec
 from graphkv.spec.layers.attention import ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
 from graphkv.spec.layers.cacheless import CachelessSpec, KVSharedSpec, NoCacheSpec
 from graphkv.spec.layers.mla import IndexerKeySpec, MLASpec, indexer_key_bytes
 from graphkv.spec.layers.state import STATE_VARIANTS, MambaSpec
+from graphkv.spec.layers.state_split import SplitCount, StateSplit
 
 __all__ = [
     "CachelessSpec",
@@ -40,8 +41,11 @@ __all__ = [
     "MambaSpec",
     "NoCacheSpec",
     "PageDemand",
+    "RankSpec",
     "STATE_VARIANTS",
     "SlidingWindowSpec",
+    "SplitCount",
+    "StateSplit",
     "indexer_key_bytes",
     "kind_label",
 ]

@@ -11,7 +11,7 @@ from graphkv.errors import SpecError
 from graphkv.spec._checks import Checker
 from graphkv.spec.dtypes import DType, parse_dtype
 
-__all__ = ["LayerKind", "MambaCacheMode", "PageDemand", "check_dtype", "dtype_or_raw"]
+__all__ = ["LayerKind", "MambaCacheMode", "PageDemand", "RankSpec", "check_dtype", "dtype_or_raw"]
 
 
 class LayerKind(enum.Enum):
@@ -65,6 +65,15 @@ class PageDemand:
     def in_flight_tokens(self) -> int:
         """Tokens scheduled but not yet settled: ``max_concurrent_batches * max_num_batched_tokens``."""
         return self.max_concurrent_batches * self.max_num_batched_tokens
+
+
+@attrs.frozen
+class RankSpec:
+    """What one tensor-parallel rank caches for a layer: its ``spec`` and how many consecutive
+    ranks (``replicas``) hold the same cache (KV heads fewer than ``tp``, latents every rank keeps)."""
+
+    spec: Any
+    replicas: int = 1
 
 
 def dtype_or_raw(value: Any) -> Any:

@@ -23,9 +23,11 @@ from typing import Any
 
 import attrs
 
+from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, cdiv
 from graphkv.spec.dtypes import DType
-from graphkv.spec.layers._base import LayerKind, PageDemand, check_dtype, dtype_or_raw
+from graphkv.spec.layers._base import LayerKind, PageDemand, RankSpec, check_dtype, dtype_or_raw
+from graphkv.spec.split_rules import Refusal, SplitRule, split_count
 
 __all__ = ["ChunkedLocalSpec", "FullAttentionSpec", "SlidingWindowSpec"]
 
@@ -89,6 +91,17 @@ class FullAttentionSpec:
     def max_pages(self, demand: PageDemand) -> int:
         """Worst-case pages per request: ``cdiv(max_model_len, block_size)``."""
         return cdiv(demand.max_model_len, demand.block_size)
+
+    def per_rank(self, tp_size: int) -> RankSpec:
+        """This spec (``num_kv_heads`` = the model's KV heads) as one of ``tp_size`` ranks caches it:
+        ``num_kv_heads / tp`` heads, or one head replicated on ``tp / num_kv_heads`` ranks when
+        ``tp`` exceeds them (vLLM 0.33). Raises :class:`SpecError` naming ``num_kv_heads`` when
+        ``tp`` cannot split them."""
+        split = split_count(self.num_kv_heads, tp_size, SplitRule.KV_HEADS, name="num_kv_heads")
+        if isinstance(split, Refusal):
+            raise SpecError(Problem(field=f"{type(self).__name__}.num_kv_heads", value=self.num_kv_heads,
+                                    limit=split.limit, fix=split.fix))
+        return RankSpec(spec=attrs.evolve(self, num_kv_heads=split.per_rank), replicas=split.replicas)
 
     def describe(self) -> str:
         """A short human description."""

@@ -23,7 +23,7 @@ import attrs
 
 from graphkv.spec._checks import Checker, cdiv
 from graphkv.spec.dtypes import DType
-from graphkv.spec.layers._base import LayerKind, PageDemand, check_dtype, dtype_or_raw
+from graphkv.spec.layers._base import LayerKind, PageDemand, RankSpec, check_dtype, dtype_or_raw
 
 __all__ = ["INDEXER_QUANT_BLOCK", "IndexerKeySpec", "MLASpec", "indexer_key_bytes"]
 
@@ -75,6 +75,11 @@ class _LatentCache:
     def max_pages(self, demand: PageDemand) -> int:
         """Worst-case pages per request: ``cdiv(max_model_len, block_size)``."""
         return cdiv(demand.max_model_len, demand.block_size)
+
+    def per_rank(self, tp_size: int) -> RankSpec:
+        """Every rank keeps the whole latent (vLLM 0.33 declares ``max_tp_shards=1``): the same
+        spec, replicated on all ``tp_size`` ranks."""
+        return RankSpec(spec=self, replicas=tp_size)
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)

@@ -25,9 +25,11 @@ from typing import Any
 
 import attrs
 
+from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, cdiv
 from graphkv.spec.dtypes import DType
-from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand, check_dtype, dtype_or_raw
+from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand, RankSpec, check_dtype, dtype_or_raw
+from graphkv.spec.layers.state_split import StateSplit
 
 __all__ = ["MambaSpec", "STATE_VARIANTS"]
 
@@ -66,7 +68,9 @@ class MambaSpec:
     :data:`STATE_VARIANTS`). page bytes = ``sum(prod(shape) * itemsize)`` or ``page_size_padded``
     (the planner pads it to the attention page in hybrid models). ``chunk_size`` is the kernel's
     chunk length in tokens (prefix-caching mode ``all``); ``prefill_checkpoint_pages`` the extra
-    pages mode ``align`` keeps per request (1 for Mamba2, else 0).
+    pages mode ``align`` keeps per request (1 for Mamba2, else 0). ``tp_split`` (optional) says
+    how the shapes split over tensor-parallel ranks (:class:`StateSplit`); at ``tp=1`` it must give
+    ``shapes``. Without it the state cannot be sharded (:meth:`per_rank` refuses ``tp > 1``).
     """
 
     shapes: tuple[tuple[int, ...], ...] = attrs.field(converter=_shapes)
@@ -75,6 +79,7 @@ class MambaSpec:
     chunk_size: int = 256
     page_size_padded: int | None = None
     prefill_checkpoint_pages: int = attrs.field(default=attrs.Factory(_default_checkpoint_pages, takes_self=True))
+    tp_split: StateSplit | None = None
 
     kind = LayerKind.MAMBA
     is_ssm = True
@@ -110,7 +115,34 @@ class MambaSpec:
                 check.add("page_size_padded", self.page_size_padded,
                           f"must be >= the real state size {self.real_page_size_bytes()} bytes",
                           "leave page_size_padded unset or raise it")
+        if self.tp_split is not None and not check.problems:
+            self._check_split(check)
         check.raise_if_any()
+
+    def _check_split(self, check: Checker) -> None:
+        if not isinstance(self.tp_split, StateSplit):
+            check.add("tp_split", self.tp_split, "must be a StateSplit or None", "build it with StateSplit.<variant>(...)")
+            return
+        try:
+            unsplit = self.tp_split.shapes_per_rank(1)
+        except (SpecError, IndexError, TypeError):
+            unsplit = None
+        if unsplit != self.shapes:
+            check.add("tp_split", unsplit, f"must describe shapes={self.shapes} at tp=1",
+                      "build tp_split from the same sizes as shapes (StateSplit.<variant>(...))")
+
+    def per_rank(self, tp_size: int) -> RankSpec:
+        """The state one of ``tp_size`` ranks holds (shapes from :attr:`tp_split`; each rank its own
+        heads, so ``replicas`` is 1). Raises :class:`SpecError` naming every count ``tp_size`` cannot
+        split, or when the state declares no ``tp_split``."""
+        if tp_size == 1:
+            return RankSpec(spec=self)
+        if self.tp_split is None:
+            raise SpecError(Problem(field="MambaSpec.tp_split", value=None,
+                                    limit=f"is needed to split the {self.variant} state {self.shapes} over tp={tp_size}",
+                                    fix="declare tp_split=StateSplit.<variant>(...) with the unsplit head counts, or "
+                                        "build the per-rank shapes yourself"))
+        return RankSpec(spec=attrs.evolve(self, shapes=self.tp_split.shapes_per_rank(tp_size), tp_split=None))
 
     @property
     def uniform_type_key(self) -> None:

@@ -1,0 +1,53 @@
+"""``graphkv plan --tp N --pp M``: every rank planned from the flags' budget, then agreed.
+
+Each rank's shard / stage of the model (``rank = pp_rank * tp + tp_rank``) is planned with the
+same budget flags (``--gpu`` splits the weights over ``tp x pp`` ranks), and the plans go through
+the agreement :func:`~graphkv.distributed.compile_consensus` uses
+(:func:`~graphkv.distributed.simulate_consensus`). Rank 0 is planned first on its own, so a bad
+flag is the same one-line error as without ``--tp`` / ``--pp``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
+from graphkv.command.model_source import ModelSource
+from graphkv.distributed import ConsensusPlan, simulate_consensus
+from graphkv.plan import Plan
+from graphkv.spec.budget import Budget
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import ModelKV
+
+__all__ = ["RankedPlans", "plan_ranks"]
+
+
+@attrs.frozen(kw_only=True)
+class RankedPlans:
+    """The agreed plans and rank 0's planned budget (its text and JSON describe every rank's)."""
+
+    consensus: ConsensusPlan
+    planned: PlannedBudget
+
+    @property
+    def widest_stage(self) -> Plan:
+        """The stage plan with the most bytes per page index (a per-GPU pool size must cover it)."""
+        return max(self.consensus.stages, key=lambda plan: plan.pool_bytes_per_block)
+
+
+def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int,
+               partition: Sequence[int] | None) -> RankedPlans:
+    """Plan every rank of ``tp x pp`` with the budget ``flags`` describe, then agree (see the module docstring)."""
+    first_model = source.whole.shard(tp, 0).stage(pp, 0, partition)
+    first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp)
+
+    def compile_local(rank: int, model: ModelKV) -> tuple[Plan, Budget | None]:
+        planned = first if rank == 0 else plan_with_budget(flags, attrs.evolve(source, model=model), limits, tp=tp,
+                                                           pp=pp)
+        return planned.plan, planned.budget
+
+    consensus = simulate_consensus(source.whole, limits, tp_size=tp, pp_size=pp, partition=partition,
+                                   compile_local=compile_local)
+    return RankedPlans(consensus=consensus, planned=first)

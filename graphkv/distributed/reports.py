@@ -1,0 +1,132 @@
+"""What each rank tells the others before they agree: its place, its model, its limits and its own plan.
+
+A :class:`RankReport` is plain data (ints, strings and tuples of them), small and picklable, so
+``torch.distributed.all_gather_object`` carries it and the single-process simulation builds the
+same thing. A rank whose own plan fails reports the error instead of raising, so every rank still
+reaches the exchange and all of them raise the same :class:`~graphkv.errors.ConsensusError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from graphkv.errors import GraphkvError, Problem, SpecError
+from graphkv.plan import Plan, compile_plan
+from graphkv.spec.budget import Budget
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import ModelKV
+from graphkv.spec.stages import model_layer_count
+
+__all__ = ["LocalPlan", "RankReport", "budget_report", "limits_fingerprint", "local_plan", "model_fingerprint",
+           "rank_report"]
+
+Fingerprint = tuple[tuple[str, str], ...]
+"""``(field, value)`` pairs compared field by field, so a mismatch names the field."""
+
+
+def model_fingerprint(model: ModelKV) -> Fingerprint:
+    """The whole model (every stage) as this rank shards it: one entry per cache entry and cacheless layer."""
+    whole = model.whole
+    rows = [("model.max_position_embeddings", str(whole.max_position_embeddings)),
+            ("model.tensor_parallel_size", str(whole.tensor_parallel_size)),
+            ("model.layers (count)", str(len(whole.layers))), ("model.cacheless (count)", str(len(whole.cacheless)))]
+    rows += [(f"model.layers[{x.name}]", f"{x.spec.describe()} on {x.backend.name} (index {x.index}, layer "
+                                          f"{x.model_layer}, {x.tp_replicas} replica(s))") for x in whole.layers]
+    rows += [(f"model.cacheless[{x.name}]", f"{x.spec.describe()} (index {x.index})") for x in whole.cacheless]
+    return tuple(rows)
+
+
+def limits_fingerprint(limits: Limits) -> Fingerprint:
+    """Every limit as ``("limits.<field>", value)``."""
+    return tuple((f"limits.{name}", str(getattr(value, "value", value)))
+                 for name, value in attrs.asdict(limits, recurse=False).items())
+
+
+def _stage_layers(model: ModelKV) -> tuple[int, int]:
+    if model.pipeline is not None:
+        return model.pipeline.start_layer, model.pipeline.end_layer - 1
+    return 0, model_layer_count(model) - 1
+
+
+def _shape(plan: Plan) -> Fingerprint:
+    """How the plan pages, which every rank of one stage must share (and every stage, but for layers)."""
+    rows = [("block_size", str(plan.block_size)), ("mamba_block_size", str(plan.block.mamba_block_size)),
+            ("kernel_block_sizes", str(plan.kernel_block_sizes)), ("groups (count)", str(len(plan.groups)))]
+    rows += [(f"groups[{g.index}]", f"{g.spec.describe()} block {g.block_size} kernel {g.kernel_block_size} page "
+                                    f"{g.page_size_bytes} B") for g in plan.groups]
+    return tuple(rows)
+
+
+@attrs.frozen(kw_only=True)
+class LocalPlan:
+    """A rank's own plan, from its own budget: the figures the agreement takes the minimum of."""
+
+    num_blocks: int
+    max_model_len: int
+    num_blocks_reason: str
+    max_model_len_reason: str
+    pool_bytes_per_block: int
+    budget_bytes: int  # the KV budget the rank planned with (num_blocks x pool bytes when it had none)
+    shape: Fingerprint  # block size, kernel block sizes, groups
+    model_layers: tuple[int, int]  # first and last model layer of the rank's stage (every layer without stages)
+    group_layers: tuple[tuple[int, ...], ...]  # each group's layers on this rank
+
+
+@attrs.frozen(kw_only=True)
+class RankReport:
+    """One rank's report: where it sits, what it plans, and its plan or the error its plan raised."""
+
+    rank: int
+    tp_size: int
+    tp_rank: int
+    pp_size: int
+    pp_rank: int
+    model: Fingerprint
+    limits: Fingerprint
+    plan: LocalPlan | None
+    error: str | None = None  # "<ErrorClass>: <message>" when the rank's own plan failed
+
+    @property
+    def place(self) -> str:
+        """``rank 3 (tp 1, pp 1)``."""
+        return f"rank {self.rank} (tp {self.tp_rank}, pp {self.pp_rank})"
+
+
+def local_plan(plan: Plan, budget: Budget | None, model: ModelKV) -> LocalPlan:
+    """The figures of ``plan`` (of ``model``) a rank reports."""
+    kv = budget.kv_pool_bytes() if budget is not None else plan.num_blocks * plan.pool_bytes_per_block
+    return LocalPlan(num_blocks=plan.num_blocks, max_model_len=plan.max_model_len,
+                     num_blocks_reason=plan.capacity.num_blocks_reason,
+                     max_model_len_reason=plan.capacity.max_model_len_reason,
+                     pool_bytes_per_block=plan.pool_bytes_per_block, budget_bytes=kv, shape=_shape(plan),
+                     model_layers=_stage_layers(model),
+                     group_layers=tuple(g.layers for g in plan.groups))
+
+
+def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
+                compile_local: Callable[[], tuple[Plan, Budget | None]]) -> RankReport:
+    """The report of ``rank``: ``compile_local()`` plans this rank from its own budget and returns
+    the plan and the budget it used; a :class:`GraphkvError` it raises is reported, not raised."""
+    limits = Limits() if limits is None else limits
+    if not isinstance(model, ModelKV) or not isinstance(limits, Limits):
+        wrong = "model" if not isinstance(model, ModelKV) else "limits"
+        error = SpecError(Problem(field=wrong, value=type(model if wrong == "model" else limits).__name__,
+                                  limit=f"must be a {'ModelKV' if wrong == 'model' else 'Limits'}",
+                                  fix="pass this rank's ModelKV (ModelKV.shard / ModelKV.stage) and graphkv.Limits"))
+        return RankReport(rank=rank, tp_size=0, tp_rank=0, pp_size=0, pp_rank=0, model=(), limits=(), plan=None,
+                          error=f"SpecError: {error}")
+    common: dict[str, Any] = dict(rank=rank, tp_size=model.tensor_parallel_size, tp_rank=model.tensor_parallel_rank,
+                                  pp_size=model.pipeline_parallel_size, pp_rank=model.pipeline_rank,
+                                  model=model_fingerprint(model), limits=limits_fingerprint(limits))
+    try:
+        plan, used = compile_local()
+    except GraphkvError as err:
+        return RankReport(plan=None, error=f"{type(err).__name__}: {err}", **common)
+    return RankReport(plan=local_plan(plan, used, model), **common)
+
+
+def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int) -> RankReport:
+    """:func:`rank_report` with this rank's plan compiled by :func:`graphkv.compile` from ``budget``."""
+    return rank_report(model, limits, rank=rank, compile_local=lambda: (compile_plan(model, limits, budget), budget))

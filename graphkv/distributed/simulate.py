@@ -1,0 +1,60 @@
+"""Every rank of a tensor- x pipeline-parallel replica planned in one process, then agreed.
+
+What ``graphkv plan --tp N --pp M`` prints: each rank's shard / stage is compiled locally from its
+own budget, the reports go through the same :func:`~graphkv.distributed.agreement.agree` as
+:func:`~graphkv.distributed.compile_consensus`, and :func:`~graphkv.distributed.plans.finalize`
+builds the agreed plans. Ranks are numbered as vLLM numbers them: ``rank = pp_rank * tp + tp_rank``.
+Pure and torch-free.
+
+Example::
+
+    >>> from graphkv import Budget, Limits
+    >>> from graphkv.presets import preset_model
+    >>> agreed = simulate_consensus(preset_model("llama-3.1-8b"), Limits(), Budget.kv_bytes("20GiB"), tp_size=2, pp_size=2)
+    >>> agreed.num_blocks, [len(plan.layers) for plan in agreed.stages]
+    (40960, [16, 16])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from graphkv.distributed.agreement import agree
+from graphkv.distributed.plans import ConsensusPlan, finalize
+from graphkv.distributed.reports import RankReport, budget_report, rank_report
+from graphkv.plan import Plan
+from graphkv.spec.budget import Budget
+from graphkv.spec.limits import Limits
+from graphkv.spec.model import ModelKV
+
+__all__ = ["rank_models", "simulate_consensus"]
+
+
+def rank_models(model: ModelKV, tp_size: int, pp_size: int, partition: Sequence[int] | None = None) -> list[ModelKV]:
+    """What each rank caches, by rank (``pp_rank * tp + tp_rank``), from the whole, unsharded ``model``."""
+    return [model.shard(tp_size, r % tp_size).stage(pp_size, r // tp_size, partition) for r in range(tp_size * pp_size)]
+
+
+def simulate_consensus(model: ModelKV, limits: Limits | None,
+                       budget: Budget | Callable[[int, ModelKV], Budget | None] | None = None, *,
+                       tp_size: int, pp_size: int = 1, partition: Sequence[int] | None = None,
+                       compile_local: Callable[[int, ModelKV], tuple[Plan, Budget | None]] | None = None
+                       ) -> ConsensusPlan:
+    """Plan every rank of ``tp_size x pp_size`` from ``model`` (whole, unsharded) and agree.
+
+    ``budget`` is every rank's KV budget, or ``budget(rank, rank_model)`` each rank's (``None``:
+    ``limits.num_blocks_override`` sizes the pool); ``compile_local(rank, rank_model)``
+    (optional) replaces the default ``graphkv.compile`` of a rank and returns its plan and the
+    budget it used (the command line plans a GPU budget this way). Raises
+    :class:`~graphkv.errors.ConsensusError` exactly as the ranks of ``compile_consensus`` would.
+    """
+    models = rank_models(model, tp_size, pp_size, partition)
+    reports: list[RankReport] = []
+    for rank, local in enumerate(models):
+        if compile_local is None:
+            own = budget(rank, local) if callable(budget) else budget
+            reports.append(budget_report(local, limits, own, rank=rank))
+        else:
+            reports.append(rank_report(local, limits, rank=rank,
+                                       compile_local=lambda r=rank, m=local: compile_local(r, m)))  # type: ignore[misc]
+    return finalize(models[0], limits, agree(reports))

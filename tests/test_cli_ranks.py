@@ -1,0 +1,121 @@
+"""``graphkv plan --tp N --pp M``: every rank planned, the agreement and the stage plans, in text, JSON and vllm flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graphkv.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_report_lists_every_rank_the_agreement_and_each_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-Next tp 2 x pp 2 on 20 GiB: 4 rank rows of 6425 pages (3342336 B per page index), 2 stage plans."""
+    code, out, err = run(capsys, "plan", "--tp", "2", "--pp", "2", "--kv-memory", "20GiB")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "graphkv plan: qwen3-next-80b-a3b on 4 ranks (tp 2 x pp 2)"
+    rows = [line.split() for line in lines if line.strip() and line.split()[0] in "0123" and "GiB" in line]
+    assert [row[:4] + row[-2:] for row in rows] == [["0", "0", "0", "0-23", "6425", "262144"],
+                                                    ["1", "1", "0", "0-23", "6425", "262144"],
+                                                    ["2", "0", "1", "24-47", "6425", "262144"],
+                                                    ["3", "1", "1", "24-47", "6425", "262144"]]
+    assert "=== stage 0 of 2 (ranks 0, 1) ===" in lines and "=== stage 1 of 2 (ranks 2, 3) ===" in lines
+    assert sum(line.startswith("  layers          24 KV layers: 18 mamba, 6 full_attention") for line in lines) == 2
+    assert any(line.startswith("  num_blocks      6425 — the smallest of 4 ranks' own counts") for line in lines)
+
+
+def test_json_carries_the_consensus_and_every_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    """--json with --pp 2: the top level is stage 0's plan, "consensus" the agreement, its ranks and both stages."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--tp", "2", "--pp", "2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    consensus = data["consensus"]
+    assert (consensus["tensor_parallel_size"], consensus["pipeline_parallel_size"]) == (2, 2)
+    assert data["num_blocks"] == consensus["num_blocks"] == 40960  # 20 GiB // (16 layers x 16 x 4 heads x 256 x 2 B)
+    assert [len(stage["layers"]) for stage in consensus["stages"]] == [16, 16]
+    assert [r["model_layers"] for r in consensus["ranks"]] == [[0, 15], [0, 15], [16, 31], [16, 31]]
+    assert (data["inputs"]["tp"], data["inputs"]["pp"], data["inputs"]["limits"]["max_concurrent_batches"]) == (2, 2,
+                                                                                                               None)
+
+
+def test_tp_only_json_keeps_one_plan_and_the_agreement(capsys: pytest.CaptureFixture[str]) -> None:
+    """--tp 4 alone: one stage, so "consensus" holds no stage list; Qwen3-Next pages at 272 tokens."""
+    code, out, _ = run(capsys, "plan", "--tp", "4", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["block_size"] == 272 and "stages" not in data["consensus"]
+    assert [r["tp_rank"] for r in data["consensus"]["ranks"]] == [0, 1, 2, 3]
+
+
+def test_stages_keep_pp_plus_one_steps_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-20b in 2 stages at 2048 tokens per step: sliding groups keep cdiv(127 + 3 x 2048, 16) + 1 = 393 pages."""
+    code, out, _ = run(capsys, "plan", "--preset", "gpt-oss-20b", "--pp", "2", "--max-num-batched-tokens", "2048",
+                       "--max-model-len", "32768", "--json")
+    assert code == 0
+    groups = json.loads(out)["groups"]
+    assert [g["pages_per_request"] for g in groups if g["kind"] == "sliding_window"] == [393]
+
+
+def test_emit_vllm_sizes_the_pool_for_the_widest_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama split 10 / 22 layers: 20 GiB gives stage 1 14894 pages of 22 x 65536 B; the pinned pool covers it."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--pp", "2", "--pp-partition", "10,22",
+                       "--emit", "vllm")
+    assert code == 0
+    assert "  --pipeline-parallel-size 2 \\" in out.splitlines()
+    assert f"  --kv-cache-memory-bytes {14894 * 22 * 65536} \\" in out.splitlines()
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["--preset", "llama-3.1-8b", "--pp", "3", "--pp-partition", "10,10"], ["--pp-partition=(10, 10)",
+                                                                            "must list 3 layer counts"]),
+    (["--preset", "llama-3.1-8b", "--pp", "2", "--pp-partition", "32,0"], ["--pp-partition=[32, 0]",
+                                                                           "leaves stage 1 of 2 with no model layer"]),
+    (["--preset", "llama-3.1-8b", "--pp", "64"], ["--pp=64", "with no model layer", "fewer stages"]),
+    (["--preset", "llama-3.1-8b", "--tp", "3"], ["config.num_key_value_heads=8", "divisible by tp=3"]),
+])
+def test_bad_parallel_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], argv, needles) -> None:
+    """A partition that does not fit, a stage with no layer, too many stages or heads --tp cannot split: one line."""
+    code, _, err = run(capsys, "plan", *argv)
+    assert code == 2 and err.startswith("graphkv: error: ") and len(err.strip().splitlines()) <= 3
+    assert "Traceback" not in err and all(needle in err for needle in needles)
+
+
+def test_partition_that_is_not_counts_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """--pp-partition ten,22 is refused by the parser in one line, exit 2."""
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--pp", "2", "--pp-partition", "ten,22"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("graphkv: error: --pp-partition: 'ten,22' must be layer counts")
+
+
+def test_gpu_weights_split_over_every_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu with tp 2 x pp 2: each rank holds a quarter of the 162649725440-byte checkpoint."""
+    code, out, _ = run(capsys, "plan", "--gpu", "H100", "--tp", "2", "--pp", "2", "--json")
+    assert code == 0
+    assert json.loads(out)["budget"]["weights_bytes"] == 162649725440 // 4
+
+
+def test_parallel_planning_imports_no_torch() -> None:
+    """graphkv plan --tp 2 --pp 2 and graphkv.distributed's pure parts load no torch."""
+    code = ("import sys\nfrom graphkv.cli import main\nimport graphkv.distributed\n"
+            "assert main(['plan', '--tp', '2', '--pp', '2', '--json']) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_emit_vllm_keeps_a_page_count_the_user_fixed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--num-blocks-override with --tp 2: the agreed plan still emits --num-gpu-blocks-override, not a memory size."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--tp", "2", "--num-blocks-override", "4096",
+                       "--emit", "vllm")
+    assert code == 0
+    assert "  --num-gpu-blocks-override 4096 \\" in out.splitlines() and "--kv-cache-memory-bytes" not in out
