@@ -51,8 +51,8 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
                     lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
                 return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
             return _store_pages(bt, sync, row_list, lists, count)  # checks each row's count as it goes
-        if not count or set(map(len, lists)) != {count}:
-            return False
+        if not count:
+            return False  # (a list of another length fails the fixed-count pack below)
     except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
         return False
     num = count * len(lists)
@@ -87,19 +87,29 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
     kernel_blocks = step[0] if step is not None and step[1] == 1 else None
     done: list[tuple[int, int]] = []  # (row, pages held before)
     try:
-        for r, ids in zip(row_list, lists):
-            h = counts[r]
-            if len(ids) != count or h + count > pages:
-                raise ValueError("not this path")
-            done.append((r, h))
-            base = r * pages + h
-            if kernel_blocks is None:
-                for j, page in enumerate(ids):
-                    mirror[base + j] = page
-            else:
-                for j, page in enumerate(ids):
-                    mirror[base + j] = kernel_blocks[base + j] = page
-            counts[r] = h + count
+        if count == 1 and kernel_blocks is not None:  # a decode step crossing into new pages: one store each
+            for r, (page,) in zip(row_list, lists):  # unpacking refuses a list of another length
+                h = counts[r]
+                if h >= pages:
+                    raise ValueError("not this path")
+                done.append((r, h))
+                base = r * pages + h
+                mirror[base] = kernel_blocks[base] = page
+                counts[r] = h + 1
+        else:
+            for r, ids in zip(row_list, lists):
+                h = counts[r]
+                if len(ids) != count or h + count > pages:
+                    raise ValueError("not this path")
+                done.append((r, h))
+                base = r * pages + h
+                if kernel_blocks is None:
+                    for j, page in enumerate(ids):
+                        mirror[base + j] = page
+                else:
+                    for j, page in enumerate(ids):
+                        mirror[base + j] = kernel_blocks[base + j] = page
+                counts[r] = h + count
     except (TypeError, ValueError, OverflowError):
         for r, h in done:  # undo: the stored pages back to the null page, the counts as they were
             for j in range(h, min(h + count, pages)):
@@ -108,8 +118,8 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
                     kernel_blocks[r * pages + j] = 0
             counts[r] = h
         return False
-    held = np.array([h for _, h in done])
     if step is None:
+        held = np.array([h for _, h in done])
         sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
     elif kernel_blocks is None:  # kernel blocks per page > 1: the step table's page lines, expanded
         lines = [r * pages + h + j for r, h in done for j in range(count)]
