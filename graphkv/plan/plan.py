@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from graphkv.plan.allocations.entries import Allocation, RuntimeBytes, check_device_kind
 from graphkv.plan.capacity import PageCounter
 from graphkv.plan.concurrency import capacity_tables, longest_len
 from graphkv.spec.backends import CudaGraphSupport
@@ -14,6 +15,9 @@ from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
 from graphkv.spec.limits import CudaGraphMode, Limits
 from graphkv.spec.model import CachelessDecl, LayerDecl
+
+if TYPE_CHECKING:
+    from graphkv.plan.graph_pool import GraphKeyEstimate
 
 __all__ = ["BlockSizeChoice", "BufferSpec", "Capacity", "CaptureSizes", "CudaGraphPlan", "GroupPlan", "Ledger",
            "LedgerEntry", "Plan", "SlotPlan", "StaticBuffers"]
@@ -173,15 +177,43 @@ class LedgerEntry:
     nbytes: int
     reason: str
     in_kv_budget: bool  # True: part of the KV budget; False: allocated beside it
+    on_device: bool = True  # False: host memory (pinned staging, host bookkeeping), not GPU memory
 
 
 @attrs.frozen(kw_only=True)
 class Ledger:
     """Step 7: every byte of the KV budget attributed (``kv_entries`` sum to ``budget_bytes``),
-    plus what is allocated beside the pool (static buffers, estimated graph pool)."""
+    plus what is allocated beside the pool (static buffers, host buffers, estimated graph pool).
+
+    ``cpu_allocations`` / ``cuda_allocations``: every tensor and array the runtime allocates on that
+    device kind (KV pool, block tables, staging, page ownership, flex masks), which the runtime
+    allocates from; ``graph_keys``: the estimated graph memory of each capture key, largest first."""
 
     budget_bytes: int
     entries: tuple[LedgerEntry, ...]
+    cpu_allocations: tuple[Allocation, ...] = ()
+    cuda_allocations: tuple[Allocation, ...] = ()
+    graph_keys: tuple["GraphKeyEstimate", ...] = ()
+
+    def allocations(self, device: str) -> tuple[Allocation, ...]:
+        """Every allocation of the runtime on ``device`` (``"cuda"`` or ``"cpu"``; ``"cuda:1"`` too),
+        in the order the runtime makes them. :class:`SpecError` for another device."""
+        return self.cuda_allocations if check_device_kind(device) == "cuda" else self.cpu_allocations
+
+    def runtime_bytes(self, device: str) -> RuntimeBytes:
+        """What ``allocate(plan, device)`` and ``Step(plan, device)`` allocate, to the byte:
+        ``device_bytes`` (on the device, the KV pool included) and ``host_bytes`` (pinned staging and
+        host bookkeeping; on a CPU, a staging array that is itself the buffer counts once, as device).
+
+        >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
+        >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
+        >>> plan = compile(model, Limits(max_model_len=4096, max_num_seqs=8), Budget.kv_bytes("1GiB"))
+        >>> plan.ledger.runtime_bytes("cuda")  # 2 x 512 MiB pool slots + 369300 B of step buffers on the GPU
+        RuntimeBytes(device_bytes=1074111124, host_bytes=639994)
+        >>> plan.ledger.runtime_bytes("cpu")  # no pinned twins; the host mirror is the persistent table
+        RuntimeBytes(device_bytes=1074086136, host_bytes=278802)
+        """
+        return RuntimeBytes.of(self.allocations(device))
 
     @property
     def kv_entries(self) -> tuple[LedgerEntry, ...]:
@@ -197,6 +229,11 @@ class Ledger:
     def kv_total_bytes(self) -> int:
         """Sum of the KV-budget entries (equals ``budget_bytes``)."""
         return sum(e.nbytes for e in self.kv_entries)
+
+    @property
+    def graph_pool_bytes(self) -> int:
+        """The estimated CUDA-graph pool: the sum of :attr:`graph_keys`."""
+        return sum(k.nbytes for k in self.graph_keys)
 
 
 @attrs.frozen(kw_only=True)
@@ -358,8 +395,13 @@ class Plan:
             },
             "ledger": {
                 "budget_bytes": self.ledger.budget_bytes,
-                "entries": [{"name": e.name, "bytes": e.nbytes, "reason": e.reason, "in_kv_budget": e.in_kv_budget}
-                            for e in self.ledger.entries],
+                "entries": [{"name": e.name, "bytes": e.nbytes, "reason": e.reason, "in_kv_budget": e.in_kv_budget,
+                             "on_device": e.on_device} for e in self.ledger.entries],
+                "graph_keys": [{"num_tokens": k.num_tokens, "uniform": k.uniform, "bytes": k.nbytes,
+                                "reason": k.reason} for k in self.ledger.graph_keys],
+                "runtime": {kind: {**attrs.asdict(self.ledger.runtime_bytes(kind)),
+                                   "allocations": [a.to_dict() for a in self.ledger.allocations(kind)]}
+                            for kind in ("cuda", "cpu")},
             },
             "notes": list(self.notes),
         }
