@@ -3,9 +3,10 @@ what the plan's ledger predicted.
 
 Phases and how each is measured (the row's ``method`` says which applied):
 
-- ``kv_pool``: ``allocate(plan, device)``; predicted ``plan.pool_bytes``. GPU: this process's
-  device memory before and after (NVML per process, else torch.cuda statistics); CPU: the pool's
-  live storages.
+- ``kv_pool``: ``allocate(plan, device)``; predicted ``plan.pool_bytes``. GPU:
+  ``torch.cuda.memory_allocated`` before and after (the tensors' bytes, 512 B rounding; a note
+  adds what the process paid in device memory, allocator segments included, by NVML per process
+  or torch's reserved bytes); CPU: the pool's live storages.
 - ``static_buffers``: ``Step(plan, device)``'s device buffers; predicted
   ``plan.ledger.runtime_bytes(device).device_bytes - plan.pool_bytes``. GPU:
   ``torch.cuda.memory_allocated`` before and after (the buffers are far below NVML's 2 MiB
@@ -114,9 +115,13 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
 
     progress.start(f"{plan.model_name}: allocate KV pool")
     before = meter.read() if cuda and meter is not None else 0
+    before_alloc = int(torch.cuda.memory_allocated(device)) if cuda else 0
     pool = allocate(plan, device)
-    if cuda and meter is not None:
-        pool_measured, pool_method = meter.read() - before, choice.method
+    if cuda:
+        pool_measured, pool_method = int(torch.cuda.memory_allocated(device)) - before_alloc, _ALLOCATED
+        if meter is not None:
+            notes.append(f"the KV pool cost this process {meter.read() - before:,} B of device memory "
+                         f"({choice.method}: allocator segments included)")
     else:
         pool_measured, pool_method = live_storages(pool).runtime_bytes(kind)[0], "live storages: torch tensors"
     progress.done(f"{plan.model_name}: allocate KV pool")
