@@ -71,6 +71,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from graphkv.extras import require
 
     require("runtime", "torch", needed_by="graphkv bench memory")
+    import torch
+
+    torch.set_num_threads(1)  # as every benchmark: memory does not depend on it, the run's time does less
     options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
                                  kv_memory=args.kv_memory, out=args.out,
                                  progress=not args.no_progress and sys.stderr.isatty())
@@ -191,7 +194,8 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
         targets.append((plan, budget, forward_for, hidden))
     choice = open_meter(device, nvml=nvml)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    print(f"graphkv {__version__} bench memory on {device} ({where}; torch {torch.__version__})", file=out)
+    print(f"graphkv {__version__} bench memory on {device} ({where}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s))", file=out)
     if choice.nvml_line is not None:
         print(choice.nvml_line, file=out)
     print(f"measured with: {choice.method}", file=out)
