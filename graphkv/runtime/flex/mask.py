@@ -213,9 +213,13 @@ class FlexMaskBuilder:
         """A builder for ``plan.groups[group_index]`` (a ``flex`` group) whose masks fit the group's
         caches in ``allocate(plan)`` (split or page-local); buffers default to new ones shaped as
         the plan's ``flex.{g}.kv_num_blocks`` / ``flex.{g}.kv_indices``."""
-        return cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
-                   query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
-                   kv_indices=kv_indices)
+        builder = cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
+                      query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
+                      kv_indices=kv_indices)
+        if kv_num_blocks is None and kv_indices is None:  # all its own: exactly the plan's flex.{g}.* entries
+            assert builder.allocations == tuple(a for a in plan.ledger.allocations(block_table.device.type)
+                                                if a.name.startswith(f"flex.{group_index}.")), "flex ledger drift"
+        return builder
 
     def named_buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor the build writes or the mask reads (for ``data_ptr`` checks)."""
