@@ -84,6 +84,9 @@ def run_bench(args: argparse.Namespace) -> int:
 def _device(asked: str) -> Any:
     import torch
 
+    if asked not in ("auto", "cpu", "cuda"):
+        raise SpecError(Problem(field="--device", value=asked, limit="must be auto, cpu or cuda",
+                                fix="pick one of auto / cpu / cuda"))
     if asked == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if asked == "cuda" and not torch.cuda.is_available():
@@ -212,7 +215,11 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
         if choice.meter is not None:
             choice.meter.close()
     if directory is not None:
-        _write(directory, runs, device, choice, out)
+        try:
+            _write(directory, runs, device, choice, out)
+        except OSError as e:
+            raise SpecError(Problem(field="--out", value=str(directory), limit=f"cannot be written ({e.strerror or e})",
+                                    fix="pass a writable directory")) from None
     return runs
 
 

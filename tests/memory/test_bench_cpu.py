@@ -61,6 +61,15 @@ def test_bench_memory_refuses_bad_flags_in_one_line(argv, message, capsys):
     assert code == 2 and err.startswith("graphkv: error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_bench_memory_api_refuses_an_unknown_device():
+    """The API's device is checked like the flag: SpecError naming --device."""
+    from graphkv.errors import SpecError
+    from graphkv.memory.command import MemoryBenchOptions, bench_memory
+
+    with pytest.raises(SpecError, match="--device='tpu': must be auto, cpu or cuda"):
+        bench_memory(MemoryBenchOptions(models=("demo",), device="tpu", progress=False))
+
+
 def test_bench_memory_out_must_be_a_directory(tmp_path, capsys):
     """--out naming a file is refused before anything runs."""
     target = tmp_path / "file"
