@@ -27,6 +27,7 @@ from graphkv.command.model_source import ModelSource, load_model_source
 from graphkv.command.ranks import RankedPlans, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError
+from graphkv.memory.command import add_bench_parser
 from graphkv.models.demo import MAX_SEED, DemoOptions
 from graphkv.plan import Plan
 from graphkv.plan.block_size import choose_block_size
@@ -104,6 +105,9 @@ def _add_budget_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--graph-reserve", metavar="SIZE", type=nonempty("a size, e.g. 1GiB"),
                    help="memory beside the pool for CUDA graphs and static buffers (--gpu only; default: sized from "
                         "the plan's static buffers and estimated graph pool)")
+    g.add_argument("--graph-calibration", metavar="PATH", type=nonempty("a graph_calibration.json"),
+                   help="graph memory per capture key measured by `graphkv bench memory --out DIR` (default: the "
+                        "uncalibrated estimate)")
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -167,7 +171,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``graphkv`` argument parser with its ``plan``, ``presets`` and ``demo`` subcommands."""
+    """The ``graphkv`` argument parser with its ``plan``, ``presets``, ``models``, ``demo`` and ``bench`` subcommands."""
     parser = OneLineParser(prog="graphkv", description="Plan paged KV caches and CUDA graphs for hybrid "
                            "(attention + Mamba) models on a CPU, before any weight is loaded.")
     parser.add_argument("--version", action="version", version=f"graphkv {__version__}")
@@ -194,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "configs plan too when their fields say what their layers are.")
     models.add_argument("--markdown", action="store_true", help="print a Markdown table (the README's)")
     _add_demo(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -215,7 +220,7 @@ def _budget_flags(args: argparse.Namespace) -> BudgetFlags:
     return BudgetFlags(kv_memory=args.kv_memory, gpu=args.gpu, utilization=args.utilization,
                        weights_memory=args.weights_memory, activation_memory=args.activation_memory,
                        graph_reserve=args.graph_reserve, num_blocks_override=args.num_blocks_override,
-                       default_kv_memory=DEFAULT_KV_MEMORY)
+                       default_kv_memory=DEFAULT_KV_MEMORY, graph_calibration=args.graph_calibration)
 
 
 def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> dict[str, Any]:
@@ -346,6 +351,10 @@ def _budget_flag(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "bench":
+        from graphkv.memory.command import run_bench
+
+        return run_bench(args)
     if args.command == "models":
         print(models_table(markdown=args.markdown))
         return 0

@@ -16,6 +16,7 @@ __all__ = [
     "CaptureError",
     "ConsensusError",
     "GraphkvError",
+    "MeasurementError",
     "MissingExtraError",
     "PlanError",
     "Problem",
@@ -87,6 +88,11 @@ class ConsensusError(PlanError):
 
 class CaptureError(GraphkvError):
     """A CUDA-graph capture that cannot be done as requested."""
+
+
+class MeasurementError(GraphkvError):
+    """A memory reading that failed while measuring (an NVML call that errs mid-run, a device that
+    went away); where a measurement *method* is unavailable, graphkv falls back and says so instead."""
 
 
 class MissingExtraError(GraphkvError, ImportError):

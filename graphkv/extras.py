@@ -17,6 +17,7 @@ __all__ = ["EXTRAS", "require"]
 
 EXTRAS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "runtime": ("torch", "triton", "numpy", "nvidia-ml-py"),
+    "bench": ("matplotlib",),
 })
 
 

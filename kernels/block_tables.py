@@ -39,17 +39,25 @@ class PackedTables:
         return cls.view_of(flat, num_rows, widths)
 
     @classmethod
-    def view_of(cls, flat: torch.Tensor, num_rows: int, widths: Sequence[int]) -> "PackedTables":
+    def view_of(cls, flat: torch.Tensor, num_rows: int, widths: Sequence[int],
+                index: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> "PackedTables":
         """Tables packed in ``flat`` (``[num_rows * sum(widths)] int32``, e.g. a slice of a larger
-        buffer that one :func:`write_pages` launch covers together with other tables)."""
+        buffer that one :func:`write_pages` launch covers together with other tables). ``index``:
+        the ``[num_groups] int64`` offsets and ``[num_groups] int32`` widths tensors to fill and use
+        (e.g. the plan's ledger entries, shared by packings of one layout); new ones by default."""
         starts = [0]
         for w in widths:
             starts.append(starts[-1] + num_rows * w)
         assert flat.dtype == torch.int32 and flat.numel() == starts[-1], "flat must hold every table exactly"
         tables = tuple(flat[s:s + num_rows * w].view(num_rows, w) for s, w in zip(starts, widths))
-        return cls(flat=flat, tables=tables, num_rows=num_rows,
-                   offsets=torch.tensor(starts[:-1], dtype=torch.int64, device=flat.device),
-                   widths=torch.tensor(list(widths), dtype=torch.int32, device=flat.device))
+        if index is None:
+            index = (torch.empty(len(widths), dtype=torch.int64, device=flat.device),
+                     torch.empty(len(widths), dtype=torch.int32, device=flat.device))
+        offsets, width_t = index
+        assert offsets.shape == width_t.shape == (len(widths),), "one offset and one width per group"
+        offsets.copy_(torch.tensor(starts[:-1], dtype=torch.int64))
+        width_t.copy_(torch.tensor(list(widths), dtype=torch.int32))
+        return cls(flat=flat, tables=tables, num_rows=num_rows, offsets=offsets, widths=width_t)
 
     @property
     def num_groups(self) -> int:

@@ -18,6 +18,7 @@ from graphkv.command.model_source import ModelSource
 from graphkv.errors import Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.plan.gpu_fit import compile_for_gpu
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import KNOWN_GPUS, Budget, format_bytes, parse_bytes
 from graphkv.spec.limits import Limits
 
@@ -38,6 +39,7 @@ class BudgetFlags:
     graph_reserve: str | None = None
     num_blocks_override: int | None = None
     default_kv_memory: str = "20GiB"
+    graph_calibration: str | None = None  # a graph_calibration.json (graphkv bench memory --out DIR)
 
 
 @attrs.frozen(kw_only=True)
@@ -139,18 +141,20 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
             if value is not None:
                 raise SpecError(Problem(field=flag, value=value, limit="only applies with --gpu",
                                         fix=f"add --gpu NAME or drop {flag}"))
+    graph_pool = GraphPoolModel.from_file(flags.graph_calibration, field="--graph-calibration") \
+        if flags.graph_calibration is not None else None
     if flags.gpu is not None:
         budget, notes = _gpu_budget(flags, source, tp, pp)
-        fitted = compile_for_gpu(source.model, limits, budget)
+        fitted = compile_for_gpu(source.model, limits, budget, graph_pool=graph_pool)
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
                              as_json=_json(fitted.budget, "gpu", notes))
     if flags.kv_memory is None and flags.num_blocks_override is not None:
-        plan = compile_plan(source.model, limits, None)
+        plan = compile_plan(source.model, limits, None, graph_pool=graph_pool)
         return PlannedBudget(plan=plan, budget=None, flag="--num-blocks-override",
                              text=f"no memory budget: --num-blocks-override {flags.num_blocks_override} sizes the pool",
                              as_json=_json(None, "num_blocks_override", None))
     kv = _size("--kv-memory", flags.kv_memory or flags.default_kv_memory)
     budget = Budget(kv_cache_bytes=kv)
-    plan = compile_plan(source.model, limits, budget)
+    plan = compile_plan(source.model, limits, budget, graph_pool=graph_pool)
     text = budget.describe() + ("" if flags.kv_memory else " (default --kv-memory)")
     return PlannedBudget(plan=plan, budget=budget, flag="--kv-memory", text=text, as_json=_json(budget, "kv_memory", None))

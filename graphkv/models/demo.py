@@ -119,8 +119,8 @@ def _available_bytes(device: str) -> tuple[int, str]:
 
 
 def _check_memory(plan: Plan, device: str, kv_memory: str) -> None:
-    """Refuse a pool (plus static buffers) the device cannot hold before allocating anything."""
-    need = plan.pool_bytes + plan.buffers.total_bytes
+    """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
+    need = plan.ledger.runtime_bytes(device).device_bytes
     have, where = _available_bytes(device)
     if need > have:
         raise SpecError(Problem(

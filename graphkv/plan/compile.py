@@ -17,7 +17,10 @@ from graphkv.plan.cudagraph import plan_cudagraph
 from graphkv.plan.groups import build_groups
 from graphkv.plan.kernel_blocks import choose_kernel_block_size
 from graphkv.plan.layout import page_local_slots
-from graphkv.plan.ledger import build_ledger, estimate_graph_pool_bytes
+from graphkv.plan.allocations.runtime import runtime_allocations
+from graphkv.plan.graph_keys import capture_keys
+from graphkv.plan.graph_pool import GraphPoolModel
+from graphkv.plan.ledger import build_ledger
 from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.plan.stage_groups import project_grouping
 from graphkv.spec.budget import Budget
@@ -62,13 +65,34 @@ def resolve_limits(model: ModelKV, limits: Limits) -> Limits:
     return attrs.evolve(limits, max_concurrent_batches=limits.concurrent_batches(model.pipeline_parallel_size))
 
 
-def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None) -> Plan:
+def _graph_pool(model: ModelKV, graph_pool: GraphPoolModel | None, keys: tuple) -> tuple[tuple, str]:
+    """Each capture key's estimated graph memory, and the graph pool entry's reason."""
+    if not keys:
+        return (), "no graphs are captured"
+    if graph_pool is not None and not isinstance(graph_pool, GraphPoolModel):
+        raise SpecError(Problem(field="graph_pool", value=type(graph_pool).__name__,
+                                limit="must be a GraphPoolModel or None",
+                                fix="pass GraphPoolModel.from_file(path) (a calibration written by graphkv bench memory)"))
+    chosen = graph_pool.scaled_to(model.hidden_size) if graph_pool is not None else GraphPoolModel.default(model.hidden_size)
+    if chosen is None:
+        return (), ("unknown: the model declares no hidden_size and no calibration was given (measure it with "
+                    "graphkv bench memory)")
+    estimates = chosen.estimate(keys)
+    how = "calibrated" if chosen.calibrated else "UNCALIBRATED estimate"
+    return estimates, (f"{how}: {len(keys)} graphs, captured largest first into one pool ({chosen.source}); "
+                       "ledger.graph_keys lists each key")
+
+
+def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None, *,
+                 graph_pool: GraphPoolModel | None = None) -> Plan:
     """Plan the KV cache and CUDA graphs of ``model`` under ``limits`` within ``budget``.
 
     A pipeline stage (:meth:`ModelKV.stage`) is planned with the whole model's block size, groups
     and CUDA-graph support, its pool holding only its own layers' pages
     (:mod:`graphkv.plan.stage_groups`); the plan's ``limits`` record ``max_concurrent_batches``
-    resolved from the stages. ``budget`` may be ``None`` only when ``limits.num_blocks_override`` is set. Raises
+    resolved from the stages. ``budget`` may be ``None`` only when ``limits.num_blocks_override`` is set.
+    ``graph_pool``: calibrated graph-memory coefficients (:meth:`GraphPoolModel.from_file`); the
+    default is the uncalibrated estimate (:mod:`graphkv.plan.graph_pool`). Raises
     :class:`SpecError` for invalid inputs (all problems at once), :class:`PlanError` for inputs
     that cannot be planned together and :class:`CapacityError` when the pool is too small.
 
@@ -158,8 +182,12 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                         max_position_embeddings=cap)
     buffers = plan_buffers(model, limits, groups, max_model_len=max_model_len, num_blocks=num_blocks)
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
-    ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots, buffers=buffers,
-                          graph_pool=estimate_graph_pool_bytes(model, cudagraph.capture_sizes))
+    allocations = {kind: runtime_allocations(kind, limits=limits, groups=groups, slots=slots, layers=layers,
+                                             num_blocks=num_blocks, buffers=buffers) for kind in ("cpu", "cuda")}
+    graph_keys, graph_reason = _graph_pool(model, graph_pool, capture_keys(cudagraph, limits))
+    ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots,
+                          cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
+                          graph_keys=graph_keys, graph_pool_reason=graph_reason)
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
                 ledger=ledger, notes=(*model.notes, *grouping.notes, *((seqs_note,) if seqs_note else ())),

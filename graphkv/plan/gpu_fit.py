@@ -16,6 +16,7 @@ import attrs
 
 from graphkv.errors import CapacityError, GraphkvError, Problem
 from graphkv.plan.compile import compile_plan
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.plan.plan import Plan
 from graphkv.spec.budget import Budget, format_bytes
 from graphkv.spec.limits import Limits
@@ -37,8 +38,9 @@ class GpuPlan:
 
 
 def beside_pool_bytes(plan: Plan) -> int:
-    """Bytes the plan allocates beside the KV pool: static step buffers + estimated graph pool."""
-    return sum(e.nbytes for e in plan.ledger.other_entries)
+    """GPU bytes the plan allocates beside the KV pool: the runtime's static device buffers on a CUDA
+    device + the estimated graph pool (host buffers are host memory and do not count)."""
+    return sum(e.nbytes for e in plan.ledger.other_entries if e.on_device)
 
 
 def _usable(budget: Budget) -> int:
@@ -53,7 +55,8 @@ def _with_reserve(budget: Budget, reserve: int) -> Budget | None:
     return attrs.evolve(budget, graph_reserve_bytes=reserve)
 
 
-def _try(model: ModelKV, limits: Limits, budget: Budget, auto: bool) -> GpuPlan | None:
+def _try(model: ModelKV, limits: Limits, budget: Budget, auto: bool,
+         graph_pool: GraphPoolModel | None = None) -> GpuPlan | None:
     """The fitting plan, or ``None`` when the buffers and graph pool beside the pool do not fit."""
     if auto:
         reserve = 0
@@ -62,7 +65,7 @@ def _try(model: ModelKV, limits: Limits, budget: Budget, auto: bool) -> GpuPlan 
             if sized is None:
                 return None
             try:
-                plan = compile_plan(model, limits, sized)
+                plan = compile_plan(model, limits, sized, graph_pool=graph_pool)
             except CapacityError:
                 if reserve == 0:
                     raise  # the pool is too small even with nothing beside it: not the buffers' fault
@@ -72,19 +75,20 @@ def _try(model: ModelKV, limits: Limits, budget: Budget, auto: bool) -> GpuPlan 
                 return GpuPlan(plan=plan, budget=sized, reserve_is_auto=True, beside_bytes=beside)
             reserve = beside
         return None
-    plan = compile_plan(model, limits, budget)
+    plan = compile_plan(model, limits, budget, graph_pool=graph_pool)
     beside = beside_pool_bytes(plan)
     if beside > budget.graph_reserve_bytes:
         return None
     return GpuPlan(plan=plan, budget=budget, reserve_is_auto=False, beside_bytes=beside)
 
 
-def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: bool) -> int | None:
+def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: bool,
+                         graph_pool: GraphPoolModel | None) -> int | None:
     """The largest ``max_num_batched_tokens`` below the given one whose plan fits (bisection; both the
     static buffers and the graph pool grow with it)."""
     def fits(tokens: int) -> bool:
         try:
-            return _try(model, attrs.evolve(limits, max_num_batched_tokens=tokens), budget, auto) is not None
+            return _try(model, attrs.evolve(limits, max_num_batched_tokens=tokens), budget, auto, graph_pool) is not None
         except GraphkvError:
             return False
 
@@ -101,12 +105,14 @@ def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: b
     return lo
 
 
-def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget) -> GpuPlan:
+def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
+                    graph_pool: GraphPoolModel | None = None) -> GpuPlan:
     """Compile ``model`` for ``budget`` (a :meth:`Budget.for_gpu` budget) so that the pool, the
     plan's static buffers and its estimated CUDA-graph pool fit the GPU together.
 
     ``budget.graph_reserve_bytes == 0`` means "size the reserve from the plan"; a positive one
-    must hold the plan's buffers and graph pool. Raises :class:`CapacityError` on
+    must hold the plan's buffers and graph pool. ``graph_pool``: calibrated graph-memory coefficients
+    (as :func:`graphkv.compile`). Raises :class:`CapacityError` on
     ``max_num_batched_tokens`` naming the largest value that fits (or, with an explicit reserve
     too small, on ``graph_reserve_bytes``); other planning errors propagate unchanged.
     """
@@ -114,14 +120,14 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget) -> GpuPlan:
         raise CapacityError(Problem(field="budget", value=budget.describe(), limit="compile_for_gpu needs a GPU budget",
                                     fix="use Budget.for_gpu(...) or call graphkv.compile for a fixed KV size"))
     auto = budget.graph_reserve_bytes == 0
-    fitted = _try(model, limits, budget, auto)
+    fitted = _try(model, limits, budget, auto, graph_pool)
     if fitted is not None:
         return fitted
     try:  # what the plan puts beside the pool (auto: planned with no reserve, its largest)
-        beside: int | None = beside_pool_bytes(compile_plan(model, limits, budget))
+        beside: int | None = beside_pool_bytes(compile_plan(model, limits, budget, graph_pool=graph_pool))
     except GraphkvError:
         beside = None
-    tokens = _largest_step_tokens(model, limits, budget, auto)
+    tokens = _largest_step_tokens(model, limits, budget, auto, graph_pool)
     lower = (f"lower max_num_batched_tokens to <= {tokens}" if tokens is not None
              else "no max_num_batched_tokens fits at this max_num_seqs; lower max_num_seqs or max_model_len")
     need = f"{format_bytes(beside)} of static buffers and estimated graph pool" if beside is not None \

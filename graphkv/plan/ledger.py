@@ -10,29 +10,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from graphkv.plan.plan import Capacity, CaptureSizes, GroupPlan, Ledger, LedgerEntry, SlotPlan, StaticBuffers
-from graphkv.spec.model import ModelKV
+from graphkv.plan.allocations.entries import Allocation, RuntimeBytes
+from graphkv.plan.graph_pool import GraphKeyEstimate
+from graphkv.plan.plan import Capacity, GroupPlan, Ledger, LedgerEntry, SlotPlan
 
-__all__ = ["build_ledger", "estimate_graph_pool_bytes"]
-
-_ACTIVATION_COPIES = 4  # live hidden-state-sized tensors a captured step typically holds at once
-
-
-def estimate_graph_pool_bytes(model: ModelKV, capture_sizes: CaptureSizes) -> tuple[int, str]:
-    """A rough size of the shared CUDA-graph memory pool (graphs captured largest first share it)."""
-    largest = max((*capture_sizes.decode, *capture_sizes.mixed), default=0)
-    if not largest:
-        return 0, "no graphs are captured"
-    if model.hidden_size is None:
-        return 0, "unknown: the model declares no hidden_size (measure it with the NVML benchmark)"
-    n = largest * model.hidden_size * 2 * _ACTIVATION_COPIES
-    return n, (f"estimate: largest captured step {largest} tokens x hidden_size {model.hidden_size} x 2 bytes x "
-               f"{_ACTIVATION_COPIES} live activations; graphs share one pool, captured largest first")
-
+__all__ = ["build_ledger"]
 
 def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[GroupPlan], slots: Sequence[SlotPlan],
-                 buffers: StaticBuffers, graph_pool: tuple[int, str]) -> Ledger:
-    """Every byte of ``budget_bytes`` attributed; static buffers and graph pool listed beside it."""
+                 cpu_allocations: tuple[Allocation, ...], cuda_allocations: tuple[Allocation, ...],
+                 graph_keys: tuple[GraphKeyEstimate, ...], graph_pool_reason: str) -> Ledger:
+    """Every byte of ``budget_bytes`` attributed; the runtime's static and host buffers on a GPU
+    (from ``cuda_allocations``) and the graph pool (the sum of ``graph_keys``) listed beside it."""
     ppb = capacity.pool_bytes_per_block
     conc = capacity.max_concurrency
     entries: list[LedgerEntry] = []
@@ -74,11 +62,21 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
     if remainder:
         entries.append(LedgerEntry(name="unallocated remainder", nbytes=remainder, in_kv_budget=True,
                                    reason=f"budget left over after {capacity.num_blocks} whole pages of {ppb} B"))
-    entries.append(LedgerEntry(name="static buffers", nbytes=buffers.total_bytes, in_kv_budget=False,
-                               reason=f"{len(buffers.buffers)} persistent step buffers (block tables, slot mapping, "
-                                      "inputs, flex masks)"))
-    entries.append(LedgerEntry(name="graph pool", nbytes=graph_pool[0], in_kv_budget=False, reason=graph_pool[1]))
-    ledger = Ledger(budget_bytes=budget_bytes, entries=tuple(entries))
+    pool_bytes = capacity.num_blocks * ppb
+    runtime = RuntimeBytes.of(cuda_allocations)
+    beside = [a for a in cuda_allocations if not a.name.startswith("kv_pool.")]
+    on_device = [a for a in beside if a.placement.value == "device"]
+    owners = ", ".join(dict.fromkeys(a.owner for a in on_device))
+    entries.append(LedgerEntry(name="static buffers", nbytes=runtime.device_bytes - pool_bytes, in_kv_budget=False,
+                               reason=f"{len(on_device)} persistent device buffers of a CUDA step ({owners}); "
+                                      "ledger.allocations('cuda') lists each"))
+    entries.append(LedgerEntry(name="host buffers", nbytes=runtime.host_bytes, in_kv_budget=False, on_device=False,
+                               reason=f"{len(beside) - len(on_device)} pinned staging and host bookkeeping arrays "
+                                      "(host memory, not GPU memory)"))
+    entries.append(LedgerEntry(name="graph pool", nbytes=sum(k.nbytes for k in graph_keys), in_kv_budget=False,
+                               reason=graph_pool_reason))
+    ledger = Ledger(budget_bytes=budget_bytes, entries=tuple(entries), cpu_allocations=cpu_allocations,
+                    cuda_allocations=cuda_allocations, graph_keys=graph_keys)
     assert ledger.kv_total_bytes == budget_bytes, (ledger.kv_total_bytes, budget_bytes)
     return ledger
 

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from graphkv.plan.capacity import PageCounter
+from graphkv.plan.ledger_entries import Ledger, LedgerEntry
 from graphkv.plan.concurrency import capacity_tables, longest_len
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
@@ -163,40 +164,6 @@ class CudaGraphPlan:
     mode: CudaGraphMode
     downgrades: tuple[str, ...]
     capture_sizes: CaptureSizes
-
-
-@attrs.frozen(kw_only=True)
-class LedgerEntry:
-    """Bytes attributed to one purpose, with the reason for the number."""
-
-    name: str
-    nbytes: int
-    reason: str
-    in_kv_budget: bool  # True: part of the KV budget; False: allocated beside it
-
-
-@attrs.frozen(kw_only=True)
-class Ledger:
-    """Step 7: every byte of the KV budget attributed (``kv_entries`` sum to ``budget_bytes``),
-    plus what is allocated beside the pool (static buffers, estimated graph pool)."""
-
-    budget_bytes: int
-    entries: tuple[LedgerEntry, ...]
-
-    @property
-    def kv_entries(self) -> tuple[LedgerEntry, ...]:
-        """Entries that split the KV budget."""
-        return tuple(e for e in self.entries if e.in_kv_budget)
-
-    @property
-    def other_entries(self) -> tuple[LedgerEntry, ...]:
-        """Entries outside the KV budget."""
-        return tuple(e for e in self.entries if not e.in_kv_budget)
-
-    @property
-    def kv_total_bytes(self) -> int:
-        """Sum of the KV-budget entries (equals ``budget_bytes``)."""
-        return sum(e.nbytes for e in self.kv_entries)
 
 
 @attrs.frozen(kw_only=True)
@@ -358,8 +325,13 @@ class Plan:
             },
             "ledger": {
                 "budget_bytes": self.ledger.budget_bytes,
-                "entries": [{"name": e.name, "bytes": e.nbytes, "reason": e.reason, "in_kv_budget": e.in_kv_budget}
-                            for e in self.ledger.entries],
+                "entries": [{"name": e.name, "bytes": e.nbytes, "reason": e.reason, "in_kv_budget": e.in_kv_budget,
+                             "on_device": e.on_device} for e in self.ledger.entries],
+                "graph_keys": [{"num_tokens": k.num_tokens, "uniform": k.uniform, "bytes": k.nbytes,
+                                "reason": k.reason} for k in self.ledger.graph_keys],
+                "runtime": {kind: {**attrs.asdict(self.ledger.runtime_bytes(kind)),
+                                   "allocations": [a.to_dict() for a in self.ledger.allocations(kind)]}
+                            for kind in ("cuda", "cpu")},
             },
             "notes": list(self.notes),
         }

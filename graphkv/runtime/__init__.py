@@ -9,7 +9,9 @@ One folder per idea:
   ownership enforced and every failure undone;
 - :mod:`~graphkv.runtime.flex` — paged flex attention and its in-place mask builds;
 - :mod:`~graphkv.runtime.capture` — graph keys, captured forwards, PIECEWISE splitting;
-- :mod:`~graphkv.runtime.ops` — the runtime kernels by device and their one reference.
+- :mod:`~graphkv.runtime.ops` — the runtime kernels by device and their one reference;
+- :mod:`~graphkv.runtime.buffers` — every persistent tensor and array above is allocated from the
+  plan's ledger entries (``plan.ledger.allocations(device)``), so the ledger is what the runtime holds.
 
 Names are imported lazily (``from graphkv.runtime import allocate, KVPool, BlockTables, Step, Batch,
 PAD_SLOT_ID``; the capture decorator is ``graphkv.capture``), so importing ``graphkv.runtime.capture.keys``

@@ -25,6 +25,9 @@ class DType(enum.Enum):
     UINT8 = "uint8"
     INT32 = "int32"
     INT64 = "int64"
+    # Runtime bookkeeping types (ledger entries of host arrays and masks); never a cache dtype, so no alias parses to them.
+    INT16 = "int16"
+    BOOL = "bool"
 
     @property
     def itemsize(self) -> int:
@@ -47,6 +50,8 @@ _ITEMSIZE = {
     DType.UINT8: 1,
     DType.INT32: 4,
     DType.INT64: 8,
+    DType.INT16: 2,
+    DType.BOOL: 1,
 }
 
 _ALIASES = {

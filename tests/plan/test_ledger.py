@@ -83,12 +83,22 @@ def test_uniform_group_padding_is_per_slot():
 
 
 def test_static_buffers_and_graph_pool_sit_beside_the_budget():
-    """Static buffers and the graph pool estimate are listed outside the KV budget."""
+    """Beside the KV budget: the CUDA runtime's device buffers, its host buffers and each capture key's graph memory."""
     model = ModelKV.from_specs("m", [(FULL, "flash_attn")], hidden_size=4096)
     plan = compile_plan(model, Limits(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=64),
                         Budget.kv_bytes("1GiB"))
-    other = {e.name: e.nbytes for e in plan.ledger.other_entries}
-    assert other["static buffers"] == plan.buffers.total_bytes
-    # largest captured step 64 tokens x hidden 4096 x 2 bytes x 4 live activations.
-    assert other["graph pool"] == 64 * 4096 * 2 * 4
+    other = {e.name: e for e in plan.ledger.other_entries}
+    # 64 pages per request x 8 rows: two device tables 2 x 512 int32 = 4096, group offset + width 12, staged page
+    # entries 2 x (8 + 64 / 16) = 24 x 3 int64 = 576, idx_mapping 32, int32 metadata (3 x 8 + 2) x 4 = 104,
+    # int64 metadata (2 x 8 + 4 x 64) x 8 = 2176, token ids 64 x 8 = 512.
+    assert other["static buffers"].nbytes == 4096 + 12 + 576 + 32 + 104 + 2176 + 512 == 7508
+    assert other["host buffers"].on_device is False and other["static buffers"].on_device is True
+    assert other["host buffers"].nbytes == plan.ledger.runtime_bytes("cuda").host_bytes
+    # Uncalibrated: each key keeps 4096 x 2 B of outputs per token; the first (64 tokens) also reserves the
+    # workspace, 4 x 4096 x 2 B per token.
+    tokens = [k.num_tokens for k in plan.ledger.graph_keys]
+    assert tokens == [64, 56, 48, 40, 32, 24, 16, 8, 8, 4, 4, 2, 2, 1, 1]
+    assert plan.ledger.graph_keys[0].nbytes == 64 * 8192 + 64 * 4 * 8192
+    assert other["graph pool"].nbytes == sum(tokens) * 8192 + 64 * 4 * 8192 == 4636672
+    assert "UNCALIBRATED" in other["graph pool"].reason
     assert plan.ledger.kv_total_bytes == 2**30

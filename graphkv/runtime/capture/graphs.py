@@ -173,7 +173,8 @@ class CapturedForward:
 
     @torch.no_grad()
     def capture(self, progress: bool = True, *, prepare: Callable[[GraphKey], ContextManager[Any]] | None = None,
-                example_inputs: Mapping[str, torch.Tensor] | None = None) -> CaptureReport:
+                example_inputs: Mapping[str, torch.Tensor] | None = None,
+                on_key: Callable[[str, GraphKey], None] | None = None) -> CaptureReport:
         """Warm up and capture every key of the plan, largest first, into one memory pool.
 
         ``prepare(key)`` returns a context entered around each key's warm-up and capture (e.g. a
@@ -181,7 +182,9 @@ class CapturedForward:
         persistent buffers serving steps fill, since a replay reads the captured addresses.
         ``example_inputs`` allocates the static buffers (shape of each tensor with the token dim set
         to the largest key) when no ``static_inputs`` were given. Capture fills every static input with its pad value.
-        ``progress`` writes a progress line to stderr.
+        ``progress`` writes a progress line to stderr. ``on_key(phase, key)`` is called after each
+        key's warm-up (``phase="warm-up"``) and capture (``"capture"``), e.g. to measure each
+        graph's memory (``graphkv bench memory``).
 
         Raises :class:`CaptureError` when the plan asks for FULL graphs and a group's backend
         support is NEVER (on CPU too). Without CUDA it captures nothing, logs and returns
@@ -208,6 +211,8 @@ class CapturedForward:
                     sys.stderr.flush()
                 with prepare(key) if prepare is not None else contextlib.nullcontext():
                     step(key)
+                if on_key is not None:
+                    on_key("warm-up" if step == self._warm_up else "capture", key)
         torch.cuda.synchronize()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else ())

@@ -32,29 +32,11 @@ from __future__ import annotations
 import attrs
 
 from graphkv.errors import CaptureError, Problem
+from graphkv.plan.graph_keys import GraphKey, decode_allowed, mixed_allowed, capture_keys, graph_mode
 from graphkv.plan.plan import CudaGraphPlan
-from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 
 __all__ = ["Dispatcher", "GraphKey", "StepDispatch", "capture_keys", "dispatch", "graph_mode", "select_key"]
-
-_FULL_DECODE_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
-_MIXED_MODES = (CudaGraphMode.FULL, CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
-
-
-@attrs.frozen(kw_only=True)
-class GraphKey:
-    """One captured graph: padded token count, padded request count (``None`` for mixed keys) and
-    whether it is a uniform decode graph."""
-
-    num_tokens: int
-    num_reqs: int | None
-    uniform: bool
-
-    def __str__(self) -> str:
-        if self.uniform:
-            return f"decode(num_tokens={self.num_tokens}, num_reqs={self.num_reqs})"
-        return f"mixed(num_tokens={self.num_tokens})"
 
 
 @attrs.frozen(kw_only=True)
@@ -69,54 +51,6 @@ class StepDispatch:
     key: GraphKey | None
     mode: CudaGraphMode
     eager_reason: str | None = None
-
-
-def _decode_needs(limits: Limits) -> CudaGraphSupport:
-    if limits.num_speculative_tokens:
-        return CudaGraphSupport.UNIFORM_BATCH
-    return CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
-
-
-def graph_mode(cg: CudaGraphPlan, key: GraphKey) -> CudaGraphMode:
-    """The runtime mode of ``key`` under the plan: FULL for decode keys and for mixed keys in mode
-    FULL, PIECEWISE for mixed keys in PIECEWISE / FULL_AND_PIECEWISE."""
-    if key.uniform or cg.mode is CudaGraphMode.FULL:
-        return CudaGraphMode.FULL
-    return CudaGraphMode.PIECEWISE
-
-
-def _decode_allowed(cg: CudaGraphPlan, limits: Limits) -> str | None:
-    """None when full decode graphs are captured, else why not."""
-    if cg.mode not in _FULL_DECODE_MODES or not cg.capture_sizes.decode:
-        return f"cudagraph mode {cg.mode.value} captures no full decode graphs"
-    needs = _decode_needs(limits)
-    if cg.support < needs:
-        return (f"full decode graphs need cudagraph support {needs.name} but {cg.limited_by} supports "
-                f"{cg.support.name}")
-    return None
-
-
-def _mixed_allowed(cg: CudaGraphPlan) -> str | None:
-    """None when mixed graphs are captured, else why not."""
-    if cg.mode not in _MIXED_MODES or not cg.capture_sizes.mixed:
-        return f"cudagraph mode {cg.mode.value} captures no mixed (prefill + decode) graphs"
-    if cg.mode is CudaGraphMode.FULL and cg.support < CudaGraphSupport.ALWAYS:
-        return f"full mixed graphs need cudagraph support ALWAYS but {cg.limited_by} supports {cg.support.name}"
-    return None
-
-
-def capture_keys(cg: CudaGraphPlan, limits: Limits) -> tuple[GraphKey, ...]:
-    """Every key the plan captures, largest first (decode before mixed at equal token counts).
-
-    Exactly the keys :func:`dispatch` can return.
-    """
-    query_len = 1 + limits.num_speculative_tokens
-    keys: list[GraphKey] = []
-    if _decode_allowed(cg, limits) is None:
-        keys += [GraphKey(num_tokens=n, num_reqs=n // query_len, uniform=True) for n in cg.capture_sizes.decode]
-    if _mixed_allowed(cg) is None:
-        keys += [GraphKey(num_tokens=n, num_reqs=None, uniform=False) for n in cg.capture_sizes.mixed]
-    return tuple(sorted(keys, key=lambda k: (-k.num_tokens, not k.uniform)))
 
 
 def _check_step(limits: Limits, num_tokens: int, num_reqs: int, uniform: bool) -> None:
@@ -165,7 +99,7 @@ def dispatch(cg: CudaGraphPlan, limits: Limits, *, num_tokens: int, num_reqs: in
                             eager_reason=f"num_reqs above max_num_seqs={limits.max_num_seqs}")
     reasons = []
     if uniform:
-        why_not = _decode_allowed(cg, limits)
+        why_not = decode_allowed(cg, limits)
         if why_not is None:
             padded = _pad(cg.capture_sizes.decode, num_tokens)
             if padded is not None:
@@ -173,7 +107,7 @@ def dispatch(cg: CudaGraphPlan, limits: Limits, *, num_tokens: int, num_reqs: in
                 return StepDispatch(key=key, mode=CudaGraphMode.FULL)
             why_not = f"uniform step above the largest decode capture size {cg.capture_sizes.decode[-1]}"
         reasons.append(why_not)
-    why_not = _mixed_allowed(cg)
+    why_not = mixed_allowed(cg)
     if why_not is None:
         padded = _pad(cg.capture_sizes.mixed, num_tokens)
         if padded is not None:

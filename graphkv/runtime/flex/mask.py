@@ -43,7 +43,9 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.errors import PlanError, Problem, SpecError
+from graphkv.plan.allocations.flex import FlexSizes, flex_allocations
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.flex.geometry import FlexMaskGeometry
 
 __all__ = ["FlexMaskBuilder", "paged_mask_mod"]
@@ -90,8 +92,10 @@ class _Workspace:
 
     Sizes: ``S = max_num_seqs``, ``T = max_padded_tokens``, ``W`` = block table width, ``Q =
     num_q_tiles``, ``N = num_kernel_blocks``. Dtypes are chosen so that no op converts (a
-    conversion would allocate); scatter indices are int64 (the portable index dtype). Bytes:
-    ``18 * S * W + 4 * (Q + 2) * N`` plus ``4 * Q * kv_indices_width`` of constant ranks."""
+    conversion would allocate, on a CPU a whole temporary); scatter indices are int64, the dtype
+    torch's scatter ops take (``index_reduce_`` takes int32 but is ~3x slower on a CPU and
+    allocates). Bytes: ``18 * S * W + 4 * (Q + 2) * N`` plus per-row and per-token scratch (the
+    plan's ``flex.{g}.*`` ledger entries list each)."""
 
     num_reqs: torch.Tensor  # [] int32
     row_valid: torch.Tensor  # [S] bool
@@ -140,33 +144,57 @@ class FlexMaskBuilder:
                                     limit=f"(num_q_tiles {tiles} + 2) x num_kernel_blocks must stay below 2**31",
                                     fix="lower max_num_batched_tokens or the pool size"))
 
-        def new(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
+        # Every tensor is one of flex_allocations' entries — the same list the plan's ledger holds as
+        # flex.{g}.* — so what the builder allocates is what the plan says.
+        sizes = FlexSizes(max_num_seqs=seqs, max_padded_tokens=tokens, block_table_width=width, num_q_tiles=tiles,
+                          num_kernel_blocks=nkb, kv_indices_width=g.kv_indices_width)
+        given = {"kv_num_blocks": kv_num_blocks, "kv_indices": kv_indices}
+        prefix = f"flex.{g.group_index}"
+        b = LedgerBuffers((a for a in flex_allocations(prefix, sizes) if given.get(a.name.rsplit(".", 1)[1]) is None),
+                          device)
 
-        self.kv_num_blocks = new(tiles) if kv_num_blocks is None else kv_num_blocks
-        self.kv_indices = new(tiles, g.kv_indices_width) if kv_indices is None else kv_indices
-        self.full_kv_num_blocks = new(tiles)
-        self.full_kv_indices = new(tiles, 1)
-        self.token_row = new(tokens)
-        self.token_pos = new(tokens)
-        self.kernel_block_logical = new(nkb)
+        def new(name: str) -> torch.Tensor:
+            return b.tensor(f"{prefix}.{name}")
+
+        def part(name: str, view: str) -> torch.Tensor:
+            return b.part(f"{prefix}.{name}", view)
+
+        self.kv_num_blocks = new("kv_num_blocks") if kv_num_blocks is None else kv_num_blocks
+        self.kv_indices = new("kv_indices") if kv_indices is None else kv_indices
+        self.full_kv_num_blocks = new("full_kv_num_blocks")
+        self.full_kv_indices = new("full_kv_indices")
+        self.token_row = new("token_row")
+        self.token_pos = new("token_pos")
+        self.kernel_block_logical = new("kernel_block_logical")
+        row_valid, token_tmp, token_pad = new("row_valid"), new("token_tmp"), new("token_pad")
+        new("row_ints")
+        new("scalars")
         self._ws = _Workspace(
-            num_reqs=new(), row_valid=new(seqs, dtype=torch.bool), row_ctx=new(seqs), row_ends=new(seqs),
-            row_last=new(seqs), token_tmp=new(tokens), token_pad=new(tokens, dtype=torch.bool),
-            entry_live=new(seqs, width, dtype=torch.bool), entry_tmp=new(seqs, width, dtype=torch.bool),
-            entry_lo=new(seqs, width), entry_hi=new(seqs, width), entry_index=new(seqs, width, dtype=torch.int64),
-            tile_counts=new(tiles + 2, nkb))
+            num_reqs=part("scalars", "num_reqs"), row_valid=row_valid, row_ctx=part("row_ints", "row_ctx"),
+            row_ends=part("row_ints", "row_ends"), row_last=part("row_ints", "row_last"), token_tmp=token_tmp,
+            token_pad=token_pad, entry_live=new("entry_live"), entry_tmp=new("entry_tmp"), entry_lo=new("entry_lo"),
+            entry_hi=new("entry_hi"), entry_index=new("entry_index"), tile_counts=new("tile_counts"))
         # Constants, so that no op needs a scalar of another dtype.
-        self._row_ids = torch.arange(seqs, dtype=torch.int32, device=device)
-        self._token_ids = torch.arange(tokens, dtype=torch.int32, device=device)
-        self._logical_ids = torch.arange(width, dtype=torch.int32, device=device)
-        self._logical_start = self._logical_ids * g.kernel_block_size
-        self._ranks = torch.arange(1, g.kv_indices_width + 1, dtype=torch.int32, device=device).repeat(tiles, 1)
+        self._row_ids = new("row_ids")
+        self._row_ids.copy_(torch.arange(seqs, dtype=torch.int32))
+        self._token_ids = new("token_ids")
+        self._token_ids.copy_(torch.arange(tokens, dtype=torch.int32))
+        new("logical_ids")
+        self._logical_ids, self._logical_start = part("logical_ids", "logical_ids"), part("logical_ids", "logical_start")
+        self._logical_ids.copy_(torch.arange(width, dtype=torch.int32))
+        self._logical_start.copy_(torch.arange(width, dtype=torch.int32) * g.kernel_block_size)
+        self._ranks = new("ranks")
+        self._ranks.copy_(torch.arange(1, g.kv_indices_width + 1, dtype=torch.int32).expand(tiles, -1))
         # The dump row of a step over t tiles is row t + 1: its first (tile, kernel block) index, per t.
-        self._dump_index = torch.arange(tiles + 2, dtype=torch.int32, device=device) * nkb
-        self._plus_one = torch.ones((), dtype=torch.int32, device=device)
-        self._minus_one = -self._plus_one
-        self._int32_max = torch.full((), _INT32_MAX, dtype=torch.int32, device=device)
+        self._dump_index = new("dump_index")
+        self._dump_index.copy_(torch.arange(tiles + 2, dtype=torch.int32) * nkb)
+        self._plus_one, self._minus_one, self._int32_max = (part("scalars", n) for n in ("plus_one", "minus_one",
+                                                                                         "int32_max"))
+        self._plus_one.fill_(1)
+        self._minus_one.fill_(-1)
+        self._int32_max.fill_(_INT32_MAX)
+        assert not b.untaken(), b.untaken()
+        self.allocations = b.taken()  # what this builder allocated: flex.{g}.* entries, as in the plan's ledger
         self.mask_mod = paged_mask_mod(token_row=self.token_row, token_pos=self.token_pos,
                                        kernel_block_logical=self.kernel_block_logical, block_table=block_table,
                                        kernel_block_size=g.kernel_block_size, window=g.window,
@@ -185,9 +213,13 @@ class FlexMaskBuilder:
         """A builder for ``plan.groups[group_index]`` (a ``flex`` group) whose masks fit the group's
         caches in ``allocate(plan)`` (split or page-local); buffers default to new ones shaped as
         the plan's ``flex.{g}.kv_num_blocks`` / ``flex.{g}.kv_indices``."""
-        return cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
-                   query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
-                   kv_indices=kv_indices)
+        builder = cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
+                      query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
+                      kv_indices=kv_indices)
+        if kv_num_blocks is None and kv_indices is None:  # all its own: exactly the plan's flex.{g}.* entries
+            assert builder.allocations == tuple(a for a in plan.ledger.allocations(block_table.device.type)
+                                                if a.name.startswith(f"flex.{group_index}.")), "flex ledger drift"
+        return builder
 
     def named_buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent tensor the build writes or the mask reads (for ``data_ptr`` checks)."""

@@ -17,6 +17,7 @@ import torch
 
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.pool.views import AttentionGeometry, StateGeometry, attention_view, state_views
 from graphkv.spec.backends import CacheOrder, KVLayout
@@ -140,8 +141,8 @@ def allocate(plan: Plan, device: "str | torch.device" = "cpu") -> KVPool:
         raise SpecError(Problem(field="plan", value=type(plan).__name__, limit="must be a graphkv Plan",
                                 fix="build it with graphkv.compile(model, limits, budget)"))
     device = resolve_device(device)
-    slots = tuple(torch.zeros(plan.num_blocks * s.page_size_bytes, dtype=torch.uint8, device=device)
-                  for s in plan.slots)
+    buffers = LedgerBuffers.of_plan(plan, device, ("kv_pool.",))  # the ledger's kv_pool.slot{j} entries
+    slots = tuple(buffers.tensor(f"kv_pool.slot{s.index}") for s in plan.slots)
     assert sum(s.numel() for s in slots) == plan.pool_bytes, "slot pages must add up to the planned pool"
     attention: dict[str, torch.Tensor] = {}
     states: dict[str, tuple[torch.Tensor, ...]] = {}

@@ -18,6 +18,7 @@ import torch
 
 from graphkv.errors import CapacityError, Problem, SpecError
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.capture.keys import Dispatcher, StepDispatch
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.ownership import PageOwnership
@@ -69,16 +70,21 @@ class BatchChecker:
     ``requests`` (rows) and ``dispatch`` (the plan's graph keys). Reads them, never changes them."""
 
     def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, requests: RequestRows,
-                 dispatch: Dispatcher) -> None:
+                 dispatch: Dispatcher, buffers: LedgerBuffers) -> None:
         self.plan, self.tables, self.ownership, self.requests, self.dispatch = plan, tables, ownership, requests, dispatch
         limits = plan.limits
         self.max_num_seqs, self.max_num_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
         self.decode_query_len = 1 + limits.num_speculative_tokens
-        # Tokens one page holds per group, [G, 1]: a state group's one page holds any length.
-        self.state_group = np.array([[g.is_ssm] for g in plan.groups])
-        self.page_tokens = np.array([[g.block_size] for g in plan.groups], dtype=np.int64)
-        self.tokens_per_page = np.where(self.state_group, plan.max_model_len, self.page_tokens)
-        self.max_pages = np.array(tables.max_pages)[:, None]
+        # Per group, [G, 1] (the plan's step.state_group / step.group_ints ledger entries): tokens one page
+        # holds (a state group's one page holds any length) and pages per request.
+        self.state_group = buffers.array("step.state_group")
+        self.state_group[:, 0] = [g.is_ssm for g in plan.groups]
+        buffers.array("step.group_ints")
+        self.page_tokens, self.tokens_per_page, self.max_pages = (
+            buffers.part("step.group_ints", name) for name in ("page_tokens", "tokens_per_page", "max_pages"))
+        self.page_tokens[:, 0] = [g.block_size for g in plan.groups]
+        self.tokens_per_page[:] = np.where(self.state_group, plan.max_model_len, self.page_tokens)
+        self.max_pages[:, 0] = tables.max_pages
 
     def check(self, batch: Batch) -> CheckedBatch:
         """Check ``batch`` and derive what applying it needs; raises :class:`SpecError` /

@@ -28,9 +28,11 @@ from __future__ import annotations
 from typing import Hashable, Sequence
 
 import numpy as np
+import torch
 
 from graphkv.errors import CapacityError, Problem, SpecError
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.tables.page_ids import PageEntries
 from graphkv.spec.limits import MambaCacheMode
 
@@ -51,26 +53,35 @@ class HoldUndo:
 class PageOwnership:
     """Holder counts and written tokens of a plan's pool (host-side numpy).
 
-    Per page (``[num_blocks]``): ``holders`` (live requests listing it), ``group_of`` (the group
-    they hold it in, -1 when free), the row and page index of the request that writes it
-    (``writer_row`` -1 when none is live), and for pages whose writer finished, the tokens it holds
-    (``filled``) at which page index (``filled_at``). Per request row: ``written`` tokens.
+    Per page (``[num_blocks]``, int32 unless said): ``holders`` (live requests listing it),
+    ``group_of`` (int16, the group they hold it in, -1 when free), the row and page index of the
+    request that writes it (``writer_row`` -1 when none is live), and for pages whose writer
+    finished, the tokens it holds (``filled``) at which page index (``filled_at``). Per request
+    row: ``written`` tokens (int64).
     """
 
     def __init__(self, plan: Plan) -> None:
-        blocks, seqs = plan.num_blocks, plan.limits.max_num_seqs
-        self.num_blocks = blocks
-        self.holders = np.zeros(blocks, dtype=np.int32)
-        self.group_of = np.full(blocks, -1, dtype=np.int16)
-        self.writer_row = np.full(blocks, -1, dtype=np.int64)
-        self.writer_col = np.zeros(blocks, dtype=np.int64)
-        self.filled = np.zeros(blocks, dtype=np.int64)
-        self.filled_at = np.full(blocks, -1, dtype=np.int64)
-        self.written = np.zeros(seqs, dtype=np.int64)
+        # Host arrays, the plan's ownership.* ledger entries (int32 wherever a count, row, page index or
+        # token count fits); the same on every device.
+        buffers = LedgerBuffers.of_plan(plan, torch.device("cpu"), ("ownership.",), layout="cpu")
+        self.num_blocks = plan.num_blocks
+        self.holders = buffers.array("ownership.holders")
+        self.group_of = buffers.array("ownership.group_of")
+        self.group_of.fill(-1)
+        self.writer_row = buffers.array("ownership.writer_row")
+        self.writer_row.fill(-1)
+        self.writer_col = buffers.array("ownership.writer_col")
+        self.filled = buffers.array("ownership.filled")
+        self.filled_at = buffers.array("ownership.filled_at")
+        self.filled_at.fill(-1)
+        self.written = buffers.array("ownership.written")
         self.num_shared = 0  # pages with more than one holder
-        self._stamp = np.zeros(blocks, dtype=np.int64)  # scratch: finds repeated pages in one step
-        self.state_group = np.array([g.is_ssm for g in plan.groups])
-        self.block_sizes = np.array([g.block_size for g in plan.groups], dtype=np.int64)
+        self._stamp = buffers.array("ownership.stamp")  # scratch: finds repeated pages in one step
+        self.state_group = buffers.array("ownership.state_group")
+        self.state_group[:] = [g.is_ssm for g in plan.groups]
+        self.block_sizes = buffers.array("ownership.block_sizes")
+        self.block_sizes[:] = [g.block_size for g in plan.groups]
+        assert not buffers.untaken(), buffers.untaken()
         none = plan.limits.mamba_cache_mode is MambaCacheMode.NONE
         self.prefix_refusal = (f"mamba_cache_mode={plan.limits.mamba_cache_mode.value} keeps one state per request, "
                                "so no request can start from cached context"

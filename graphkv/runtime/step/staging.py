@@ -21,15 +21,19 @@ import numpy as np
 import torch
 
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.padding import PAD_SLOT_ID
 
 __all__ = ["StepStaging"]
 
-_I64 = np.int64
+_INT32_PARTS = ("query_start_loc", "seq_lens", "row_valid", "num_reqs")  # views of staging.int32; the rest int64
 
 
 class StepStaging:
-    """Host staging arrays of a plan's step metadata, their device twins and named views of both."""
+    """Host staging arrays of a plan's step metadata, their device twins and named views of both.
+
+    The arrays are the plan's ``staging.*`` ledger entries and their views the entries' parts: the
+    ledger decides the layout, this class names it."""
 
     def __init__(self, plan: Plan, device: torch.device) -> None:
         seqs, tokens = plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens
@@ -37,51 +41,41 @@ class StepStaging:
         self.device = device
         groups = plan.groups
         self.ssm_groups = tuple(g.index for g in groups if g.is_ssm)
-        o32 = {"qsl": (0, seqs + 1), "seq": (seqs + 1, seqs), "valid": (2 * seqs + 1, seqs), "nreq": (3 * seqs + 1, 1)}
-        o_pos = (2 + len(self.ssm_groups)) * seqs
-        o64 = {"qlen": (0, seqs), "ctx": (seqs, seqs),
-               **{f"state{g}": ((2 + i) * seqs, seqs) for i, g in enumerate(self.ssm_groups)},
-               "pos": (o_pos, tokens), "row": (o_pos + tokens, tokens), "off": (o_pos + 2 * tokens, tokens),
-               "slots": (o_pos + 3 * tokens, len(groups) * tokens)}
-        self.host32, self.dev32 = self._pair(3 * seqs + 2, torch.int32)
-        self.host64, self.dev64 = self._pair(o_pos + (3 + len(groups)) * tokens, torch.int64)
-        np32, np64 = self.host32.numpy(), self.host64.numpy()
-        # Host (numpy) views, written per step.
-        self.qsl, self.seq_lens, self.row_valid = (np32[a:a + n] for a, n in (o32["qsl"], o32["seq"], o32["valid"]))
-        self.num_reqs = np32[o32["nreq"][0]:o32["nreq"][0] + 1]
-        self.query_lens, self.context_lens = (np64[a:a + n] for a, n in (o64["qlen"], o64["ctx"]))
-        self.state_pages = {g: np64[o64[f"state{g}"][0]:o64[f"state{g}"][0] + seqs] for g in self.ssm_groups}
-        self.positions, self.token_row, self.token_offset = (np64[a:a + n] for a, n in
-                                                              (o64["pos"], o64["row"], o64["off"]))
-        self.slot_mappings = np64[o64["slots"][0]:o64["slots"][0] + len(groups) * tokens].reshape(len(groups), tokens)
+        b = LedgerBuffers.of_plan(plan, device, ("staging.",))
+        self.dev32, self.dev64 = b.tensor("staging.int32"), b.tensor("staging.int64")
+        if device.type == "cpu":  # the buffers the forward reads are the host arrays
+            self.host32, self.host64, host = self.dev32, self.dev64, ("staging.int32", "staging.int64")
+        else:
+            self.host32, self.host64 = b.tensor("staging.int32_host"), b.tensor("staging.int64_host")
+            host = ("staging.int32_host", "staging.int64_host")
+        assert not b.untaken(), b.untaken()
+
+        def h(name: str) -> np.ndarray:  # a host (numpy) view, written per step
+            t = b.part(host[0] if name in _INT32_PARTS else host[1], name)
+            return t.numpy()
+
+        def d(name: str) -> torch.Tensor:  # a device view: a persistent buffer the forward reads
+            return b.part("staging.int32" if name in _INT32_PARTS else "staging.int64", name)
+
+        self.qsl, self.seq_lens, self.row_valid, self.num_reqs = (h(n) for n in _INT32_PARTS)
+        self.query_lens, self.context_lens = h("query_lens"), h("context_lens")
+        self.state_pages = {g: h(f"state_pages.{g}") for g in self.ssm_groups}
+        self.positions, self.token_row, self.token_offset = h("positions"), h("token_row"), h("token_offset")
+        self.slot_mappings = h("slot_mappings")
         self.slot_mappings[:] = PAD_SLOT_ID
-
-        # Device views: the persistent buffers the forward reads (the same tensors every step).
-        def d32(name: str) -> torch.Tensor:
-            a, n = o32[name]
-            return self.dev32[a:a + n]
-
-        def d64(name: str) -> torch.Tensor:
-            a, n = o64[name]
-            return self.dev64[a:a + n]
-
-        self.query_start_loc_dev, self.seq_lens_dev, self.row_valid_dev = d32("qsl"), d32("seq"), d32("valid")
-        self.num_reqs_dev = self.dev32[o32["nreq"][0]]
-        self.query_lens_dev, self.context_lens_dev = d64("qlen"), d64("ctx")
-        self.state_pages_dev = {g: d64(f"state{g}") for g in self.ssm_groups}
-        self.positions_dev, self.token_row_dev, self.token_offset_dev = d64("pos"), d64("row"), d64("off")
-        self.slot_mappings_dev = d64("slots").view(len(groups), tokens)
+        self.query_start_loc_dev, self.seq_lens_dev, self.row_valid_dev = d("query_start_loc"), d("seq_lens"), \
+            d("row_valid")
+        self.num_reqs_dev = d("num_reqs")[0]
+        self.query_lens_dev, self.context_lens_dev = d("query_lens"), d("context_lens")
+        self.state_pages_dev = {g: d(f"state_pages.{g}") for g in self.ssm_groups}
+        self.positions_dev, self.token_row_dev, self.token_offset_dev = d("positions"), d("token_row"), d("token_offset")
+        self.slot_mappings_dev = d("slot_mappings")
+        if device.type != "cpu":
+            self.dev64.copy_(self.host64)  # the device's slot mappings start as PAD_SLOT_ID too
         self._copied: torch.cuda.Event | None = None
         if device.type == "cuda":
             with torch.cuda.device(device):
                 self._copied = torch.cuda.Event()
-
-    def _pair(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """A host staging tensor (pinned on CUDA) and its device twin (the same tensor on a CPU)."""
-        if self.device.type == "cpu":
-            host = torch.zeros(n, dtype=dtype)
-            return host, host
-        return torch.zeros(n, dtype=dtype, pin_memory=True), torch.zeros(n, dtype=dtype, device=self.device)
 
     @property
     def on_host(self) -> bool:

@@ -41,6 +41,7 @@ import torch
 
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
@@ -91,13 +92,15 @@ class Step:
         limits = plan.limits
         self.max_num_seqs, self.max_num_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
         self.decode_query_len = 1 + limits.num_speculative_tokens
+        # Every tensor and array below is one of the plan's ledger entries for this device
+        # (plan.ledger.allocations(device)), allocated from it by its owner.
         self.tables = BlockTables(plan, self.device)
         self.ownership = PageOwnership(plan)
         self._staging = st = StepStaging(plan, self.device)
-        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        buffers = LedgerBuffers.of_plan(plan, self.device, ("step.",))
+        self.input_ids = buffers.tensor("step.input_ids")
         self._input_ids_np = self.input_ids.numpy() if self.device.type == "cpu" else None
-        self._ids_host = (torch.zeros(self.max_num_tokens, dtype=torch.int64, pin_memory=True)
-                          if self.device.type == "cuda" else None)  # pinned staging of host token ids
+        self._ids_host = buffers.tensor("step.input_ids_host") if self.device.type == "cuda" else None
         self.mask_builders = {
             g.index: FlexMaskBuilder.from_plan(plan, g.index, block_table=self.tables.input_tables[g.index],
                                                query_start_loc=st.query_start_loc_dev, seq_lens=st.seq_lens_dev)
@@ -111,9 +114,10 @@ class Step:
             group_of_layer={d.name: plan.group_of(d.index).index for d in plan.layers})
         self._dispatch = Dispatcher(plan.cudagraph, limits)
         self._requests = RequestRows(self.max_num_seqs)
-        self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch)
+        self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch, buffers)
+        assert not buffers.untaken(), buffers.untaken()
         self._parts = Parts(plan, self.tables, self.ownership, st, self._remember_undo)
-        self._arange = np.arange(max(self.max_num_seqs, self.max_num_tokens), dtype=_I64)
+        self._arange = self.tables.mirror.arange  # 0 .. max(max_num_seqs, max_num_batched_tokens) - 1, shared
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
         self._repeat: RepeatStep | None = None

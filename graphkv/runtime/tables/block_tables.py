@@ -36,6 +36,7 @@ import torch
 from graphkv.errors import CapacityError, Problem, SpecError
 from graphkv.kernels.block_tables import PackedTables
 from graphkv.plan.plan import Plan
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.tables.host_sync import HostSync
@@ -52,10 +53,12 @@ _ROWS_AT_ONCE = 1024  # from this many pages on, uniform appends are written row
 class BlockTables:
     """Block tables of every group of ``plan`` on ``device``.
 
-    Persistent tensors (allocated once, same ``data_ptr()`` every step): :attr:`tables` and
-    :attr:`input_tables`, ``[max_num_seqs, width_g] int32`` per group in kernel blocks. Host state
-    (numpy): ``pages_np[g]`` ``[max_num_seqs, pages_per_request_g] int32`` page ids and
-    ``num_pages_np`` ``[num_groups, max_num_seqs] int32`` pages held per row.
+    Persistent tensors (allocated once, same ``data_ptr()`` every step): :attr:`input_tables` and
+    (except on a CPU with several kernel blocks per page) :attr:`tables`, ``[max_num_seqs,
+    width_g] int32`` per group in kernel blocks. Host state (numpy): ``pages_np[g]``
+    ``[max_num_seqs, pages_per_request_g] int32`` page ids and ``num_pages_np`` ``[num_groups,
+    max_num_seqs] int32`` pages held per row. Every tensor and array is one of the plan's
+    ``tables.*`` ledger entries, allocated from it.
 
     ``kernels``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton on CUDA devices; on a CPU the
     device tables are host memory written with numpy and torch). Triton on a CPU runs in its
@@ -70,20 +73,25 @@ class BlockTables:
         self.device = resolve_device(device)
         self._kernels = resolve_kernels(kernels, self.device)
         host = self.device.type == "cpu" and self._kernels == "torch"
-        storage = None
-        if host:  # the device tables are host memory; with bpk 1 everywhere the first half is the mirror
-            storage = torch.zeros(2 * plan.limits.max_num_seqs * sum(g.block_table_width for g in plan.groups),
-                                  dtype=torch.int32)
-        aliased = host and HostSync.aliases_mirror(tuple(g.bpk for g in plan.groups))
-        self.mirror = m = PageMirror(plan, storage.numpy()[:PageMirror.buffer_size(plan)] if aliased else None)
-        self._sync: HostSync | StagedSync = HostSync(m, storage) if host else StagedSync(m, self.device, self._kernels)
+        # The plan's ledger entries of this layout: a CPU's host sync, or the staged sync (CUDA, or Triton's
+        # interpreter on a CPU).
+        buffers = LedgerBuffers.of_plan(plan, self.device, ("tables.",), layout="cpu" if host else "cuda")
+        if host:
+            aliased = HostSync.aliases_mirror(tuple(g.bpk for g in plan.groups))
+            storage = buffers.tensor("tables.device" if aliased else "tables.step_rows")
+            mirror_pages = storage.numpy()[:PageMirror.buffer_size(plan)] if aliased else None
+            self.mirror = m = PageMirror(plan, buffers, mirror_pages)
+            self._sync: HostSync | StagedSync = HostSync(m, storage, buffers)
+        else:
+            self.mirror = m = PageMirror(plan, buffers)
+            self._sync = StagedSync(m, self.device, self._kernels, buffers)
+        assert not buffers.untaken(), f"ledger entries the block tables did not allocate: {buffers.untaken()}"
         # The mirror's arrays, under the names the rest of the runtime reads.
         self.max_num_seqs, self.num_blocks, self.num_groups = m.max_num_seqs, m.num_blocks, m.num_groups
         self.bpks, self.widths, self.max_pages, self.block_sizes = m.bpks, m.widths, m.max_pages, m.block_sizes
         self.pages_flat, self.pages_np, self.num_pages_np = m.pages_flat, m.pages_np, m.num_pages_np
         self._num_pages0 = m.num_pages_np[0]
         self._host_start, self._host_pages, self._max_pages_np = m.host_start, m.host_pages, m.host_pages
-        self._arange = m.arange
 
     # ---- properties ----------------------------------------------------------------------------
 
@@ -95,7 +103,9 @@ class BlockTables:
     @property
     def tables(self) -> tuple[torch.Tensor, ...]:
         """Persistent device tables (row = request row), ``[max_num_seqs, width_g] int32`` per group,
-        kernel blocks; current after :meth:`commit` (nothing on the step path reads them)."""
+        kernel blocks; current after :meth:`commit` (nothing on the step path reads them). On a CPU
+        with more than one kernel block per page none are kept (the mirror is the persistent copy):
+        each access expands the mirror into new tensors."""
         return self._sync.persistent_tables()
 
     @property
@@ -148,7 +158,7 @@ class BlockTables:
             self.pages_np[0][seg_row, start:start + entries.uniform_count] = entries.ids.reshape(seg_row.shape[0], -1)
         elif num:  # page p of segment s goes to column held[s] + (p - first page of s)
             shift = held - (np.cumsum(count) - count)
-            dst = np.repeat(base + shift, count) + self._arange[:num]
+            dst = np.repeat(base + shift, count) + self.mirror.index_range(num)
             if not self._sync.write_through(seg_row, dst, entries.ids):
                 self.pages_flat[dst] = entries.ids
                 dst = None
@@ -283,14 +293,14 @@ class BlockTables:
             same_rows = n == m.shown_rows.shape[0] and bool(np.array_equal(rows, m.shown_rows))
         self._sync.sync(rows, num_reqs_padded, same_rows, m.null_until)
         if not same_rows:
-            m.show(rows.copy(), num_reqs_padded)
+            m.show(rows, num_reqs_padded)
         elif num_reqs_padded > m.null_until:
             m.null_until = num_reqs_padded
 
     def show_null_rows(self, num_reqs_padded: int) -> None:
         """Per-step rows ``[0, num_reqs_padded)`` := the null page (a dummy step, e.g. for capture)."""
         self._sync.show_null(num_reqs_padded)
-        self.mirror.show(np.zeros(0, dtype=np.int64), num_reqs_padded)
+        self.mirror.show(self.mirror.shown_rows[:0], num_reqs_padded)
 
     def forget_shown_rows(self) -> None:
         """Make the next :meth:`sync` copy the step's rows again (e.g. after something else wrote them)."""

@@ -7,9 +7,9 @@ just the noted band of the noted rows; a batch whose rows changed rewrites its r
 kernel block per page in every group the step tables hold pages as they are and the persistent
 device tables *are* the mirror (nothing to copy). With more kernel blocks per page, rows are
 expanded straight from the mirror by one broadcast add (the dense add vLLM does over the whole
-table every step, here only over what changed),
-and the persistent kernel-block tables, which nothing on the step path reads, are written by
-:meth:`HostSync.commit`.
+table every step, here only over what changed), and no persistent kernel-block tables are kept:
+nothing on the step path reads them, so :meth:`HostSync.persistent_tables` expands the mirror
+when asked. Two copies of the tables either way (the plan's ledger, ``tables.*``).
 """
 
 from __future__ import annotations
@@ -18,43 +18,60 @@ import numpy as np
 import torch
 
 from graphkv.kernels.block_tables import PackedTables
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.tables.mirror import PageMirror
 
 __all__ = ["HostSync", "as_slice"]
 
 
 class HostSync:
-    """The device tables of ``mirror`` on a CPU, in ``storage`` (``[2 * max_num_seqs * sum_g width_g]
-    int32``: persistent rows, then step rows; with bpk 1 everywhere its first half is the mirror)."""
+    """The device tables of ``mirror`` on a CPU, in ``storage``: ``[2 * max_num_seqs * sum_g width_g]
+    int32`` (the mirror's pages, which are the persistent tables, then the step's rows) with bpk 1
+    everywhere, else ``[max_num_seqs * sum_g width_g]`` (the step's rows in kernel blocks).
+    ``buffers`` holds the ledger's ``tables.group_offsets`` / ``group_widths`` / ``kernel_block_offsets``."""
 
     @staticmethod
     def aliases_mirror(mirror_bpks: tuple[int, ...]) -> bool:
         """Whether the persistent tables can be the mirror's own buffer (one kernel block per page)."""
         return all(b == 1 for b in mirror_bpks)
 
-    def __init__(self, mirror: PageMirror, storage: torch.Tensor) -> None:
+    def __init__(self, mirror: PageMirror, storage: torch.Tensor, buffers: LedgerBuffers) -> None:
         self._mirror = mirror
         seqs, widths, pages, bpks = mirror.max_num_seqs, mirror.widths, mirror.max_pages, mirror.bpks
         total = seqs * sum(widths)
-        self.storage = storage
-        self.persistent = PackedTables.view_of(self.storage[:total], seqs, widths)
-        self.inputs = PackedTables.view_of(self.storage[total:], seqs, widths)
         self.aliased = self.aliases_mirror(bpks)  # kernel blocks are pages: the step tables hold pages
-        flat = self.storage.numpy()
-        self._both = flat.reshape(2, total)  # [mirror (when aliased) | step tables]
-        self._both3 = self._both.reshape(2, seqs, -1) if mirror.num_groups == 1 else None
-        self._step_view = (memoryview(flat[total:]), bpks[0]) if mirror.num_groups == 1 else None
+        assert storage.numel() == (2 if self.aliased else 1) * total, "storage holds the tables exactly"
+        self.storage = storage
+        index = (buffers.tensor("tables.group_offsets"), buffers.tensor("tables.group_widths"))
+        self.inputs = PackedTables.view_of(storage[storage.numel() - total:], seqs, widths, index=index)
+        self._persistent = PackedTables.view_of(storage[:total], seqs, widths, index=index).tables \
+            if self.aliased else None
+        flat = storage.numpy()
+        self._both = flat.reshape(2, total) if self.aliased else None  # [mirror | step tables]
+        self._both3 = self._both.reshape(2, seqs, -1) if self._both is not None and mirror.num_groups == 1 else None
+        self._step_view = (memoryview(flat[flat.shape[0] - total:]), bpks[0]) if mirror.num_groups == 1 else None
         self._inputs3 = tuple(t.view(seqs, p, b) for t, p, b in zip(self.inputs.tables, pages, bpks))
         self._inputs3_np = tuple(t.numpy() for t in self._inputs3)
-        self._persistent3 = tuple(t.view(seqs, p, b) for t, p, b in zip(self.persistent.tables, pages, bpks))
-        self._offsets = tuple(torch.arange(b, dtype=torch.int32) for b in bpks)
+        buffers.tensor("tables.kernel_block_offsets")
+        self._offsets = tuple(buffers.part("tables.kernel_block_offsets", str(g)) for g in range(mirror.num_groups))
+        for t in self._offsets:
+            t.copy_(torch.arange(t.shape[0], dtype=torch.int32))  # 0 .. bpk - 1
         self._offsets_np = tuple(t.numpy() for t in self._offsets)
         self._touched: list[list[np.ndarray]] = [[] for _ in range(mirror.num_groups)]  # changed rows
         self._band = [[pages[g], 0] for g in range(mirror.num_groups)]  # their changed columns [lo, hi)
 
     def persistent_tables(self) -> tuple[torch.Tensor, ...]:
-        """Persistent kernel-block tables (current after :meth:`commit` unless they are the mirror)."""
-        return self.persistent.tables
+        """Persistent kernel-block tables: the mirror itself with bpk 1 everywhere; otherwise none are
+        kept, and each call expands the mirror into new ``[max_num_seqs, width_g] int32`` tensors."""
+        if self._persistent is not None:
+            return self._persistent
+        out = []
+        for g, mirror in enumerate(self._mirror.pages_np):
+            seqs, pages = mirror.shape
+            t = torch.zeros(seqs, pages, self._mirror.bpks[g], dtype=torch.int32)
+            self._expand_into(t, t.numpy(), mirror, g)
+            out.append(t.view(seqs, -1))
+        return tuple(out)
 
     # ---- edits that write the step rows too --------------------------------------------------------
 
@@ -162,12 +179,7 @@ class HostSync:
             table[:num_reqs_padded] = 0
 
     def commit(self) -> None:
-        """Make the persistent kernel-block tables current (they are the mirror with bpk 1 everywhere;
-        else one broadcast add per group over the whole mirror)."""
-        if self.aliased:
-            return
-        for g, mirror in enumerate(self._mirror.pages_np):
-            self._expand_into(self._persistent3[g], self._persistent3[g].numpy(), mirror, g)
+        """Nothing to do: the persistent tables are the mirror (bpk 1 everywhere) or not kept."""
 
     def _expand(self, g: int, pages: np.ndarray, step_rows: "slice | np.ndarray", lo: int, *,
                 nulls: bool = True) -> None:

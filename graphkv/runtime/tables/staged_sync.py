@@ -8,6 +8,8 @@ device no longer matches; :meth:`StagedSync.commit` turns the stale columns into
 pinned memory and writes them with one :func:`~graphkv.kernels.block_tables.write_pages` launch —
 into the persistent row and, in the same launch, into the per-step row showing it, so a step
 whose batch keeps its rows needs no gather. A batch whose rows changed costs one gather launch.
+The staging buffers have a fixed size, the plan's ``tables.staged`` ledger entry (every page one
+full step can append, twice); a larger commit (rows truncated or moved) takes several launches.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from graphkv.kernels.block_tables import PackedTables, gather_rows, write_pages
+from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.ops import torch_ops
 from graphkv.runtime.tables.mirror import PageMirror
 
@@ -33,27 +36,33 @@ class StagedSync:
     """The device tables of ``mirror`` on ``device`` (a CUDA device, or any with Triton kernels);
     ``kernels`` is ``"triton"`` or ``"torch"``."""
 
-    def __init__(self, mirror: PageMirror, device: torch.device, kernels: str) -> None:
+    def __init__(self, mirror: PageMirror, device: torch.device, kernels: str, buffers: LedgerBuffers) -> None:
         self._mirror = mirror
         seqs, widths = mirror.max_num_seqs, mirror.widths
         total = seqs * sum(widths)
         self.device = device
-        self.storage = torch.zeros(2 * total, dtype=torch.int32, device=device)
-        self.persistent = PackedTables.view_of(self.storage[:total], seqs, widths)
-        self.inputs = PackedTables.view_of(self.storage[total:], seqs, widths)
+        self.storage = buffers.tensor("tables.device")
+        index = (buffers.tensor("tables.group_offsets"), buffers.tensor("tables.group_widths"))
+        self.persistent = PackedTables.view_of(self.storage[:total], seqs, widths, index=index)
+        self.inputs = PackedTables.view_of(self.storage[total:], seqs, widths, index=index)
         self._kernels = kernels
-        self._dev_start = np.concatenate([[0], np.cumsum([seqs * w for w in widths])[:-1]]).astype(np.int64)
-        self._in_start = self._dev_start + total
-        self._dev_width = np.array(widths, dtype=np.int64)
-        self._bpk = np.array(mirror.bpks, dtype=np.int64)
+        ints = buffers.array("tables.staged_group_ints")
+        self._dev_start, self._in_start, self._dev_width, self._bpk = ints
+        self._dev_start[1:] = np.cumsum([seqs * w for w in widths])[:-1]
+        self._in_start[:] = self._dev_start + total
+        self._dev_width[:] = widths
+        self._bpk[:] = mirror.bpks
         # Per (group, row): pages the device's persistent row holds, and the first stale column.
-        self._device_pages = np.zeros((mirror.num_groups, seqs), dtype=np.int32)
-        self._stale_from = np.full((mirror.num_groups, seqs), _CLEAN, dtype=np.int32)
+        self._device_pages = buffers.array("tables.device_pages")
+        self._stale_from = buffers.array("tables.stale_from")
+        self._stale_from.fill(_CLEAN)
         self._any_stale = False
-        self._staged = torch.empty(0, dtype=torch.int64, device=device)  # grows, never shrinks
-        self._staged_host = torch.empty(0, dtype=torch.int64)
-        self._idx = torch.zeros(seqs, dtype=torch.int32, device=device)
-        self._idx_host = torch.zeros(seqs, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._staged = buffers.tensor("tables.staged")  # [3 * capacity] int64: dst | first | bpk of one launch
+        self._staged_host = buffers.tensor("tables.staged_host")
+        self._staged_host_np = self._staged_host.numpy()
+        self._capacity = self._staged.numel() // 3
+        self._idx = buffers.tensor("tables.idx_mapping")
+        self._idx_host = buffers.tensor("tables.idx_mapping_host")
         self._copied: torch.cuda.Event | None = None
         if device.type == "cuda":
             with torch.cuda.device(device):
@@ -149,18 +158,20 @@ class StagedSync:
             table[:num_reqs_padded].zero_()
 
     def _write(self, dst: np.ndarray, first: np.ndarray, bpk: np.ndarray) -> None:
-        staged = np.concatenate([dst, first, bpk])
-        self._wait_for_last_copy()
-        if self._staged.numel() < staged.size:
-            size = max(staged.size, 2 * self._staged.numel())
-            self._staged = torch.empty(size, dtype=torch.int64, device=self.device)
-            self._staged_host = torch.empty(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        host = self._staged_host[:staged.size]
-        host.copy_(torch.from_numpy(staged))
-        self._staged[:staged.size].copy_(host, non_blocking=True)
-        self._record_copy()
+        """Write page entries through the fixed staging buffers: one copy and one launch per
+        ``capacity`` entries (one for any step's appends)."""
         write = write_pages if self._kernels == "triton" else torch_ops.write_pages
-        write(self.storage, self._staged, dst.shape[0], int(bpk.max()))
+        host, cap, num = self._staged_host_np, self._capacity, dst.shape[0]
+        for lo in range(0, num, cap):
+            hi = min(lo + cap, num)
+            e = hi - lo
+            self._wait_for_last_copy()  # the last transfer has read the pinned buffer
+            host[:e] = dst[lo:hi]
+            host[e:2 * e] = first[lo:hi]
+            host[2 * e:3 * e] = bpk[lo:hi]
+            self._staged[:3 * e].copy_(self._staged_host[:3 * e], non_blocking=True)
+            self._record_copy()
+            write(self.storage, self._staged, e, int(bpk[lo:hi].max()))
 
     def _wait_for_last_copy(self) -> None:
         if self._copied is not None:

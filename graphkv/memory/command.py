@@ -1,0 +1,245 @@
+"""``graphkv bench memory``: the memory benchmark as a command (and as :func:`bench_memory`).
+
+Runs :func:`graphkv.memory.bench.run_phases` for each model (``demo``, the tiny hybrid model with a
+forward to capture, and bundled presets with a KV budget scaled to the available memory), prints
+predicted vs measured per phase with the error in %, and with ``--out DIR`` writes ``memory.json``
+(one row per model and phase: ``phase``, ``predicted_bytes``, ``measured_bytes``, ``method``),
+``memory.png`` and, after a GPU run that captured graphs, ``graph_calibration.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import attrs
+
+from graphkv.command.args import nonempty
+from graphkv.errors import Problem, SpecError
+
+__all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
+
+DEFAULT_MODELS = ("demo", "llama-3.1-8b")
+_CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
+_AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
+
+
+@attrs.frozen(kw_only=True)
+class MemoryBenchOptions:
+    """What to measure: ``models`` (``"demo"`` or preset names), the device (``auto``: CUDA when
+    available), the presets' KV budget (``None``: a quarter of the available memory, at most 1 GiB on
+    a CPU), ``out`` (a directory for memory.json / memory.png, or ``None``) and the progress bar."""
+
+    models: tuple[str, ...] = DEFAULT_MODELS
+    device: str = "auto"
+    kv_memory: str | None = None
+    out: str | None = None
+    progress: bool = True
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Add ``graphkv bench memory`` to the subcommands ``sub``."""
+    bench = sub.add_parser("bench", help="measure graphkv against its plan (memory)",
+                           description="Benchmarks that measure the runtime against the plan.")
+    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    memory = kinds.add_parser(
+        "memory", help="plan -> allocate -> step -> capture: predicted vs measured bytes per phase",
+        description="Plan, allocate, build the step and capture, measuring each phase's memory of this process "
+                    "(NVML per process on a GPU, else torch.cuda statistics; live storages on a CPU) beside the "
+                    "plan's ledger. Needs the runtime extra; --out's plot needs the bench extra (matplotlib).")
+    memory.add_argument("--model", dest="models", action="append", metavar="NAME",
+                        type=nonempty("'demo' or a preset name"),
+                        help=f"'demo' or a preset (`graphkv presets`); repeat for several (default: "
+                             f"{' and '.join(DEFAULT_MODELS)})")
+    memory.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="default: %(default)s (cuda when available)")
+    memory.add_argument("--kv-memory", metavar="SIZE", type=nonempty("a size, e.g. 1GiB"),
+                        help="KV pool bytes of each preset (default: a quarter of the available memory, at most "
+                             "1 GiB on a CPU; the demo keeps its own 2 MiB)")
+    memory.add_argument("--out", metavar="DIR", type=nonempty("a directory"),
+                        help="write memory.json, memory.png and (after a GPU capture) graph_calibration.json here")
+    memory.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run ``graphkv bench memory`` from parsed arguments; 0 on success."""
+    from graphkv.extras import require
+
+    require("runtime", "torch", needed_by="graphkv bench memory")
+    import torch
+
+    torch.set_num_threads(1)  # as every benchmark: memory does not depend on it, the run's time does less
+    options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
+                                 kv_memory=args.kv_memory, out=args.out,
+                                 progress=not args.no_progress and sys.stderr.isatty())
+    bench_memory(options)
+    return 0
+
+
+def _device(asked: str) -> Any:
+    import torch
+
+    if asked not in ("auto", "cpu", "cuda"):
+        raise SpecError(Problem(field="--device", value=asked, limit="must be auto, cpu or cuda",
+                                fix="pick one of auto / cpu / cuda"))
+    if asked == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise SpecError(Problem(field="--device", value=asked,
+                                limit="torch.cuda.is_available() is False (a CPU build of torch, or no GPU visible)",
+                                fix="use --device cpu (or auto), or run on a machine with a CUDA GPU"))
+    return torch.device(asked)
+
+
+def _out_dir(out: str | None) -> Path | None:
+    if out is None:
+        return None
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise SpecError(Problem(field="--out", value=out, limit="exists and is not a directory",
+                                fix="pass a directory (it is created when missing)"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(Problem(field="--out", value=out, limit=f"cannot be created ({e.strerror or e})",
+                                fix="pass a writable directory")) from None
+    return path
+
+
+def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, str, int | None]:
+    """A preset's plan under the default limits, its budget text and hidden size."""
+    from graphkv.memory.bench import available_bytes
+    from graphkv.plan import compile_plan
+    from graphkv.presets import list_presets, preset_model
+    from graphkv.spec.budget import Budget, format_bytes, parse_bytes
+    from graphkv.spec.limits import Limits
+
+    if name not in list_presets():
+        raise SpecError(Problem(field="--model", value=name, limit=f"must be 'demo' or one of {list(list_presets())}",
+                                fix="pick a listed preset (`graphkv presets`)"))
+    model = preset_model(name)
+    if kv_memory is not None:
+        kv, text = parse_bytes(kv_memory, field="--kv-memory"), f"{kv_memory} (--kv-memory)"
+    else:
+        have, where = available_bytes(device)
+        kv = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
+        text = f"{format_bytes(kv)} (auto: a quarter of {format_bytes(have)} {where}" + \
+            (", at most 1 GiB on a CPU)" if device.type != "cuda" else ")")
+    return compile_plan(model, Limits(), Budget.kv_bytes(kv)), text, model.hidden_size
+
+
+def _demo(device: Any) -> tuple[Any, str, Any, int]:
+    from graphkv.models.demo import DemoOptions, demo_plan
+    from graphkv.models.tiny_hybrid import TinyHybridConfig
+
+    options, config = DemoOptions(), TinyHybridConfig()
+
+    def forward_for(pool: Any, step: Any) -> Any:
+        from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
+        from graphkv.models.tiny_hybrid import init_weights
+
+        return PagedTinyHybrid(init_weights(config, seed=0).to(device), pool).forward
+
+    return demo_plan(options, config), f"{options.kv_memory} (the demo's default)", forward_for, config.hidden_size
+
+
+def _fmt(n: int | None) -> str:
+    return "n/a" if n is None else f"{n:,} B"
+
+
+def format_run(run: Any) -> list[str]:
+    """The table of one run: phase, predicted, measured, error %, method."""
+    from graphkv.report import format_table
+
+    graphs = [r for r in run.rows if r.num_tokens is not None]
+    collapse = len(graphs) > 1 and all(r.measured_bytes is None for r in graphs)
+    rows = []
+    for r in run.rows:
+        if collapse and r.num_tokens is not None:
+            if r is graphs[0]:  # none measured: one line for every key (memory.json has each)
+                rows.append([f"graph_pool ({len(graphs)} keys)", _fmt(sum(g.predicted_bytes for g in graphs)), "n/a",
+                             "n/a", r.method])
+            continue
+        err = r.error_pct
+        rows.append([r.phase, _fmt(r.predicted_bytes), _fmt(r.measured_bytes),
+                     "n/a" if err is None else f"{err:+.2f}%", r.method])
+    lines = [f"{run.model}: KV budget {run.budget}"]
+    lines += format_table(["phase", "predicted", "measured", "error", "method"], rows, right=(1, 2, 3))
+    lines += [f"  note: {n}" for n in run.notes]
+    return lines
+
+
+def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml: Any = None) -> list[Any]:
+    """Run the memory benchmark, print it to ``out`` (default stdout), write ``options.out``'s files;
+    returns the runs. ``nvml``: the NVML module to read (default pynvml; a stand-in in tests)."""
+    import torch
+
+    from graphkv import __version__
+    from graphkv.memory.bench import run_phases
+    from graphkv.memory.meters import open_meter
+    from graphkv.memory.progress import Progress
+
+    out = out if out is not None else sys.stdout
+    device = _device(options.device)
+    directory = _out_dir(options.out)
+    targets = []
+    for name in options.models:  # plan everything first: a bad --model fails before anything is allocated
+        if name == "demo":
+            plan, budget, forward_for, hidden = _demo(device)
+        else:
+            plan, budget, hidden = _preset_plan(name, options.kv_memory, device)
+            forward_for = None
+        targets.append((plan, budget, forward_for, hidden))
+    choice = open_meter(device, nvml=nvml)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    print(f"graphkv {__version__} bench memory on {device} ({where}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s))", file=out)
+    if choice.nvml_line is not None:
+        print(choice.nvml_line, file=out)
+    print(f"measured with: {choice.method}", file=out)
+    progress = Progress(options.progress)
+    runs = []
+    try:
+        for plan, budget, forward_for, hidden in targets:
+            run = run_phases(plan, device, choice, budget=budget, progress=progress, forward_for=forward_for,
+                             hidden_size=hidden)
+            runs.append(run)
+            print("", file=out)
+            print("\n".join(format_run(run)), file=out)
+    finally:
+        if choice.meter is not None:
+            choice.meter.close()
+    if directory is not None:
+        try:
+            _write(directory, runs, device, choice, out)
+        except OSError as e:
+            raise SpecError(Problem(field="--out", value=str(directory), limit=f"cannot be written ({e.strerror or e})",
+                                    fix="pass a writable directory")) from None
+    return runs
+
+
+def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: TextIO) -> None:
+    from graphkv import __version__
+    from graphkv.memory.plot import write_plot
+
+    data = {"graphkv": __version__, "device": str(device), "nvml": choice.nvml_line, "method": choice.method,
+            "rows": [r.to_dict(run.model) for run in runs for r in run.rows]}
+    (directory / "memory.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_plot(runs, directory / "memory.png")
+    written = ["memory.json", "memory.png"]
+    calibrated = [run for run in runs if run.calibration is not None]
+    if calibrated:
+        run = calibrated[0]
+        run.calibration.write(directory / "graph_calibration.json", model=run.model, device=run.device,
+                              keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform, "measured_bytes": r.measured_bytes}
+                                    for r in run.rows if r.num_tokens is not None])
+        written.append("graph_calibration.json")
+    else:
+        print("no graph_calibration.json: no capture key was measured (CUDA graphs need a GPU and a model forward)",
+              file=out)
+    print(f"wrote {', '.join(os.fspath(directory / w) for w in written)}", file=out)

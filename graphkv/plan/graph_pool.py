@@ -1,0 +1,195 @@
+"""The CUDA-graph memory of each capture key: a three-term model, calibrated by measurement.
+
+Every buffer a captured step *reads* — token ids, metadata, block tables, slot mappings, flex
+masks, the KV pool — is persistent and already in the ledger; capturing a key adds only what the
+forward allocates inside the graph. Graphs are captured largest first into one shared pool, so:
+
+- the **workspace** (activations live during the forward, ``workspace_bytes_per_token x
+  num_tokens``) is reserved once, by the largest key, and reused by every later key;
+- each key keeps its **outputs** alive (the static outputs a replay writes into,
+  ``output_bytes_per_token x num_tokens``);
+- each key pays a **per-graph** cost (the instantiated graph and allocator rounding,
+  ``per_graph_bytes``).
+
+``key_bytes(first) = per_graph + output x n + workspace x n``, ``key_bytes(later) = per_graph +
+output x n``; the graph pool is their sum.
+
+The coefficients depend on the model and the GPU, so they come from measurement: ``graphkv bench
+memory --out DIR`` fits them to each key's measured memory and writes ``graph_calibration.json``,
+which :meth:`GraphPoolModel.from_file` reads and ``compile(..., graph_pool=...)`` (``graphkv plan
+--graph-calibration PATH``) uses. The planner reads a calibration only when given one.
+
+Without a calibration the default is **uncalibrated**: a workspace of ``4 x hidden_size x 2``
+bytes per token (four live bf16 hidden-sized activations, the earlier fixed guess), outputs of
+``hidden_size x 2`` bytes per token (a model returning hidden states; one returning logits keeps
+``vocab_size x itemsize``) and no per-graph cost. It was never measured against a GPU here; treat
+it as an order of magnitude, and calibrate before trusting a reserve built on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import attrs
+
+from graphkv.errors import Problem, SpecError
+from graphkv.plan.graph_keys import GraphKey
+
+__all__ = ["CALIBRATION_FORMAT", "GraphKeyEstimate", "GraphPoolModel", "fit_graph_pool"]
+
+CALIBRATION_FORMAT = "graphkv.graph_calibration/1"
+_DEFAULT_ACTIVATIONS = 4  # live hidden-state-sized tensors a captured step typically holds at once
+_BF16 = 2
+
+
+@attrs.frozen(kw_only=True)
+class GraphKeyEstimate:
+    """The estimated graph memory of one capture key."""
+
+    num_tokens: int
+    uniform: bool
+    nbytes: int
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """``decode(n)`` or ``mixed(n)``."""
+        return f"{'decode' if self.uniform else 'mixed'}({self.num_tokens})"
+
+
+@attrs.frozen(kw_only=True)
+class GraphPoolModel:
+    """Coefficients of the per-key graph memory model (see the module docstring)."""
+
+    per_graph_bytes: float
+    output_bytes_per_token: float
+    workspace_bytes_per_token: float
+    calibrated: bool
+    source: str  # where the coefficients come from, for the ledger's reasons
+    hidden_size: int | None = None  # the hidden size they were measured at (scaled to the planned model's)
+
+    @classmethod
+    def default(cls, hidden_size: int | None) -> "GraphPoolModel | None":
+        """The uncalibrated default for a model of ``hidden_size`` (``None``: no estimate possible)."""
+        if hidden_size is None:
+            return None
+        return cls(per_graph_bytes=0.0, output_bytes_per_token=float(hidden_size * _BF16),
+                   workspace_bytes_per_token=float(_DEFAULT_ACTIVATIONS * hidden_size * _BF16), calibrated=False,
+                   source=f"uncalibrated default: workspace {_DEFAULT_ACTIVATIONS} x hidden_size {hidden_size} x 2 B, "
+                          f"outputs hidden_size x 2 B per token, no per-graph cost", hidden_size=hidden_size)
+
+    def scaled_to(self, hidden_size: int | None) -> "GraphPoolModel":
+        """These coefficients for a model of ``hidden_size``: per-token terms scale with the hidden size
+        (a first-order assumption, stated in the reasons), the per-graph term does not."""
+        if self.hidden_size is None or hidden_size is None or hidden_size == self.hidden_size:
+            return self
+        r = hidden_size / self.hidden_size
+        return attrs.evolve(self, output_bytes_per_token=self.output_bytes_per_token * r,
+                            workspace_bytes_per_token=self.workspace_bytes_per_token * r, hidden_size=hidden_size,
+                            source=f"{self.source}, per-token terms scaled by hidden_size {hidden_size} / "
+                                   f"{self.hidden_size}")
+
+    def estimate(self, keys: Sequence[GraphKey]) -> tuple[GraphKeyEstimate, ...]:
+        """Each key's bytes, ``keys`` in capture order (largest first: the first reserves the workspace)."""
+        out = []
+        for i, key in enumerate(keys):
+            n = key.num_tokens
+            outputs = self.output_bytes_per_token * n
+            work = self.workspace_bytes_per_token * n if i == 0 else 0.0
+            total = math.ceil(self.per_graph_bytes + outputs + work)
+            parts = [f"{self.per_graph_bytes:.0f} B per graph", f"outputs {self.output_bytes_per_token:.1f} B x {n} tokens"]
+            if i == 0:
+                parts.append(f"workspace {self.workspace_bytes_per_token:.1f} B x {n} tokens (captured first: later "
+                             "keys reuse it)")
+            out.append(GraphKeyEstimate(num_tokens=n, uniform=key.uniform, nbytes=total,
+                                        reason=" + ".join(parts) + f" ({self.source})"))
+        return tuple(out)
+
+    # ---- calibration files ------------------------------------------------------------------
+
+    def to_dict(self, **measured: Any) -> dict[str, Any]:
+        """The calibration file's JSON object (``measured``: extra fields, e.g. the device and keys)."""
+        return {"format": CALIBRATION_FORMAT, "per_graph_bytes": self.per_graph_bytes,
+                "output_bytes_per_token": self.output_bytes_per_token,
+                "workspace_bytes_per_token": self.workspace_bytes_per_token, "hidden_size": self.hidden_size,
+                "source": self.source, **measured}
+
+    def write(self, path: "str | os.PathLike[str]", **measured: Any) -> None:
+        """Write the calibration file ``path`` (JSON)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(**measured), f, indent=2)
+            f.write("\n")
+
+    @classmethod
+    def from_file(cls, path: "str | os.PathLike[str]", *, field: str = "graph_calibration") -> "GraphPoolModel":
+        """Read a calibration file written by :meth:`write` (``graphkv bench memory --out DIR``).
+
+        Raises :class:`SpecError` naming ``field`` and the file for a missing or unreadable file,
+        bad JSON, another format, or coefficients that are not finite numbers >= 0."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise SpecError(Problem(field=field, value=str(path), limit=f"cannot be read ({e.strerror or e})",
+                                    fix="pass the graph_calibration.json that `graphkv bench memory --out DIR` wrote")) \
+                from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SpecError(Problem(field=field, value=str(path), limit=f"is not JSON ({e})",
+                                    fix="pass the graph_calibration.json that `graphkv bench memory --out DIR` wrote")) \
+                from None
+        return cls.from_dict(data, origin=str(path), field=field)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, origin: str, field: str = "graph_calibration") -> "GraphPoolModel":
+        """A calibration from its JSON object (``origin`` names the file in the reasons and errors)."""
+        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise SpecError(Problem(field=field, value=origin, limit=f"has format {got!r}, not {CALIBRATION_FORMAT!r}",
+                                    fix="write it with `graphkv bench memory --out DIR` (graph_calibration.json)"))
+        problems = []
+        values: dict[str, float] = {}
+        for name in ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token"):
+            v = data.get(name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                problems.append(Problem(field=f"{field}.{name}", value=v, limit=f"in {origin} must be a finite number >= 0",
+                                        fix="measure again with `graphkv bench memory --out DIR`"))
+            else:
+                values[name] = float(v)
+        hidden = data.get("hidden_size")
+        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1):
+            problems.append(Problem(field=f"{field}.hidden_size", value=hidden, limit=f"in {origin} must be an int >= 1 "
+                                    "or null", fix="measure again with `graphkv bench memory --out DIR`"))
+        if problems:
+            raise SpecError(*problems)
+        where = ", ".join(str(data[k]) for k in ("model", "device") if isinstance(data.get(k), str))
+        return cls(**values, calibrated=True, hidden_size=hidden,
+                   source=f"calibrated: {origin}" + (f" ({where})" if where else ""))
+
+
+def fit_graph_pool(keys: Sequence[GraphKey], measured: Sequence[int], *, hidden_size: int | None,
+                   source: str) -> GraphPoolModel:
+    """Fit the model to ``measured`` bytes of ``keys`` (capture order, largest first): a least-squares
+    line ``per_graph + output x n`` through the later keys, and the first key's excess over that line
+    as the workspace. Coefficients are clamped at 0 (a negative cost is measurement noise)."""
+    if len(keys) != len(measured) or not keys:
+        raise SpecError(Problem(field="measured", value=len(measured), limit=f"needs one value per key ({len(keys)})",
+                                fix="measure every captured key"))
+    later_n = [k.num_tokens for k in keys[1:]]
+    later_b = [float(b) for b in measured[1:]]
+    if len(later_n) >= 2 and len(set(later_n)) >= 2:
+        mean_n, mean_b = sum(later_n) / len(later_n), sum(later_b) / len(later_b)
+        var = sum((n - mean_n) ** 2 for n in later_n)
+        slope = sum((n - mean_n) * (b - mean_b) for n, b in zip(later_n, later_b)) / var
+        slope = max(slope, 0.0)
+        per_graph = max(mean_b - slope * mean_n, 0.0)
+    elif later_n:
+        slope, per_graph = 0.0, max(later_b[0], 0.0)
+    else:
+        slope, per_graph = 0.0, 0.0
+    first_n = keys[0].num_tokens
+    workspace = max((measured[0] - per_graph - slope * first_n) / first_n, 0.0)
+    return GraphPoolModel(per_graph_bytes=per_graph, output_bytes_per_token=slope, workspace_bytes_per_token=workspace,
+                          calibrated=True, source=source, hidden_size=hidden_size)

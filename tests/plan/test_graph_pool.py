@@ -1,0 +1,112 @@
+"""Each capture key's graph memory: the model, its uncalibrated default, calibration files and the fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, SpecError, compile_plan
+from graphkv.plan.graph_keys import GraphKey
+from graphkv.plan.graph_pool import CALIBRATION_FORMAT, GraphPoolModel, fit_graph_pool
+
+FULL = FullAttentionSpec(num_kv_heads=8, head_size=128)
+
+
+def _keys(*sizes: int) -> list[GraphKey]:
+    return [GraphKey(num_tokens=n, num_reqs=None, uniform=False) for n in sizes]
+
+
+def _plan(**kwargs) -> object:
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")], hidden_size=1024)
+    return compile_plan(model, Limits(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=16),
+                        Budget.kv_bytes("1GiB"), **kwargs)
+
+
+def test_the_first_key_reserves_the_workspace_every_key_pays_its_outputs_and_graph():
+    """100 B per graph, 10 B outputs and 1000 B workspace per token over keys 16, 8, 1 (largest first)."""
+    model = GraphPoolModel(per_graph_bytes=100.0, output_bytes_per_token=10.0, workspace_bytes_per_token=1000.0,
+                           calibrated=True, source="test")
+    got = [e.nbytes for e in model.estimate(_keys(16, 8, 1))]
+    assert got == [100 + 160 + 16000, 100 + 80, 100 + 10]
+
+
+def test_the_uncalibrated_default_is_said_so_and_follows_the_hidden_size():
+    """hidden 1024, no calibration: 4 x 1024 x 2 B workspace and 1024 x 2 B outputs per token, marked UNCALIBRATED."""
+    plan = _plan()
+    keys = plan.ledger.graph_keys
+    assert [k.num_tokens for k in keys] == [16, 8, 4, 4, 2, 2, 1, 1]
+    assert keys[0].nbytes == 16 * 2048 + 16 * 8192 and keys[1].nbytes == 8 * 2048
+    assert plan.ledger.graph_pool_bytes == sum(k.num_tokens for k in keys) * 2048 + 16 * 8192
+    entry = plan.ledger.other_entries[-1]
+    assert entry.name == "graph pool" and entry.reason.startswith("UNCALIBRATED estimate: 8 graphs")
+
+
+def test_without_a_hidden_size_or_calibration_the_graph_pool_is_unknown():
+    """No hidden_size: no estimate, and the reason says how to get one."""
+    plan = compile_plan(ModelKV.from_specs("m", [(FULL, "flash_attn")]), Limits(max_model_len=1024),
+                        Budget.kv_bytes("1GiB"))
+    assert plan.ledger.graph_keys == () and "measure it with graphkv bench memory" in plan.ledger.entries[-1].reason
+
+
+def test_a_calibration_file_round_trips_and_scales_per_token_terms_by_hidden_size(tmp_path):
+    """Written and read back: the same coefficients; measured at hidden 512, a 1024 model doubles the per-token terms."""
+    path = tmp_path / "cal.json"
+    GraphPoolModel(per_graph_bytes=4096.0, output_bytes_per_token=3.0, workspace_bytes_per_token=50.0, calibrated=True,
+                   source="fit", hidden_size=512).write(path, model="demo", device="H100")
+    data = json.loads(path.read_text())
+    assert data["format"] == CALIBRATION_FORMAT and data["device"] == "H100"
+    model = GraphPoolModel.from_file(path)
+    assert (model.per_graph_bytes, model.output_bytes_per_token, model.hidden_size) == (4096.0, 3.0, 512)
+    assert model.calibrated and model.source == f"calibrated: {path} (demo, H100)"
+    plan = _plan(graph_pool=model)
+    assert plan.ledger.graph_keys[0].nbytes == 4096 + 16 * 6 + 16 * 100
+    assert plan.ledger.entries[-1].reason.startswith("calibrated: 8 graphs")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "graph_calibration='{path}': is not JSON"),
+    ('{"format": "other/1"}', "has format 'other/1', not 'graphkv.graph_calibration/1'"),
+    ('{"format": "graphkv.graph_calibration/1", "per_graph_bytes": -1, "output_bytes_per_token": 1, '
+     '"workspace_bytes_per_token": "x"}', "2 problems"),
+])
+def test_a_bad_calibration_file_names_the_file_and_the_field(tmp_path, text, message):
+    """Bad JSON, another format, negative or non-numeric coefficients: SpecError naming what to fix."""
+    path = tmp_path / "cal.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="graphkv bench memory") as info:
+        GraphPoolModel.from_file(path)
+    assert message.replace("{path}", str(path)) in str(info.value)
+
+
+def test_a_missing_calibration_file_is_a_spec_error(tmp_path):
+    """A path that does not exist: SpecError, not FileNotFoundError."""
+    with pytest.raises(SpecError, match=r"cannot be read \(No such file or directory\)"):
+        GraphPoolModel.from_file(tmp_path / "none.json")
+
+
+def test_compile_refuses_a_graph_pool_that_is_not_a_model():
+    """graph_pool must be a GraphPoolModel (e.g. from_file), named in the error."""
+    with pytest.raises(SpecError, match="graph_pool='str': must be a GraphPoolModel or None"):
+        _plan(graph_pool="cal.json")
+
+
+def test_the_fit_recovers_the_coefficients_of_exact_measurements():
+    """Measurements made by a known model fit back to it: 2048 B per graph, 12 B outputs, 300 B workspace per token."""
+    truth = GraphPoolModel(per_graph_bytes=2048.0, output_bytes_per_token=12.0, workspace_bytes_per_token=300.0,
+                           calibrated=True, source="truth")
+    keys = _keys(64, 32, 16, 8, 4, 2, 1)
+    fitted = fit_graph_pool(keys, [e.nbytes for e in truth.estimate(keys)], hidden_size=64, source="fit")
+    assert fitted.per_graph_bytes == pytest.approx(2048.0)
+    assert fitted.output_bytes_per_token == pytest.approx(12.0)
+    assert fitted.workspace_bytes_per_token == pytest.approx(300.0)
+    assert fitted.hidden_size == 64
+
+
+def test_the_fit_clamps_noise_below_zero_and_needs_one_value_per_key():
+    """Later keys costing less than nothing fit to 0; a missing measurement is a SpecError."""
+    fitted = fit_graph_pool(_keys(8, 4, 2), [8000, 0, 0], hidden_size=None, source="fit")
+    assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token) == (0.0, 0.0,
+                                                                                                            1000.0)
+    with pytest.raises(SpecError, match="needs one value per key"):
+        fit_graph_pool(_keys(8, 4), [1], hidden_size=None, source="fit")
