@@ -19,10 +19,11 @@ from graphkv.hf.declare import model_dtype
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
-from graphkv.runtime.flex.attention import paged_flex_attention
+from graphkv.runtime.flex.write_attend import write_and_attend
 from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import current_context
+from graphkv.spec.backends import CacheOrder
 
 __all__ = ["LOGITS_MODES", "PagedModel"]
 
@@ -71,7 +72,7 @@ class PagedModel(torch.nn.Module):
         self.plan, self.pool, self.logits = plan, pool, logits
         self.family = family
         device = next(model.parameters()).device
-        if device != pool.device:
+        if (device.type, device.index or 0) != (pool.device.type, pool.device.index or 0):
             raise SpecError(Problem(field="device", value=str(pool.device),
                                     limit=f"the pool must live where the model's weights are ({device})",
                                     fix=f"allocate the pool on {device}, or move the model"))
@@ -84,8 +85,10 @@ class PagedModel(torch.nn.Module):
                                     limit=f"{family.model_type}'s attention sinks need flex attention's log-sum-exp, "
                                           "which torch 2.13's compiled flex does not return on a CPU",
                                     fix="use compile=False on a CPU (eager flex), or run on a GPU"))
-        attend: Callable[..., Any] = (torch.compile(paged_flex_attention, dynamic=pool.device.type == "cpu")
-                                      if compile else paged_flex_attention)
+        # Automatic dynamic shapes: the first step compiles for its token count, the next one with
+        # the token count symbolic (dynamic=True would also make the block table's rows symbolic,
+        # which torch 2.13's CPU flex template miscompiles when max_num_seqs is 1).
+        attend: Callable[..., Any] = torch.compile(write_and_attend, fullgraph=True) if compile else write_and_attend
         self.attention: dict[int, AttentionBinding] = {}
         replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}
         for decl in plan.layers:
@@ -93,9 +96,9 @@ class PagedModel(torch.nn.Module):
             group = plan.group_of(decl.index).index
             if kind == "attention":
                 self._check_window(decl, module, family)
+                assert pool.layout(decl.name).order is CacheOrder.KV_FIRST, "the flex backend's layout is kv-first"
                 self.attention[decl.index] = AttentionBinding(name=decl.name, group=group,
-                                                              cache=pool.kv_cache(decl.name),
-                                                              layout=pool.layout(decl.name), attend=attend)
+                                                              cache=pool.kv_cache(decl.name), attend=attend)
             else:
                 states = pool.mamba_states(decl.name)
                 replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group:

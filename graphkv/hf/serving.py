@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from graphkv.hf.declare import model_kv
+from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
 from graphkv.hf.model import PagedModel
 from graphkv.models.demo_engine import DemoEngine
 from graphkv.plan.compile import compile_plan
@@ -25,7 +25,8 @@ class ServingLoop:
     """A transformers causal LM planned, allocated and wrapped for serving on graphkv.
 
     Built from a loaded model: the cache layers are read from ``model.config``
-    (:func:`~graphkv.hf.declare.model_kv`), the plan is compiled for ``limits`` and ``budget``
+    (:func:`~graphkv.hf.declare.model_kv`; on a CPU with the flex query tile
+    :data:`~graphkv.hf.declare.CPU_FLEX_Q_TILE`), the plan is compiled for ``limits`` and ``budget``
     before anything is allocated, the pool and the :class:`~graphkv.runtime.step.Step` buffers
     are allocated on ``device`` (default: where the weights are), and the model's forward
     (:class:`~graphkv.hf.model.PagedModel`) is wrapped by ``graphkv.capture``. ``capture=True``
@@ -49,9 +50,10 @@ class ServingLoop:
     def __init__(self, model: torch.nn.Module, *, limits: Limits, budget: Budget | None,
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None) -> None:  # noqa: A002
-        self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype)
-        self.plan = compile_plan(self.model_kv, limits, budget)
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
+        self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
+                                 flex_q_tile_tokens=CPU_FLEX_Q_TILE if self.device.type == "cpu" else None)
+        self.plan = compile_plan(self.model_kv, limits, budget)
         self.pool = allocate(self.plan, self.device)
         self.step = Step(self.plan, self.device)
         self.model = PagedModel(model, self.pool, logits=logits, compile=compile)

@@ -5,7 +5,7 @@ classes (``AutoConfig.for_model``) — no download. The tests, ``benchmarks/hf_s
 Every config: vocabulary 128, hidden size 64, 4 query heads of 16 over 2 KV heads, float32, no
 end-of-sequence token (so runs generate every token they are asked for), plus what makes the
 family itself: a 24-token sliding window (Mistral on every layer; Gemma-3 and gpt-oss on some), a
-rotary embedding per layer type and logit soft-capping (Gemma-3), sinks and 4 experts (gpt-oss),
+rotary embedding per layer type, a query scale and output-logit soft-capping (Gemma-3), sinks and 4 experts (gpt-oss),
 gated-delta layers and experts (Qwen3-Next), Mamba2, attention and MLP blocks (Nemotron-H).
 """
 
@@ -24,7 +24,7 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "llama": dict(num_hidden_layers=2),
     "qwen3": dict(num_hidden_layers=2),
     "mistral": dict(num_hidden_layers=2, sliding_window=24),
-    "gemma3_text": dict(num_hidden_layers=3, sliding_window=24, query_pre_attn_scalar=24, attn_logit_softcapping=8.0,
+    "gemma3_text": dict(num_hidden_layers=3, sliding_window=24, query_pre_attn_scalar=24, final_logit_softcapping=8.0,
                         layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
     "gpt_oss": dict(num_hidden_layers=2, sliding_window=24, layer_types=["sliding_attention", "full_attention"],
                     num_local_experts=4, num_experts_per_tok=2),
@@ -37,8 +37,8 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
 })
 """Per family, the fields a tiny config sets on top of the common ones."""
 
-# Families whose own default attention is eager: soft-capping and sinks are applied only there.
-_EAGER = ("gemma3_text", "gpt_oss")
+# gpt-oss applies its sinks only in eager attention (its own default).
+_EAGER = ("gpt_oss",)
 
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:

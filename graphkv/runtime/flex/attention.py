@@ -7,7 +7,6 @@ the mask lists only kernel blocks, so the bytes between them (V, or other layers
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
@@ -45,7 +44,7 @@ def _check_mask_matches_cache(block_mask: BlockMask, kv_cache: torch.Tensor, k: 
 
 
 def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask: BlockMask, *,
-                         scale: float | None = None, score_mod: Callable[..., torch.Tensor] | None = None,
+                         scale: float | None = None,
                          return_lse: bool = False) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """Attention of packed queries ``[num_tokens_padded, Hq, D]`` over the paged cache.
 
@@ -54,8 +53,7 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     (GQA). ``block_mask``: from :meth:`FlexMaskBuilder.build` with the same ``num_tokens_padded``,
     built for this cache (same pool size and kv block stride, checked: :class:`SpecError`
     otherwise). Returns ``[num_tokens_padded, Hq, D]`` (a view of flex attention's output;
-    padding tokens get zeros). ``score_mod(score, b, h, q_idx, kv_idx)`` rewrites each scaled
-    score (e.g. logit soft-capping); ``return_lse=True`` also returns the log-sum-exp of each
+    padding tokens get zeros). ``return_lse=True`` also returns the log-sum-exp of each
     query's scores, ``[num_tokens_padded, Hq]`` float32 (``-inf`` for padding), which attention
     sinks need (eager flex and compiled flex on a GPU give it; torch 2.13's compiled CPU flex
     does not). Capture-safe.
@@ -74,9 +72,8 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
         q = q.clone(memory_format=torch.contiguous_format)
     options = flex_kernel_options(query, block_mask)
     if return_lse:
-        out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=True,
-                                  kernel_options=options, return_aux=AuxRequest(lse=True))
+        out, aux = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=options,
+                                  return_aux=AuxRequest(lse=True))
         return out[0].transpose(0, 1), aux.lse[0].transpose(0, 1)
-    out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=True,
-                         kernel_options=options)
+    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=options)
     return out[0].transpose(0, 1)
