@@ -81,7 +81,7 @@ class GraphkvServer:
     def __init__(self, model: Any, prompts: list[list[int]], new_tokens: int) -> None:
         import graphkv
         from graphkv.hf.declare import model_kv
-        from graphkv.hf.generate import workload_budget
+        from graphkv.hf.generation import workload_budget
         from graphkv.hf.serving import ServingLoop
 
         self.prompts, self.new_tokens = prompts, new_tokens

@@ -32,7 +32,7 @@ _LAZY = {
     "FAMILIES": "graphkv.hf.support",
     "PagedModel": "graphkv.hf.model",
     "ServingLoop": "graphkv.hf.serving",
-    "generate": "graphkv.hf.generate",
+    "generate": "graphkv.hf.generation",
     "model_kv": "graphkv.hf.declare",
     "tiny_model": "graphkv.hf.tiny",
 }

@@ -10,6 +10,7 @@ import torch
 
 from graphkv.errors import Problem, SpecError
 from graphkv.hf.serving import ServingLoop
+from graphkv.hf.support import family_of
 from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats
 from graphkv.plan.compile import compile_plan
 from graphkv.spec.budget import Budget
@@ -92,6 +93,7 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     """:func:`generate`, returning the engine's counters, timings and serving loop too (the
     benchmark and ``graphkv demo --hf`` read them). ``record=True`` keeps each step's logits rows
     (``result.engine.records``, see :class:`DemoEngine`)."""
+    family_of(model)  # refuse what graphkv.hf does not run before reading anything else
     vocab = getattr(model.config, "vocab_size", None)
     prompts = _check_prompts(prompts, max_new_tokens, vocab if isinstance(vocab, int) else None)
     start = time.perf_counter()
