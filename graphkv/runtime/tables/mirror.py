@@ -40,7 +40,8 @@ class PageMirror:
         self.num_pages_mv = memoryview(self.num_pages_np[0])
         self.host_start = starts[:-1].astype(np.int64)  # per group: where its rows start in pages_flat
         self.host_pages = np.array(self.max_pages, dtype=np.int64)  # per group: pages per row
-        self.arange = np.arange(seqs * max(self.max_pages), dtype=np.int64)
+        # Indexes up to every page of every row of every group at once (one step may fill them all).
+        self.arange = np.arange(max(self.size, seqs), dtype=np.int64)
         # Which request row each step (batch) row shows, and the inverse.
         self.shown_rows = np.zeros(0, dtype=np.int64)
         self.batch_row_of = np.full(seqs, -1, dtype=np.int64)
