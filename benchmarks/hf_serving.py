@@ -11,7 +11,9 @@ running together):
 - transformers: ``model.generate_batch(...)`` — its continuous batching over a paged cache (in
   transformers 5.23 with the plain ``sdpa`` implementation: the ``paged|sdpa`` spelling is
   deprecated and maps to it), given a cache of the same size (``ContinuousBatchingConfig``: as
-  many 16-token pages as graphkv's pool, the same step budget and request count).
+  many tokens as graphkv's pool, in 16-token pages, the same step budget and request count). It
+  refuses hybrid models (``Invalid layer type: linear_attention``); for those only graphkv's
+  numbers are printed.
 
 One process per batch size: both contenders are set up (each serves the prompts once to warm up:
 compiles, allocators), then timed serves alternate between them, ``--repeats`` each, medians
@@ -89,7 +91,7 @@ class GraphkvServer:
                                 max_num_batched_tokens=STEP_TOKENS, block_size=PAGE_TOKENS,
                                 cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)
         self.loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits), compile=True)
-        self.pages = self.loop.plan.num_blocks
+        self.kv_tokens = self.loop.plan.num_blocks * self.loop.plan.block_size  # the pool, null page included
         self.runs = 0
 
     def serve(self) -> dict[str, Any]:
@@ -113,12 +115,13 @@ class TransformersServer:
 
     name = "transformers"
 
-    def __init__(self, model: Any, prompts: list[list[int]], new_tokens: int, pages: int) -> None:
+    def __init__(self, model: Any, prompts: list[list[int]], new_tokens: int, kv_tokens: int) -> None:
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
-        self.model, self.prompts, self.pages = model, prompts, pages
+        self.model, self.prompts = model, prompts
+        pages = kv_tokens // PAGE_TOKENS
         model.set_attn_implementation("sdpa")
         self.config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
         self.cb = ContinuousBatchingConfig(num_blocks=pages, max_batch_tokens=STEP_TOKENS,
@@ -146,12 +149,18 @@ def measure_batch(args: argparse.Namespace, batch: int) -> dict[str, Any]:
 
     model = tiny_model(args.model_type)
     prompts = prompts_for(batch)
-    servers, setup = [], {}
-    for build in (lambda: GraphkvServer(model, prompts, args.new_tokens),
-                  lambda: TransformersServer(model, prompts, args.new_tokens, servers[0].pages)):
+    servers, setup, refused = [], {}, {}
+    for name, build in (("graphkv", lambda: GraphkvServer(model, prompts, args.new_tokens)),
+                        ("transformers", lambda: TransformersServer(model, prompts, args.new_tokens, servers[0].kv_tokens))):
         resident, start = memory_kib("VmRSS"), time.perf_counter()
-        server = build()
-        server.serve()  # warm-up
+        try:
+            server = build()
+            server.serve()  # warm-up
+        except Exception as error:  # noqa: BLE001 - a contender that cannot serve this model is reported
+            if name == "graphkv":
+                raise
+            refused[name] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            continue
         servers.append(server)
         setup[server.name] = {"seconds": time.perf_counter() - start, "kib": memory_kib("VmRSS") - resident}
     runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
@@ -173,7 +182,7 @@ def measure_batch(args: argparse.Namespace, batch: int) -> dict[str, Any]:
 
         pstats.Stats(profiler, stream=sys.stderr).sort_stats(args.profile_sort).print_stats(40)
     out: dict[str, Any] = {"batch": batch, "threads": torch.get_num_threads(), "graphs": servers[0].loop.graphs,
-                           "kv_pages": servers[0].pages}
+                           "kv_tokens": servers[0].kv_tokens, "refused": refused}
     for name, rs in runs.items():
         out[name] = {"tokens": rs[0]["tokens"], "same_every_run": all(r["tokens"] == rs[0]["tokens"] for r in rs),
                      **{k: statistics.median(r[k] for r in rs)
@@ -226,7 +235,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{'serve peak':>17}")
     failed = []
     for row in rows:
-        g, t = row["graphkv"], row["transformers"]
+        g, t = row["graphkv"], row.get("transformers")
+        if t is None:
+            rate = sum(map(len, g["tokens"])) / g["seconds"]
+            print(f"{row['batch']:>5}  {'-':>5}  {rate:>8,.0f}  transformers cannot serve this model: "
+                  f"{row['refused']['transformers']}  (TTFT graphkv {g['ttft'] * 1e3:.1f} ms)")
+            row["tokens_per_s"] = {"graphkv": rate}
+            g.pop("tokens")
+            continue
         generated = sum(map(len, g["tokens"]))
         row["identical_tokens"] = g["tokens"] == t["tokens"] and g["same_every_run"] and t["same_every_run"]
         rate = {"graphkv": generated / g["seconds"], "transformers_call": generated / t["seconds"],
@@ -248,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
           "starts and stops its manager thread; 'to last token' stops at its last token). set-up: from the built "
           "model to the end of a warm-up serve (graphkv: plan, pool, torch.compile of its attention; transformers: "
           f"its cache and manager), seconds and resident growth. serve peak: graphkv / transformers, resident memory "
-          f"above the resident size while serving. KV pool: {', '.join(str(r['kv_pages']) for r in rows)} pages "
-          "of 16 tokens for each contender.")
+          f"above the resident size while serving. KV cache: {', '.join(str(r['kv_tokens']) for r in rows)} tokens "
+          "for each contender (transformers in pages of 16).")
     print(f"graphkv: {rows[0]['graphs']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model_type": args.model_type, "new_tokens": args.new_tokens,
