@@ -18,6 +18,7 @@ import torch
 
 from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
+from graphkv.hf.generation import sliding_tables_for
 from graphkv.hf.serving import ServingLoop
 from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
 from graphkv.models.demo import DemoOptions, DemoResult, check_memory, check_options, demo_requests, serve_demo
@@ -53,12 +54,13 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     out = out if out is not None else sys.stdout
     device = check_options(options)
     model = tiny_model(model_type, seed=options.seed).to(device)
-    limits = Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
-                    max_num_batched_tokens=options.max_num_batched_tokens,
-                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
-    budget = Budget.kv_bytes(options.kv_memory)
     tile = CPU_FLEX_Q_TILE if device == "cpu" else None
-    check_memory(compile_plan(model_kv(model, flex_q_tile_tokens=tile), limits, budget), device, options.kv_memory)
+    declared = model_kv(model, flex_q_tile_tokens=tile)
+    limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
+                                       max_num_batched_tokens=options.max_num_batched_tokens,
+                                       cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY), declared)
+    budget = Budget.kv_bytes(options.kv_memory)
+    check_memory(compile_plan(declared, limits, budget), device, options.kv_memory)
     torch.set_num_threads(options.threads)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture)
     print(format_plan(loop.plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)

@@ -9,14 +9,18 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
+from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
 from graphkv.hf.support import family_of
 from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats
 from graphkv.plan.compile import compile_plan
 from graphkv.spec.budget import Budget
+from graphkv.spec.layers import LayerKind
 from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.model import ModelKV
 
-__all__ = ["GenerateResult", "default_limits", "generate", "generate_with_stats", "workload_budget"]
+__all__ = ["GenerateResult", "default_limits", "generate", "generate_with_stats", "sliding_tables_for",
+           "workload_budget"]
 
 _MAX_DEFAULT_SEQS = 64
 _DEFAULT_BATCHED_TOKENS = 256
@@ -66,23 +70,44 @@ def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) ->
     return out
 
 
-def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Limits:
+def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None) -> Limits:
     """The limits :func:`generate` plans with when none are given: ``max_model_len`` the longest
-    prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, and CUDA graphs
-    for decode steps only (prefill chunks run eagerly; recurrent backends capture uniform batches)."""
-    return Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
-                  max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
-                  max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
-                  cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+    prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, CUDA graphs
+    for decode steps only (prefill chunks run eagerly; recurrent backends capture uniform batches)
+    and, for a model with sliding-window layers (``model_kv``), sliding tables as wide as
+    :func:`sliding_tables_for` makes them."""
+    limits = Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
+                    max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
+                    max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
+                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+    return sliding_tables_for(limits, model_kv) if model_kv is not None else limits
 
 
-def workload_budget(model_kv: Any, limits: Limits) -> Budget:
+def sliding_tables_for(limits: Limits, model_kv: ModelKV) -> Limits:
+    """``limits`` with sliding-window tables that hold a whole ``max_model_len`` request.
+
+    graphkv's engine keeps every page of a request to its end: it does not free pages that left a
+    sliding window (a table column is a logical page, so a freed page would leave a hole the
+    runtime cannot reuse yet). A sliding group's table holds ``window - 1 +
+    max_concurrent_batches x max_num_batched_tokens`` tokens (plus a page), so this raises
+    ``max_concurrent_batches`` to ``cdiv(max_model_len, max_num_batched_tokens)`` when the model
+    has sliding layers and ``max_model_len`` is a number; otherwise ``limits`` is returned as is.
+    The plan then reserves the pages the engine really holds."""
+    sliding = any(layer.spec.kind is LayerKind.SLIDING_WINDOW for layer in model_kv.layers)
+    if not sliding or not isinstance(limits.max_model_len, int):
+        return limits
+    steps = -(-limits.max_model_len // limits.max_num_batched_tokens)
+    return attrs.evolve(limits, max_concurrent_batches=max(steps, limits.concurrent_batches()))
+
+
+def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
     """A KV budget holding ``max_num_seqs`` requests of ``max_model_len`` tokens at once as the
-    engine keeps them (every attention page of a request, a state page per state group), plus
-    the null page. Planning only (no allocation)."""
+    engine keeps them (every attention page of a request, a state page per state group) or as the
+    plan counts them, whichever is more, plus the null page. Planning only (no allocation)."""
     probe = compile_plan(model_kv, attrs.evolve(limits, num_blocks_override=1 << 20), None)
     length = probe.max_model_len
-    per_request = sum(1 if g.is_ssm else -(-length // g.block_size) for g in probe.groups)
+    held = sum(1 if g.is_ssm else -(-length // g.block_size) for g in probe.groups)
+    per_request = max(held, probe.capacity.pages_per_request)
     return Budget.kv_bytes((1 + limits.max_num_seqs * per_request) * probe.pool_bytes_per_block)
 
 
@@ -97,11 +122,10 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     vocab = getattr(model.config, "vocab_size", None)
     prompts = _check_prompts(prompts, max_new_tokens, vocab if isinstance(vocab, int) else None)
     start = time.perf_counter()
-    limits = limits if limits is not None else default_limits(prompts, max_new_tokens)
+    declared = model_kv(model)
+    limits = limits if limits is not None else default_limits(prompts, max_new_tokens, declared)
     if budget is None and limits.num_blocks_override is None:
-        from graphkv.hf.declare import model_kv
-
-        budget = workload_budget(model_kv(model), limits)
+        budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile)
     engine = loop.engine(record=record)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

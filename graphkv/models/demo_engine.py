@@ -6,8 +6,9 @@ decodes one token for every running request, admits waiting requests while rows,
 token budget allow, runs the step through :class:`graphkv.runtime.step.Step` and releases the
 pages of finished requests (later requests reuse them).
 
-Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages,
-a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
+Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages
+(sliding-window groups too: pages that left the window are not freed, so a request longer than a
+sliding group's table is refused when added), a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
 out. A request is admitted only when the free pages cover its whole life (prompt plus
 ``max_new_tokens``) besides what running requests may still take, so running requests never wait
 for pages (there is no preemption: requests that all waited for pages would wait forever). With
@@ -100,6 +101,16 @@ class DemoEngine:
                                                                                     request.max_new_tokens),
                                         limit=f"needs 1 <= prompt + max_new_tokens <= max_model_len={limit}",
                                         fix="shorten the prompt or generate fewer tokens"))
+        need = self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0))
+        for group, pages in zip(self.plan.groups, need):
+            if pages > group.pages_per_request:
+                raise CapacityError(Problem(
+                    field=f"request {request.req_id!r}", value=len(request.prompt) + request.max_new_tokens,
+                    limit=f"needs {pages} pages in group {group.index} ({group.kind.value}) but its table holds "
+                          f"{group.pages_per_request} (this engine keeps every page of a request to its end; it "
+                          "frees none that left a sliding window)",
+                    fix="plan with max_concurrent_batches >= cdiv(max_model_len, max_num_batched_tokens) "
+                        "(graphkv.hf.generation.sliding_tables_for), or shorten the request"))
         self._waiting.append(request)
 
     @property

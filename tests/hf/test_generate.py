@@ -76,3 +76,17 @@ def test_tensor_prompts_are_accepted() -> None:
     """A 1-D tensor of token ids is a prompt like a list."""
     model = tiny_model("llama")
     assert generate(model, [torch.tensor([3, 4, 5])], max_new_tokens=2) == [generate_alone(model, [3, 4, 5], 2)[3:]]
+
+
+def test_a_sliding_window_family_serves_prompts_longer_than_its_window_tables() -> None:
+    """Mistral (window 24) with a 200-token prompt: default limits widen the sliding tables; generate's tokens."""
+    model = tiny_model("mistral")
+    batch = prompts((200, 30))
+    assert generate(model, batch, max_new_tokens=4) == [generate_alone(model, p, 4)[len(p):] for p in batch]
+
+
+def test_limits_whose_sliding_tables_are_too_narrow_are_refused_up_front() -> None:
+    """With a sliding table of 7 pages, a 200-token request is a CapacityError when added, naming the fix."""
+    limits = graphkv.Limits(max_model_len=256, max_num_seqs=2, max_num_batched_tokens=32)
+    with pytest.raises(CapacityError, match=r"needs 13 pages in group 0 \(sliding_window\).*max_concurrent_batches"):
+        generate(tiny_model("mistral"), [[1] * 200], max_new_tokens=4, limits=limits)
