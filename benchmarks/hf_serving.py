@@ -150,8 +150,9 @@ def measure_batch(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     model = tiny_model(args.model_type)
     prompts = prompts_for(batch)
     servers, setup, refused = [], {}, {}
-    for name, build in (("graphkv", lambda: GraphkvServer(model, prompts, args.new_tokens)),
-                        ("transformers", lambda: TransformersServer(model, prompts, args.new_tokens, servers[0].kv_tokens))):
+    contenders = (("graphkv", lambda: GraphkvServer(model, prompts, args.new_tokens)),
+                  ("transformers", lambda: TransformersServer(model, prompts, args.new_tokens, servers[0].kv_tokens)))
+    for name, build in contenders:
         resident, start = memory_kib("VmRSS"), time.perf_counter()
         try:
             server = build()
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     rows = [run_batch(args, int(b)) for b in args.batches.split(",")]
-    print(f"graphkv.hf vs transformers generate_batch: tiny {args.model_type}, {args.new_tokens} new tokens per prompt, "
+    print(f"graphkv.hf vs transformers generate_batch: tiny {args.model_type}, {args.new_tokens} new tokens per "
+          "prompt, "
           f"prompts 8-64 tokens; torch {torch.__version__}, transformers {transformers.__version__}, Python "
           f"{platform.python_version()}, {platform.machine()}, torch threads {rows[0]['threads']} (--threads); "
           f"medians of {args.repeats} alternating serves")
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         if row["ratio_to_last_token"] < 1.0 or not row["identical_tokens"]:
             failed.append(row["batch"])
         print(f"{row['batch']:>5}  {str(row['identical_tokens']):>5}  {rate['graphkv']:>8,.0f}  "
-              f"{rate['transformers_call']:>17,.0f}  {row['ratio']:>5.2f}  {rate['transformers_to_last_token']:>13,.0f}  "
+              f"{rate['transformers_call']:>17,.0f}  {row['ratio']:>5.2f}  "
+              f"{rate['transformers_to_last_token']:>13,.0f}  "
               f"{row['ratio_to_last_token']:>5.2f}  {g['ttft'] * 1e3:>9.1f} ms  {t['ttft'] * 1e3:>9.1f} ms  "
               f"{g['setup_seconds']:>5.1f} s {g['setup_kib'] / 1024:>4.0f} MiB  "
               f"{t['setup_seconds']:>5.1f} s {t['setup_kib'] / 1024:>4.0f} MiB  "

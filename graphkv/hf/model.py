@@ -95,7 +95,7 @@ class PagedModel(torch.nn.Module):
             kind, module = self._module_for(decl, modules)
             group = plan.group_of(decl.index).index
             if kind == "attention":
-                self._check_window(decl, module, family)
+                self._check_attention(decl, module, family)
                 assert pool.layout(decl.name).order is CacheOrder.KV_FIRST, "the flex backend's layout is kv-first"
                 self.attention[decl.index] = AttentionBinding(name=decl.name, group=group,
                                                               cache=pool.kv_cache(decl.name), attend=attend)
@@ -120,7 +120,13 @@ class PagedModel(torch.nn.Module):
         return kind, module
 
     @staticmethod
-    def _check_window(decl: Any, module: torch.nn.Module, family: FamilySupport) -> None:
+    def _check_attention(decl: Any, module: torch.nn.Module, family: FamilySupport) -> None:
+        """Refuse an attention module graphkv's causal block masks would get wrong."""
+        if not getattr(module, "is_causal", True):
+            raise SpecError(Problem(field=f"{type(module).__name__} ({decl.name}).is_causal", value=False,
+                                    limit="graphkv.hf runs causal (decoder) attention; this layer attends both ways "
+                                          "(e.g. config.use_bidirectional_attention=True)",
+                                    fix="use the model as a decoder, or run it with transformers directly"))
         planned = getattr(decl.spec, "window", None)
         own = family.sliding_window(module)
         if planned != own:

@@ -40,7 +40,8 @@ class FamilySupport:
 FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f for f in (
     FamilySupport(model_type="llama", attention="LlamaAttention"),
     FamilySupport(model_type="qwen3", attention="Qwen3Attention"),
-    FamilySupport(model_type="mistral", attention="MistralAttention", window_from_config=True, note="sliding window on every layer"),
+    FamilySupport(model_type="mistral", attention="MistralAttention", window_from_config=True,
+                  note="sliding window on every layer"),
     FamilySupport(model_type="gemma3_text", attention="Gemma3Attention",
                   note="sliding and full layers, a rotary embedding per layer type"),
     FamilySupport(model_type="gpt_oss", attention="GptOssAttention",

@@ -8,8 +8,8 @@ pages of finished requests (later requests reuse them).
 
 Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages
 (sliding-window groups too: pages that left the window are not freed, so a request longer than a
-sliding group's table is refused when added), a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
-out. A request is admitted only when the free pages cover its whole life (prompt plus
+sliding group's table is refused when added), a state (Mamba) group one page for the request's
+life. Page 0 is the null page and never handed out. A request is admitted only when the free pages cover its whole life (prompt plus
 ``max_new_tokens``) besides what running requests may still take, so running requests never wait
 for pages (there is no preemption: requests that all waited for pages would wait forever). With
 ``record=True`` the engine keeps every computed logit row with its request and position, so a

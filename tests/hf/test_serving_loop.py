@@ -88,3 +88,10 @@ def test_pool_dtype_follows_the_weights() -> None:
     loop = ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes("1MiB"))
     assert loop.pool.kv_cache("layers.0").dtype == torch.bfloat16
     assert allocate(loop.plan).kv_cache("layers.1").dtype == torch.bfloat16
+
+
+def test_bidirectional_attention_is_refused() -> None:
+    """A Gemma-3 configured to attend both ways (an embedding model) is refused: causal masks would be wrong."""
+    model = tiny_model("gemma3_text", use_bidirectional_attention=True)
+    with pytest.raises(SpecError, match=r"Gemma3Attention \(layers.0\).is_causal=False"):
+        ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes("1MiB"))
