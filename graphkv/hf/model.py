@@ -55,8 +55,9 @@ class PagedModel(torch.nn.Module):
     ``logits="last"`` (default) computes the output head only for the last token of each batch
     row — ``[min(T, max_num_seqs), vocab]``, row ``i`` for batch row ``i`` (rows past the step are
     unused) — as a server samples; ``"all"``: ``[T, vocab]``, every packed token. ``compile``:
-    wrap the flex attention call in ``torch.compile`` (default: on a CUDA pool; on a CPU it costs
-    ~5-20 s once, then ~0.2 ms per call instead of ~15-30 ms eager). Attention sinks (gpt-oss) need
+    compile each layer's K/V write and flex attention as one ``torch.compile`` call (default: on a
+    CUDA pool; on a CPU it costs ~5-25 s once, then ~0.1-0.4 ms per call instead of ~15-30 ms
+    eager). Attention sinks (gpt-oss) need
     the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: ``compile=True`` on a CPU is
     refused for them. The model's weights are used in place (no copy) and the model is not changed.
     """
@@ -103,6 +104,11 @@ class PagedModel(torch.nn.Module):
                 states = pool.mamba_states(decl.name)
                 replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group:
                                    cls(twin, name=name, states=states, group=group))
+        unplanned = sorted(set(modules) - {decl.index for decl in plan.layers})
+        if unplanned:
+            raise PlanError(Problem(field="pool.plan", value=plan.model_name,
+                                    limit=f"has no cache layer for the model's layers {unplanned}",
+                                    fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
         register()
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace)

@@ -95,3 +95,10 @@ def test_bidirectional_attention_is_refused() -> None:
     model = tiny_model("gemma3_text", use_bidirectional_attention=True)
     with pytest.raises(SpecError, match=r"Gemma3Attention \(layers.0\).is_causal=False"):
         ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes("1MiB"))
+
+
+def test_a_pool_missing_some_of_the_models_layers_is_refused() -> None:
+    """A pool planned for a 2-layer Llama cannot serve a 3-layer one: the unplanned layer is named."""
+    pool = loop_for("llama").pool
+    with pytest.raises(PlanError, match=r"has no cache layer for the model's layers \[2\]"):
+        PagedModel(tiny_model("llama", num_hidden_layers=3), pool)
