@@ -59,7 +59,9 @@ class PagedModel(torch.nn.Module):
     CUDA pool; on a CPU it costs ~5-25 s once, then ~0.1-0.4 ms per call instead of ~15-30 ms
     eager). Attention sinks (gpt-oss) need
     the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: ``compile=True`` on a CPU is
-    refused for them. The model's weights are used in place (no copy) and the model is not changed.
+    refused for them. On a GPU the MoE experts run transformers' ``batched_mm`` implementation
+    (routing on the device, so a decode step can be captured; not yet run on a GPU here). The
+    model's weights are used in place (no copy) and the model is not changed.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
@@ -111,7 +113,10 @@ class PagedModel(torch.nn.Module):
                                     fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
         register()
-        self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace)
+        # transformers' default MoE loop picks the experts a step hits on the host (a sync no CUDA
+        # graph can hold); its batched_mm implementation routes on the device.
+        self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
+                               experts_implementation="batched_mm" if pool.device.type == "cuda" else None)
         self.dtype = model_dtype(model)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:

@@ -18,15 +18,18 @@ __all__ = ["paged_view"]
 
 
 def paged_view(model: torch.nn.Module, *, attn_implementation: str,
-               replace: Mapping[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]]) -> torch.nn.Module:
-    """A view of ``model`` whose config says ``attn_implementation`` and in which each module
-    ``m`` in ``replace`` (matched by identity) becomes ``replace[m](twin)``, ``twin`` being the
-    view's copy of ``m``. Parameters and buffers are the model's own tensors (``data_ptr()``
-    equal); ``model`` itself is not changed. The view is in eval mode (dropout off), whatever
-    mode ``model`` is in."""
+               replace: Mapping[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]],
+               experts_implementation: str | None = None) -> torch.nn.Module:
+    """A view of ``model`` whose config says ``attn_implementation`` (and, when given,
+    ``experts_implementation`` for MoE layers) and in which each module ``m`` in ``replace``
+    (matched by identity) becomes ``replace[m](twin)``, ``twin`` being the view's copy of ``m``.
+    Parameters and buffers are the model's own tensors (``data_ptr()`` equal); ``model`` itself
+    is not changed. The view is in eval mode (dropout off), whatever mode ``model`` is in."""
     old_config = model.config
     config = copy.deepcopy(old_config)
     config._attn_implementation = attn_implementation
+    if experts_implementation is not None:
+        config._experts_implementation = experts_implementation
     by_id = {id(m): r for m, r in replace.items()}
 
     def twin(module: torch.nn.Module) -> torch.nn.Module:
