@@ -168,6 +168,9 @@ def _add_demo(sub: Any) -> None:
     demo.add_argument("--threads", type=count(1, maximum=1024), default=d.threads,
                       help="torch CPU threads (torch.set_num_threads; default: %(default)s, for timings that do not "
                            "depend on how busy the machine is)")
+    demo.add_argument("--hf", metavar="MODEL_TYPE", default=None,
+                      help="serve a tiny random-weight transformers model of this family instead (llama, qwen3, "
+                           "mistral, gemma3_text, gpt_oss, qwen3_next, nemotron_h); needs the hf extra")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,6 +339,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
                           device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads)
+    if args.hf is not None:
+        require("hf", "transformers", needed_by="graphkv demo --hf")
+        from graphkv.hf.demo import run_hf_demo
+
+        print(run_hf_demo(args.hf, options))
+        return 0
     print(run_demo(options))
     return 0
 

@@ -2,7 +2,8 @@
 
 ``pip install graphkv`` installs the planner only (attrs, typing-extensions): ``graphkv plan``,
 :mod:`graphkv.spec`, :mod:`graphkv.plan`. The runtime, the kernels and the demo need the
-``runtime`` extra (torch, Triton, numpy, nvidia-ml-py); the tests need ``dev``.
+``runtime`` extra (torch, Triton, numpy, nvidia-ml-py); :mod:`graphkv.hf` adds the ``hf`` extra
+(transformers); the tests need ``dev``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = ["EXTRAS", "require"]
 EXTRAS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     "runtime": ("torch", "triton", "numpy", "nvidia-ml-py"),
     "bench": ("matplotlib",),
+    "hf": ("transformers",),
 })
 
 

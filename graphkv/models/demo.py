@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
 
@@ -23,7 +23,8 @@ from graphkv.plan import Plan, compile_plan
 from graphkv.spec.budget import Budget, format_bytes
 from graphkv.spec.limits import CudaGraphMode, Limits
 
-__all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "demo_plan", "run_demo"]
+__all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "check_memory", "check_options", "demo_plan", "demo_requests",
+           "run_demo", "serve_demo"]
 
 MAX_SEED = (1 << 63) - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
@@ -118,7 +119,7 @@ def _available_bytes(device: str) -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory of this machine"
 
 
-def _check_memory(plan: Plan, device: str, kv_memory: str) -> None:
+def check_memory(plan: Plan, device: str, kv_memory: str) -> None:
     """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
     need = plan.ledger.runtime_bytes(device).device_bytes
     have, where = _available_bytes(device)
@@ -130,21 +131,11 @@ def _check_memory(plan: Plan, device: str, kv_memory: str) -> None:
             fix=f"lower --kv-memory to below {format_bytes(have)} (the demo needs a few MiB)"))
 
 
-def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool = True) -> DemoResult:
-    """Run the demo: print the plan report to ``out`` (default stdout), serve ``options.requests``
-    requests, return the numbers."""
+def check_options(options: DemoOptions) -> str:
+    """Validate the options a demo run reads before anything is built; returns the device to use
+    (``"cpu"`` or ``"cuda"``). Raises :class:`SpecError` naming the flag."""
     import torch
 
-    from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats
-    from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
-    from graphkv.models.tiny_hybrid import init_weights
-    from graphkv.report import format_plan
-    from graphkv.runtime.capture.graphs import capture
-    from graphkv.runtime.pool.allocate import allocate
-    from graphkv.runtime.step.step import Step
-
-    out = out if out is not None else sys.stdout
-    config = TinyHybridConfig()
     device = _device(options.device, torch.cuda.is_available())
     if not 1 <= options.threads <= 1024:
         raise SpecError(Problem(field="--threads", value=options.threads, limit="must be between 1 and 1024",
@@ -152,37 +143,43 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     if not 0 <= options.seed <= MAX_SEED:
         raise SpecError(Problem(field="--seed", value=options.seed, limit=f"must be in [0, {MAX_SEED}] (a 64-bit seed)",
                                 fix="pass a smaller seed"))
-    plan = demo_plan(options, config)
-    _check_memory(plan, device, options.kv_memory)
-    torch.set_num_threads(options.threads)
-    print(format_plan(plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
-    model = PagedTinyHybrid(init_weights(config, seed=options.seed).to(device), allocate(plan, device))
-    step = Step(plan, device)
-    forward = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
-    if options.capture:
-        graphs = str(forward.capture(progress=progress, prepare=step.capture_context))
-    else:
-        graphs = "capture disabled (--no-capture); every step runs eagerly"
+    return device
+
+
+def demo_requests(options: DemoOptions, vocab_size: int) -> tuple[list[Any], dict[int, list[Any]]]:
+    """``options.requests`` random prompts (lengths in ``options.prompt_len``, seeded by
+    ``options.seed``): the half present at the start, and the rest arriving one every other step."""
+    import torch
+
+    from graphkv.models.demo_engine import DemoRequest
+
     gen = torch.Generator().manual_seed(options.seed)
     low, high = options.prompt_len
-    requests = [DemoRequest(req_id=i, prompt=torch.randint(0, config.vocab_size, (int(n),), generator=gen).tolist(),
+    requests = [DemoRequest(req_id=i, prompt=torch.randint(0, vocab_size, (int(n),), generator=gen).tolist(),
                             max_new_tokens=options.new_tokens)
                 for i, n in enumerate(torch.randint(low, high + 1, (options.requests,), generator=gen))]
-    # Half the requests are there at the start; the rest arrive one every other step.
     first = (len(requests) + 1) // 2
-    arrivals = {2 * (i + 1): [r] for i, r in enumerate(requests[first:])}
-    engine = DemoEngine(plan, step, forward)
+    return requests[:first], {2 * (i + 1): [r] for i, r in enumerate(requests[first:])}
+
+
+def serve_demo(engine: Any, options: DemoOptions, vocab_size: int, *, device: str, graphs: str,
+               progress: bool) -> DemoResult:
+    """Run :func:`demo_requests` through ``engine`` (a :class:`DemoEngine`) and measure it."""
+    import torch
+
+    first, arrivals = demo_requests(options, vocab_size)
+    total = len(first) + sum(map(len, arrivals.values()))
     show = progress and sys.stderr.isatty()
 
-    def on_step(stats: EngineStats) -> None:
+    def on_step(stats: Any) -> None:
         if show:
-            sys.stderr.write(f"\rgraphkv demo: step {stats.steps}, {stats.finished}/{len(requests)} requests finished")
+            sys.stderr.write(f"\rgraphkv demo: step {stats.steps}, {stats.finished}/{total} requests finished")
 
     start = time.perf_counter()
     with warnings.catch_warnings():
         # Eager flex attention (CPU) warns that it is slower than compiled flex; the demo knows.
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
-        engine.run(requests[:first], arrivals=arrivals, on_step=on_step)
+        engine.run(first, arrivals=arrivals, on_step=on_step)
     if show:
         sys.stderr.write("\n")
     if device == "cuda":
@@ -192,3 +189,34 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
                       threads=torch.get_num_threads(), graphs=graphs,
                       steps=s.steps, requests=s.finished, tokens=s.tokens, generated=s.generated,
                       pages_reused=s.pages_reused, seconds=time.perf_counter() - start)
+
+
+def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool = True) -> DemoResult:
+    """Run the demo: print the plan report to ``out`` (default stdout), serve ``options.requests``
+    requests, return the numbers."""
+    import torch
+
+    from graphkv.models.demo_engine import DemoEngine
+    from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
+    from graphkv.models.tiny_hybrid import init_weights
+    from graphkv.report import format_plan
+    from graphkv.runtime.capture.graphs import capture
+    from graphkv.runtime.pool.allocate import allocate
+    from graphkv.runtime.step.step import Step
+
+    out = out if out is not None else sys.stdout
+    config = TinyHybridConfig()
+    device = check_options(options)
+    plan = demo_plan(options, config)
+    check_memory(plan, device, options.kv_memory)
+    torch.set_num_threads(options.threads)
+    print(format_plan(plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
+    model = PagedTinyHybrid(init_weights(config, seed=options.seed).to(device), allocate(plan, device))
+    step = Step(plan, device)
+    forward = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
+    if options.capture:
+        graphs = str(forward.capture(progress=progress, prepare=step.capture_context))
+    else:
+        graphs = "capture disabled (--no-capture); every step runs eagerly"
+    return serve_demo(DemoEngine(plan, step, forward), options, config.vocab_size, device=device, graphs=graphs,
+                      progress=progress)

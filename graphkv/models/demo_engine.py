@@ -6,9 +6,10 @@ decodes one token for every running request, admits waiting requests while rows,
 token budget allow, runs the step through :class:`graphkv.runtime.step.Step` and releases the
 pages of finished requests (later requests reuse them).
 
-Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages,
-a state (Mamba) group one page for the request's life. Page 0 is the null page and never handed
-out. A request is admitted only when the free pages cover its whole life (prompt plus
+Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages
+(sliding-window groups too: pages that left the window are not freed, so a request longer than a
+sliding group's table is refused when added), a state (Mamba) group one page for the request's
+life. Page 0 is the null page and never handed out. A request is admitted only when the free pages cover its whole life (prompt plus
 ``max_new_tokens``) besides what running requests may still take, so running requests never wait
 for pages (there is no preemption: requests that all waited for pages would wait forever). With
 ``record=True`` the engine keeps every computed logit row with its request and position, so a
@@ -34,11 +35,13 @@ __all__ = ["DemoEngine", "DemoRequest", "EngineStats"]
 
 @attrs.frozen(kw_only=True)
 class DemoRequest:
-    """A request: its prompt token ids and how many tokens to generate."""
+    """A request: its prompt token ids, how many tokens to generate, and the token ids that end it
+    early (an end-of-sequence token: generated, then the request finishes)."""
 
     req_id: Hashable
     prompt: tuple[int, ...] = attrs.field(converter=tuple)
     max_new_tokens: int
+    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
 
 
 @attrs.define
@@ -69,13 +72,21 @@ class EngineStats:
 
 class DemoEngine:
     """Continuous batching over ``plan``'s pool with ``forward`` (an eager model, or a
-    :class:`~graphkv.runtime.capture.CapturedForward` of it) driven through ``step``."""
+    :class:`~graphkv.runtime.capture.CapturedForward` of it) driven through ``step``.
 
-    def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False) -> None:
+    ``forward`` returns one logits row per packed token, or with ``logits_per_request=True`` one
+    row per batch row (the logits of each request's last token of the step, as
+    :class:`graphkv.hf.PagedModel` computes by default). ``first_token_at[req_id]`` is the
+    ``time.perf_counter()`` at which a request's first token was sampled (time to first token)."""
+
+    def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
+                 logits_per_request: bool = False) -> None:
         self.plan, self.step_api, self.forward = plan, step, forward
         self.record = record
+        self.logits_per_request = logits_per_request
         self.records: list[tuple[Hashable, int, torch.Tensor]] = []  # (request, position, logits row)
         self.finished: dict[Hashable, list[int]] = {}  # request -> prompt + generated tokens
+        self.first_token_at: dict[Hashable, float] = {}
         self.stats = EngineStats()
         self._waiting: deque[DemoRequest] = deque()
         self._running: dict[Hashable, _Running] = {}
@@ -90,6 +101,16 @@ class DemoEngine:
                                                                                     request.max_new_tokens),
                                         limit=f"needs 1 <= prompt + max_new_tokens <= max_model_len={limit}",
                                         fix="shorten the prompt or generate fewer tokens"))
+        need = self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0))
+        for group, pages in zip(self.plan.groups, need):
+            if pages > group.pages_per_request:
+                raise CapacityError(Problem(
+                    field=f"request {request.req_id!r}", value=len(request.prompt) + request.max_new_tokens,
+                    limit=f"needs {pages} pages in group {group.index} ({group.kind.value}) but its table holds "
+                          f"{group.pages_per_request} (this engine keeps every page of a request to its end; it "
+                          "frees none that left a sliding window)",
+                    fix="plan with max_concurrent_batches >= cdiv(max_model_len, max_num_batched_tokens) "
+                        "(graphkv.hf.generation.sliding_tables_for), or shorten the request"))
         self._waiting.append(request)
 
     @property
@@ -129,23 +150,35 @@ class DemoEngine:
         for run, n in chunks:
             offset += n
             ends.append(offset - 1)
+        rows = list(range(len(chunks))) if self.logits_per_request else ends
         if self.record:
-            offset = 0
-            for run, n in chunks:
-                for i in range(n):
-                    self.records.append((run.request.req_id, run.computed + i, logits[offset + i].detach().cpu()))
-                offset += n
-        next_tokens = logits[ends].argmax(-1).tolist()
+            self._record(chunks, logits, rows)
+        next_tokens = logits[rows].argmax(-1).tolist()
+        now = time.perf_counter()
         for (run, n), token in zip(chunks, next_tokens):
             run.computed += n
             if run.computed == len(run.tokens):  # the query reached the end: sample
                 run.tokens.append(int(token))
                 self.stats.generated += 1
-                if run.generated >= run.request.max_new_tokens:
+                self.first_token_at.setdefault(run.request.req_id, now)
+                if run.generated >= run.request.max_new_tokens or token in run.request.stop_token_ids:
                     self._finish(run)
         self.stats.steps += 1
         self.stats.tokens += len(ids)
         self.stats.seconds += time.perf_counter() - start
+
+    def _record(self, chunks: list[tuple[_Running, int]], logits: torch.Tensor, rows: list[int]) -> None:
+        """Keep the step's logits rows with their request and position (every token, or each
+        request's last token of the step)."""
+        if self.logits_per_request:
+            for (run, n), row in zip(chunks, rows):
+                self.records.append((run.request.req_id, run.computed + n - 1, logits[row].detach().cpu()))
+            return
+        offset = 0
+        for run, n in chunks:
+            for i in range(n):
+                self.records.append((run.request.req_id, run.computed + i, logits[offset + i].detach().cpu()))
+            offset += n
 
     def _schedule(self) -> tuple[Batch, list[tuple[_Running, int]]]:
         limits = self.plan.limits

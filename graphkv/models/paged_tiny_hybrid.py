@@ -25,9 +25,11 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.models.tiny_hybrid import TinyHybridWeights, rms_norm, split_qkv
 from graphkv.runtime.flex.attention import paged_flex_attention
-from graphkv.runtime.step.context import StepContext, current_context
 from graphkv.runtime.ops.choice import write_kv
 from graphkv.runtime.pool.allocate import KVPool
+from graphkv.runtime.state.conv import packed_causal_conv
+from graphkv.runtime.state.rows import PackedRows, segment_cumsum
+from graphkv.runtime.step.context import StepContext, current_context
 
 __all__ = ["PagedTinyHybrid"]
 
@@ -60,12 +62,13 @@ class PagedTinyHybrid(torch.nn.Module):
         w, c = self.weights, self.config
         x = w["embed"][input_ids]
         masks = ctx.build_masks(input_ids.shape[0])  # once per forward: replayed inside a graph
+        rows = PackedRows.from_context(ctx, input_ids.shape[0])  # once per forward, for every recurrence
         for name, kind in zip(self.layer_names, c.pattern):
             h = rms_norm(x)
             if kind == "A":
                 x = x + self._attention(ctx, name, h, masks[ctx.group(name)])
             else:
-                x = x + self._recurrence(ctx, name, h)
+                x = x + self._recurrence(ctx, name, h, rows)
         return rms_norm(x) @ w["lm_head"]
 
     def _attention(self, ctx: StepContext, name: str, h: torch.Tensor, mask: BlockMask) -> torch.Tensor:
@@ -76,64 +79,33 @@ class PagedTinyHybrid(torch.nn.Module):
         out = self._attend(q.contiguous(), cache, mask, scale=self.config.head_size ** -0.5)
         return out.reshape(h.shape[0], -1) @ self.weights[name + ".wo"]
 
-    def _recurrence(self, ctx: StepContext, name: str, h: torch.Tensor) -> torch.Tensor:
+    def _recurrence(self, ctx: StepContext, name: str, h: torch.Tensor, rows: PackedRows) -> torch.Tensor:
         w, c = self.weights, self.config
-        num_tokens, seqs, taps = h.shape[0], ctx.row_valid.shape[0], c.conv_kernel - 1
         conv_pool, ssm_pool = self.pool.mamba_states(name)
         pages = ctx.state_indices[ctx.group(name)]
-        row = ctx.token_row[:num_tokens]
-        offset = ctx.token_offset[:num_tokens]
-        real = row >= 0
-        row0 = row.clamp(min=0)
-        has_state = (ctx.context_lens > 0).to(h.dtype)  # a request's first chunk starts from zero state
-        conv0 = conv_pool.index_select(0, pages) * has_state[:, None, None]  # [S, K-1, C]
-        ssm0 = ssm_pool.index_select(0, pages) * has_state[:, None, None, None]  # [S, Hs, dk, dv]
-
-        # Causal depthwise conv: tap m of token t reads the input `taps - m` tokens back in its
-        # request, from this step's inputs or, before the query, from the request's conv state.
-        u = h @ w[name + ".w_in"]  # [T, C]
-        source = torch.cat([conv0.reshape(seqs * taps, -1), u])  # [S*(K-1) + T, C]
-        tap = torch.arange(c.conv_kernel, device=h.device)
-        back = offset[:, None] - taps + tap  # index inside the query of the tap's input
-        tokens = torch.arange(num_tokens, device=h.device)
-        from_step = seqs * taps + tokens[:, None] - taps + tap
-        from_state = row0[:, None] * taps + taps + back
-        index = torch.where(back >= 0, from_step, from_state).clamp(0, source.shape[0] - 1)
-        frames = source[index]  # [T, K, C]
-        mixed = torch.nn.functional.silu((frames * w[name + ".conv"].t()).sum(1))
+        # Causal depthwise conv over each request's inputs, continuing from its conv state.
+        mixed = torch.nn.functional.silu(packed_causal_conv(h @ w[name + ".w_in"], conv_pool, pages, rows,
+                                                            weight=w[name + ".conv"]))
         hs, dk, dv = c.state_heads, c.state_key_size, c.state_value_size
         q = mixed[:, :hs * dk].view(-1, hs, dk)
         k = mixed[:, hs * dk:2 * hs * dk].view(-1, hs, dk) / math.sqrt(dk)
         v = mixed[:, 2 * hs * dk:].view(-1, hs, dv)
-        log_decay = torch.nn.functional.logsigmoid(h @ w[name + ".w_gate"]).double()  # [T, Hs]
+        log_decay = torch.nn.functional.logsigmoid(h @ w[name + ".w_gate"])  # [T, Hs]
+        ssm0 = ssm_pool.index_select(0, pages) * rows.has_state.to(h.dtype)[:, None, None, None]  # [S, Hs, dk, dv]
 
-        # Decay from token s to token t of one request: exp(G_t - G_s), G a running sum of log
-        # decays (float64: differences of long sums keep their precision).
-        cum = log_decay.cumsum(0)  # [T, Hs]
-        q_start = ctx.query_start_loc[:-1].long().clamp(max=max(num_tokens - 1, 0))
-        before = cum[q_start] - log_decay[q_start]  # [S, Hs]: G just before each request's query
-        same = (row[:, None] == row[None, :]) & real[:, None] & (tokens[None, :] <= tokens[:, None])
-        gap = (cum[:, None, :] - cum[None, :, :]).masked_fill(~same[:, :, None], -math.inf)  # [T, T, Hs]
+        # Decay from token s to token t of one request: exp(G_t - G_s), G the running sum of log
+        # decays from the request's query start (float64: differences of long sums keep precision).
+        cum = segment_cumsum(log_decay, rows)  # [T, Hs]
+        gap = (cum[:, None, :] - cum[None, :, :]).masked_fill(~rows.causal[:, :, None], -math.inf)  # [T, T, Hs]
         scores = torch.einsum("thk,shk->hts", q, k) * gap.permute(2, 0, 1).exp().to(q.dtype)
-        from_start = (cum - before[row0]).exp().to(q.dtype)  # [T, Hs]: decay since the query began
         out = torch.einsum("hts,shv->thv", scores, v)
-        out = out + from_start[:, :, None] * torch.einsum("thk,thkv->thv", q, ssm0[row0])
+        out = out + cum.exp().to(q.dtype)[:, :, None] * torch.einsum("thk,thkv->thv", q, ssm0[rows.row0])
 
-        # New states: the recurrent state after each request's last query token, and the last
-        # `taps` conv inputs (from this step, or still from the old state for short queries).
-        last = (ctx.query_start_loc[1:].long() - 1).clamp(0, max(num_tokens - 1, 0))  # [S]
-        in_row = (row[None, :] == torch.arange(seqs, device=h.device)[:, None]) & real[None, :]  # [S, T]
-        to_end = (cum[last][:, None, :] - cum[None, :, :]).masked_fill(~in_row[:, :, None], -math.inf)
+        # New recurrent state after each request's last query token. Rows past the step have
+        # page 0 (the null page): their writes land there, unread.
+        to_end = (cum[rows.last][:, None, :] - cum[None, :, :]).masked_fill(~rows.member[:, :, None], -math.inf)
         weight = to_end.exp().to(q.dtype)  # [S, T, Hs]
-        decay_all = (cum[last] - before).exp().to(q.dtype)  # [S, Hs]
-        ssm1 = decay_all[:, :, None, None] * ssm0 + torch.einsum("sth,thk,thv->shkv", weight, k, v)
-        slot = torch.arange(taps, device=h.device)
-        back_new = ctx.query_lens[:, None] - taps + slot  # [S, K-1]
-        new_from_step = seqs * taps + ctx.query_start_loc[:-1].long()[:, None] + back_new
-        new_from_state = torch.arange(seqs, device=h.device)[:, None] * taps + taps + back_new
-        new_index = torch.where(back_new >= 0, new_from_step, new_from_state).clamp(0, source.shape[0] - 1)
-        conv1 = source[new_index]  # [S, K-1, C]
-        # Rows past the step have page 0 (the null page): their writes land there, unread.
-        conv_pool.index_copy_(0, pages, conv1.to(conv_pool.dtype))
+        ssm1 = cum[rows.last].exp().to(q.dtype)[:, :, None, None] * ssm0 + torch.einsum("sth,thk,thv->shkv",
+                                                                                        weight, k, v)
         ssm_pool.index_copy_(0, pages, ssm1.to(ssm_pool.dtype))
-        return out.reshape(num_tokens, -1) @ w[name + ".w_out"]
+        return out.reshape(h.shape[0], -1) @ w[name + ".w_out"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.flex.views import flex_kv_block_stride, paged_kv_views
@@ -44,7 +44,8 @@ def _check_mask_matches_cache(block_mask: BlockMask, kv_cache: torch.Tensor, k: 
 
 
 def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask: BlockMask, *,
-                         scale: float | None = None) -> torch.Tensor:
+                         scale: float | None = None,
+                         return_lse: bool = False) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """Attention of packed queries ``[num_tokens_padded, Hq, D]`` over the paged cache.
 
     ``kv_cache``: kv-first NHD ``(2, num_kernel_blocks, kbs, Hkv, D)``, split or page-local (see
@@ -52,7 +53,10 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     (GQA). ``block_mask``: from :meth:`FlexMaskBuilder.build` with the same ``num_tokens_padded``,
     built for this cache (same pool size and kv block stride, checked: :class:`SpecError`
     otherwise). Returns ``[num_tokens_padded, Hq, D]`` (a view of flex attention's output;
-    padding tokens get zeros). Capture-safe.
+    padding tokens get zeros). ``return_lse=True`` also returns the log-sum-exp of each
+    query's scores, ``[num_tokens_padded, Hq]`` float32 (``-inf`` for padding), which attention
+    sinks need (eager flex and compiled flex on a GPU give it; torch 2.13's compiled CPU flex
+    does not). Capture-safe.
 
     Uncompiled flex attention (the eager math path) scores every key of the flat view and only
     then applies the mask, so it reads the bytes between kernel blocks too (V, and in a hybrid
@@ -66,6 +70,10 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
         # A fresh [1, Hq, T, D] buffer: inductor's CPU flex template reads the 4-D shape off the
         # query's base buffer, which a view of a [T, Hq, D] tensor lacks (torch 2.13).
         q = q.clone(memory_format=torch.contiguous_format)
-    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True,
-                         kernel_options=flex_kernel_options(query, block_mask))
+    options = flex_kernel_options(query, block_mask)
+    if return_lse:
+        out, aux = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=options,
+                                  return_aux=AuxRequest(lse=True))
+        return out[0].transpose(0, 1), aux.lse[0].transpose(0, 1)
+    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=options)
     return out[0].transpose(0, 1)

@@ -14,8 +14,8 @@ import torch
 from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.spec.backends import CacheOrder, KVLayout
 
-__all__ = ["PAD_SLOT_ID", "expand_pages_ref", "gather_ref", "paged_decode_attention_ref", "reshape_and_cache_ref",
-           "slot_mapping_ref", "write_pages_ref"]
+__all__ = ["PAD_SLOT_ID", "causal_conv_ref", "expand_pages_ref", "gather_ref", "gated_delta_ref",
+           "paged_decode_attention_ref", "reshape_and_cache_ref", "slot_mapping_ref", "ssd_ref", "write_pages_ref"]
 
 
 def expand_pages_ref(page_ids: Sequence[int], bpk: int) -> list[int]:
@@ -113,3 +113,50 @@ def paged_decode_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor, bloc
         scores = torch.einsum("hd,nhd->hn", query[s].cpu().double(), k) * scale
         out[s] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
     return out
+
+
+def causal_conv_ref(inputs: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's causal depthwise convolution, token by token, in float64: ``inputs`` ``[n,
+    C]`` after ``state`` ``[K - 1, C]`` (the inputs before them, oldest first); ``weight`` ``[C,
+    K]`` (tap ``K - 1`` on the current token). Returns outputs ``[n, C]`` and the new state (the
+    last ``K - 1`` inputs)."""
+    window = torch.cat([state.double(), inputs.double()])
+    taps = weight.shape[1]
+    out = torch.stack([(window[t:t + taps].t() * weight.double()).sum(1) for t in range(inputs.shape[0])]) \
+        if inputs.shape[0] else window.new_zeros(0, inputs.shape[1])
+    if bias is not None:
+        out = out + bias.double()
+    return out, window[window.shape[0] - (taps - 1):]
+
+
+def gated_delta_ref(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, log_decay: torch.Tensor,
+                    beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's gated delta rule, token by token, in float64: per head ``S <- exp(g) S``, then
+    ``S <- S + k (beta (v - S^T k))^T`` and ``o = S^T q``. ``query`` / ``key`` ``[n, H, dk]``,
+    ``value`` ``[n, H, dv]``, ``log_decay`` / ``beta`` ``[n, H]``, ``state`` ``[H, dk, dv]``.
+    Returns outputs ``[n, H, dv]`` and the final state."""
+    s = state.double().clone()
+    outs = []
+    for t in range(query.shape[0]):
+        s = s * log_decay[t].double().exp()[:, None, None]
+        k, v, q = key[t].double(), value[t].double(), query[t].double()
+        delta = (v - torch.einsum("hkv,hk->hv", s, k)) * beta[t].double()[:, None]
+        s = s + k[:, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("hkv,hk->hv", s, q))
+    return (torch.stack(outs) if outs else value.new_zeros(0, *value.shape[1:]).double()), s
+
+
+def ssd_ref(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+            state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's Mamba2 scan, token by token, in float64: per head ``S <- exp(dt a) S + dt x
+    b^T`` and ``y = S c``. ``x`` ``[n, H, P]``, ``dt`` ``[n, H]``, ``a`` ``[H]``, ``b`` / ``c``
+    ``[n, H, N]``, ``state`` ``[H, P, N]``. Returns outputs ``[n, H, P]`` and the final state."""
+    s = state.double().clone()
+    outs = []
+    for t in range(x.shape[0]):
+        step = dt[t].double()
+        s = s * (step * a.double()).exp()[:, None, None] + step[:, None, None] * x[t].double()[:, :, None] \
+            * b[t].double()[:, None, :]
+        outs.append(torch.einsum("hpn,hn->hp", s, c[t].double()))
+    return (torch.stack(outs) if outs else x.new_zeros(0, *x.shape[1:]).double()), s

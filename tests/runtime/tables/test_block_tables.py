@@ -114,6 +114,22 @@ def test_append_batch_appends_a_whole_step_and_checks_rows_and_ids(kernels):
     assert np.array_equal(tables.num_pages_np, before)
 
 
+def test_append_batch_fills_every_row_of_every_group_in_one_step(kernels):
+    """One step may give every row its full pages in every group (more entries than any one group holds)."""
+    plan = widths_plan()
+    tables = BlockTables(plan, kernels=kernels)
+    caps = [g.pages_per_request for g in plan.groups]
+    rows = list(range(plan.limits.max_num_seqs))
+    ids = iter(range(1, 64))
+    pages = [tuple([next(ids) for _ in range(c)] if g != 1 else [] for g, c in enumerate(caps)) for _ in rows]
+    pages[0] = tuple([next(ids) for _ in range(c)] for c in caps)
+    assert sum(map(len, pages[0])) + 3 * (caps[0] + caps[2]) > len(rows) * max(caps)
+    tables.append_batch(rows, pages)
+    assert tables.num_pages_np[:, 0].tolist() == caps and tables.num_pages_np[1, 1:].tolist() == [0, 0, 0]
+    tables.commit()
+    assert _device_matches_host(tables)
+
+
 @pytest.mark.parametrize("bad", [2.5, "9", None, True, 2**40, -1, 64])
 @pytest.mark.parametrize("pages_per_row", [1, 40])
 def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothing(bad, pages_per_row, kernels):

@@ -1,0 +1,165 @@
+"""``graphkv.hf.generate``: greedy continuous batching of a transformers model on graphkv."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from graphkv.errors import Problem, SpecError
+from graphkv.hf.declare import model_kv
+from graphkv.hf.serving import ServingLoop
+from graphkv.hf.support import family_of
+from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats
+from graphkv.plan.compile import compile_plan
+from graphkv.spec.budget import Budget
+from graphkv.spec.layers import LayerKind
+from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.model import ModelKV
+
+__all__ = ["GenerateResult", "default_limits", "generate", "generate_with_stats", "sliding_tables_for",
+           "workload_budget"]
+
+_MAX_DEFAULT_SEQS = 64
+_DEFAULT_BATCHED_TOKENS = 256
+
+
+@attrs.frozen(kw_only=True)
+class GenerateResult:
+    """What :func:`generate_with_stats` returns: the generated tokens per prompt, the engine (its
+    counters and, with ``record=True``, its logits records), the serving loop (plan, pool, step),
+    the seconds spent setting up (plan, allocation, capture) and each prompt's time to first token
+    from the start of serving."""
+
+    tokens: list[list[int]]
+    engine: DemoEngine = attrs.field(repr=False)
+    loop: ServingLoop = attrs.field(repr=False)
+    setup_seconds: float
+    first_token_seconds: tuple[float, ...]
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's counters (steps, tokens, pages reused, seconds stepping)."""
+        return self.engine.stats
+
+
+def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) -> list[list[int]]:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SpecError(Problem(field="max_new_tokens", value=max_new_tokens, limit="must be an integer >= 1",
+                                fix="pass how many tokens to generate per prompt, e.g. 16"))
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise SpecError(Problem(field="prompts", value=type(prompts).__name__,
+                                limit="must be a non-empty list of token-id lists",
+                                fix="tokenize first: [tokenizer(text).input_ids for text in texts]"))
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise SpecError(Problem(field=f"prompts[{i}]", value=ids if isinstance(ids, (str, bytes)) else
+                                    type(ids).__name__, limit="must be a non-empty list of integer token ids",
+                                    fix="pass token ids, not text or an empty list"))
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise SpecError(Problem(field=f"prompts[{i}]", value=bad[:4],
+                                    limit=f"token ids must be in [0, vocab_size={vocab_size})",
+                                    fix="tokenize with this model's tokenizer"))
+        out.append(list(ids))
+    return out
+
+
+def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None) -> Limits:
+    """The limits :func:`generate` plans with when none are given: ``max_model_len`` the longest
+    prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, CUDA graphs
+    for decode steps only (prefill chunks run eagerly; recurrent backends capture uniform batches)
+    and, for a model with sliding-window layers (``model_kv``), sliding tables as wide as
+    :func:`sliding_tables_for` makes them."""
+    limits = Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
+                    max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
+                    max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
+                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+    return sliding_tables_for(limits, model_kv) if model_kv is not None else limits
+
+
+def sliding_tables_for(limits: Limits, model_kv: ModelKV) -> Limits:
+    """``limits`` with sliding-window tables that hold a whole ``max_model_len`` request.
+
+    graphkv's engine keeps every page of a request to its end: it does not free pages that left a
+    sliding window (a table column is a logical page, so a freed page would leave a hole the
+    runtime cannot reuse yet). A sliding group's table holds ``window - 1 +
+    max_concurrent_batches x max_num_batched_tokens`` tokens (plus a page), so this raises
+    ``max_concurrent_batches`` to ``cdiv(max_model_len, max_num_batched_tokens)`` when the model
+    has sliding layers and ``max_model_len`` is a number; otherwise ``limits`` is returned as is.
+    The plan then reserves the pages the engine really holds."""
+    sliding = any(layer.spec.kind is LayerKind.SLIDING_WINDOW for layer in model_kv.layers)
+    if not sliding or not isinstance(limits.max_model_len, int):
+        return limits
+    steps = -(-limits.max_model_len // limits.max_num_batched_tokens)
+    return attrs.evolve(limits, max_concurrent_batches=max(steps, limits.concurrent_batches()))
+
+
+def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
+    """A KV budget holding ``max_num_seqs`` requests of ``max_model_len`` tokens at once as the
+    engine keeps them (every attention page of a request, a state page per state group) or as the
+    plan counts them, whichever is more, plus the null page. Planning only (no allocation)."""
+    probe = compile_plan(model_kv, attrs.evolve(limits, num_blocks_override=1 << 20), None)
+    length = probe.max_model_len
+    held = sum(1 if g.is_ssm else -(-length // g.block_size) for g in probe.groups)
+    per_request = max(held, probe.capacity.pages_per_request)
+    return Budget.kv_bytes((1 + limits.max_num_seqs * per_request) * probe.pool_bytes_per_block)
+
+
+def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                        limits: Limits | None = None, budget: Budget | None = None,
+                        device: "str | torch.device | None" = None, compile: bool | None = None,  # noqa: A002
+                        record: bool = False) -> GenerateResult:
+    """:func:`generate`, returning the engine's counters, timings and serving loop too (the
+    benchmark and ``graphkv demo --hf`` read them). ``record=True`` keeps each step's logits rows
+    (``result.engine.records``, see :class:`DemoEngine`)."""
+    family_of(model)  # refuse what graphkv.hf does not run before reading anything else
+    vocab = getattr(model.config, "vocab_size", None)
+    prompts = _check_prompts(prompts, max_new_tokens, vocab if isinstance(vocab, int) else None)
+    start = time.perf_counter()
+    declared = model_kv(model)
+    limits = limits if limits is not None else default_limits(prompts, max_new_tokens, declared)
+    if budget is None and limits.num_blocks_override is None:
+        budget = workload_budget(declared, limits)
+    loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile)
+    engine = loop.engine(record=record)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    stop = frozenset([eos] if isinstance(eos, int) else (eos or ()))
+    requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
+                for i, p in enumerate(prompts)]
+    setup = time.perf_counter() - start
+    served = time.perf_counter()
+    engine.run(requests)
+    return GenerateResult(tokens=[engine.finished[i][len(p):] for i, p in enumerate(prompts)], engine=engine,
+                          loop=loop, setup_seconds=setup,
+                          first_token_seconds=tuple(engine.first_token_at[i] - served for i in range(len(prompts))))
+
+
+def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             limits: Limits | None = None, budget: Budget | None = None,
+             device: "str | torch.device | None" = None) -> list[list[int]]:
+    """Greedy tokens for every prompt, served by continuous batching on graphkv's pool.
+
+    ``model``: a loaded transformers causal LM (:data:`graphkv.hf.support.FAMILIES`; weights in
+    memory, nothing is downloaded). ``prompts``: token-id lists. Returns, per prompt, the
+    generated token ids (up to ``max_new_tokens``; a request ends early at the model's
+    ``generation_config.eos_token_id``, which is kept, as ``model.generate`` does) — the tokens
+    ``model.generate(prompt, do_sample=False)`` appends for that prompt alone.
+
+    Requests are admitted first come, first served, as batch rows and pool pages allow; prompts
+    longer than ``limits.max_num_batched_tokens`` are prefilled in chunks while others decode, and
+    the pages of finished requests are handed to waiting ones. ``limits`` defaults to
+    :func:`default_limits`, ``budget`` to :func:`workload_budget` (all ``max_num_seqs`` requests
+    at full length at once), ``device`` to where the weights are. Raises :class:`SpecError` for bad
+    prompts or arguments, :class:`CapacityError` when a prompt plus ``max_new_tokens`` exceeds
+    ``limits.max_model_len``, and the plan's errors when the limits do not fit the budget.
+
+    >>> tokens = graphkv.hf.generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=8)
+    """
+    return generate_with_stats(model, prompts, max_new_tokens=max_new_tokens, limits=limits, budget=budget,
+                               device=device).tokens

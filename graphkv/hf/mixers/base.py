@@ -1,0 +1,43 @@
+"""What every paged mixer shares: the wrapped module, its state views and group, the step lookup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphkv.errors import CaptureError, Problem
+from graphkv.runtime.state.rows import PackedRows
+
+__all__ = ["PagedMixer"]
+
+
+class PagedMixer(torch.nn.Module):
+    """A recurrent mixer whose states live in pool state pages.
+
+    ``mixer``: the paged view's copy of the transformers mixer (its parameters are the model's);
+    ``states``: the layer's state views from ``KVPool.mamba_states`` (conv, then recurrent);
+    ``group``: the layer's KV-cache group (its state page per batch row is
+    ``ctx.state_indices[group]``). Subclasses implement :meth:`mix`.
+    """
+
+    def __init__(self, mixer: torch.nn.Module, *, name: str, states: tuple[torch.Tensor, ...], group: int) -> None:
+        super().__init__()
+        self.mixer = mixer
+        self.name = name
+        self.conv_state, self.ssm_state = states
+        self.group = group
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, graphkv: Any = None, **kwargs: Any) -> torch.Tensor:
+        """``[1, T, hidden] -> [1, T, hidden]`` for the step in ``graphkv`` (other arguments — the
+        transformers cache and mask — are ignored: the pool holds the states). Capture-safe."""
+        if graphkv is None or graphkv.rows is None:
+            raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
+                                       limit="a paged mixer ran without a step (no graphkv= argument)",
+                                       fix="run the model through graphkv.hf.PagedModel inside Step.run"))
+        pages = graphkv.context.state_indices[self.group]
+        return self.mix(hidden_states[0], pages, graphkv.rows)[None]
+
+    def mix(self, x: torch.Tensor, pages: torch.Tensor, rows: PackedRows) -> torch.Tensor:
+        """``[T, hidden] -> [T, hidden]``, reading and writing the states at ``pages``."""
+        raise NotImplementedError

@@ -1,0 +1,85 @@
+"""The serving-loop object for stacks that schedule themselves: plan, pool, Step, captured forward."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
+from graphkv.hf.model import PagedModel
+from graphkv.models.demo_engine import DemoEngine
+from graphkv.plan.compile import compile_plan
+from graphkv.runtime.capture.graphs import CaptureReport, capture
+from graphkv.runtime.device import resolve_device
+from graphkv.runtime.pool.allocate import allocate
+from graphkv.runtime.step.batch import Batch
+from graphkv.runtime.step.step import Step
+from graphkv.spec.budget import Budget
+from graphkv.spec.limits import Limits
+
+__all__ = ["ServingLoop"]
+
+
+class ServingLoop:
+    """A transformers causal LM planned, allocated and wrapped for serving on graphkv.
+
+    Built from a loaded model: the cache layers are read from ``model.config``
+    (:func:`~graphkv.hf.declare.model_kv`; on a CPU with the flex query tile
+    :data:`~graphkv.hf.declare.CPU_FLEX_Q_TILE`), the plan is compiled for ``limits`` and ``budget``
+    before anything is allocated, the pool and the :class:`~graphkv.runtime.step.Step` buffers
+    are allocated on ``device`` (default: where the weights are), and the model's forward
+    (:class:`~graphkv.hf.model.PagedModel`) is wrapped by ``graphkv.capture``. ``capture=True``
+    captures CUDA graphs on a GPU (steps the plan allows replay, others run eagerly); on a CPU
+    nothing is captured and :attr:`capture_report` says so — every step runs eagerly.
+
+    Attributes: :attr:`plan`, :attr:`pool`, :attr:`step` (the Step: :class:`Batch` in, buffers
+    filled, ownership checked), :attr:`model` (the paged model), :attr:`forward` (the captured
+    forward). A stack that schedules itself calls :meth:`run` per step; :meth:`engine` gives the
+    built-in continuous-batching loop.
+
+    Example::
+
+        loop = ServingLoop(model, limits=graphkv.Limits(max_model_len=512, max_num_seqs=8,
+                           max_num_batched_tokens=64), budget=graphkv.Budget.kv_bytes("8MiB"))
+        logits = loop.run(Batch(req_ids=("a",), query_lens=(5,), seq_lens=(5,),
+                                new_pages=(((1,),),)), input_ids=[1, 2, 3, 4, 5])
+        next_token = int(logits[0].argmax())   # logits="last": row i is batch row i
+    """
+
+    def __init__(self, model: torch.nn.Module, *, limits: Limits, budget: Budget | None,
+                 device: "str | torch.device | None" = None, logits: str = "last", compile: bool | None = None,
+                 capture_graphs: bool = True, mamba_ssm_dtype: str | None = None) -> None:  # noqa: A002
+        self.device = resolve_device(device if device is not None else next(model.parameters()).device)
+        self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
+                                 flex_q_tile_tokens=CPU_FLEX_Q_TILE if self.device.type == "cpu" else None)
+        self.plan = compile_plan(self.model_kv, limits, budget)
+        self.pool = allocate(self.plan, self.device)
+        self.step = Step(self.plan, self.device)
+        self.model = PagedModel(model, self.pool, logits=logits, compile=compile)
+        self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
+        self.capture_report: CaptureReport | None = None
+        if capture_graphs:
+            self.capture_report = self.forward.capture(progress=False, prepare=self.step.capture_context)
+
+    @property
+    def graphs(self) -> str:
+        """What capture did (graphs captured, or why every step runs eagerly)."""
+        if self.capture_report is None:
+            return "capture disabled; every step runs eagerly"
+        return str(self.capture_report)
+
+    def run(self, batch: Batch, *, input_ids: "torch.Tensor | Sequence[int]") -> Any:
+        """One step: :meth:`Step.run` of the captured forward (replayed or eager). Returns the
+        logits (see :class:`PagedModel` for the rows); raises as :meth:`Step.run` does."""
+        return self.step.run(self.forward, batch, input_ids=input_ids)
+
+    def finish(self, req_id: Any) -> None:
+        """The request left: its Step row is free and its pages are the caller's again."""
+        self.step.finish(req_id)
+
+    def engine(self, *, record: bool = False) -> DemoEngine:
+        """graphkv's continuous-batching loop (FIFO, chunked prefill, pages admitted as the pool
+        allows, greedy) over this loop's step and forward."""
+        return DemoEngine(self.plan, self.step, self.forward, record=record,
+                          logits_per_request=self.model.logits == "last")

@@ -1,0 +1,81 @@
+"""Which transformers models ``graphkv.hf`` runs, and the one-line refusal for the others.
+
+A family is supported when its attention modules call transformers' attention-function interface
+(so graphkv's paged flex attention can stand in, see :mod:`graphkv.hf.attention`) and each of its
+recurrent mixers has a paged twin in :mod:`graphkv.hf.mixers`. Each family here is checked by the
+tests (``tests/hf``): greedy tokens equal to ``model.generate`` and logits equal to the model's own
+forward, on a tiny random-weight config.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Mapping
+
+import attrs
+
+from graphkv.errors import Problem, SpecError
+
+__all__ = ["FAMILIES", "FamilySupport", "family_of"]
+
+
+@attrs.frozen(kw_only=True)
+class FamilySupport:
+    """How graphkv runs one transformers family: the class of its attention modules and, per
+    recurrent mixer class, the paged mixer that replaces it (``"gated_delta"``, ``"mamba2"``)."""
+
+    model_type: str
+    attention: str
+    mixers: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
+    window_from_config: bool = False  # every layer slides over config.sliding_window (no module attribute)
+    note: str = ""
+
+    def sliding_window(self, attention: Any) -> int | None:
+        """The window an attention module of this family slides over (``None``: full attention)."""
+        if self.window_from_config:
+            return getattr(attention.config, "sliding_window", None)
+        return getattr(attention, "sliding_window", None)
+
+
+FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f for f in (
+    FamilySupport(model_type="llama", attention="LlamaAttention"),
+    FamilySupport(model_type="qwen3", attention="Qwen3Attention"),
+    FamilySupport(model_type="mistral", attention="MistralAttention", window_from_config=True,
+                  note="sliding window on every layer"),
+    FamilySupport(model_type="gemma3_text", attention="Gemma3Attention",
+                  note="sliding and full layers, a rotary embedding per layer type"),
+    FamilySupport(model_type="gpt_oss", attention="GptOssAttention",
+                  note="alternating sliding / full layers, attention sinks, MoE"),
+    FamilySupport(model_type="qwen3_next", attention="Qwen3NextAttention",
+                  mixers={"Qwen3NextGatedDeltaNet": "gated_delta"}, note="gated delta + gated full attention"),
+    FamilySupport(model_type="nemotron_h", attention="NemotronHAttention",
+                  mixers={"NemotronHMamba2Mixer": "mamba2"}, note="Mamba2 + attention + MLP blocks"),
+)})
+
+
+def family_of(model: Any) -> FamilySupport:
+    """The :class:`FamilySupport` of ``model`` (a loaded transformers causal LM).
+
+    Raises :class:`SpecError` in one line naming what is missing: not a transformers model, not a
+    causal LM with an output head, or a ``model_type`` graphkv does not run (with the families it
+    does)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if config is None or not isinstance(model_type, str) or not callable(getattr(model, "forward", None)):
+        raise SpecError(Problem(field="model", value=type(model).__name__,
+                                limit="is not a loaded transformers model (no .config.model_type)",
+                                fix="pass a causal LM, e.g. AutoModelForCausalLM.from_config(config) or "
+                                    ".from_pretrained(local_dir)"))
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise SpecError(Problem(
+            field="model.config.model_type", value=model_type,
+            limit=f"graphkv.hf runs {', '.join(sorted(FAMILIES))}; this family's attention / recurrent modules have "
+                  "no paged twin yet",
+            fix="plan its cache with `graphkv plan --hf-config` (planning reads 112 families), and run it with "
+                "transformers' own generate until its modules are supported"))
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise SpecError(Problem(field="model", value=type(model).__name__,
+                                limit=f"is a {model_type} model without an output head (not a causal LM)",
+                                fix="load it with AutoModelForCausalLM"))
+    return family

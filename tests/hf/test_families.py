@@ -1,0 +1,66 @@
+"""Every family graphkv.hf runs, served by continuous batching, equals transformers token for token.
+
+Per family: 8 prompts of 3-70 tokens served 4 at a time under a 32-token step budget (the 70-token
+prompt is prefilled in chunks, requests join while others decode, finished requests' pages are
+handed out again). Every request's tokens equal ``model.generate(do_sample=False)`` for its prompt
+alone, and the logits of every token of every step equal the model's own full-sequence forward.
+"""
+
+import pytest
+import torch
+
+from graphkv.hf.declare import model_kv
+from graphkv.hf.generation import workload_budget
+from graphkv.hf.serving import ServingLoop
+from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
+from graphkv.models.demo_engine import DemoEngine, DemoRequest
+
+from hf_harness import (LIMITS, NEW_TOKENS, PROMPT_LENGTHS, RecordingStep, prefill_chunks, generate_alone,
+                        joined_while_others_decoded, own_logits, prompts)
+
+
+def serve(model, *, compile_attention: bool = False):
+    """Serve the workload with logits of every token recorded; returns the engine and its batches."""
+    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), logits="all",
+                       compile=compile_attention)
+    step = RecordingStep(loop.step)
+    engine = DemoEngine(loop.plan, step, loop.forward, record=True)
+    requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(prompts())]
+    engine.run(requests[:4], arrivals={3: requests[4:6], 6: requests[6:]})
+    return engine, step.batches
+
+
+def check_against_transformers(model, engine, batches) -> None:
+    """Tokens equal generate's, every recorded logits row equals the model's own forward."""
+    long_prompt = PROMPT_LENGTHS.index(max(PROMPT_LENGTHS))
+    chunks = prefill_chunks(batches, long_prompt, PROMPT_LENGTHS[long_prompt])
+    assert sum(chunks) == PROMPT_LENGTHS[long_prompt] and len(chunks) >= 3  # 70 tokens under a 32-token budget
+    assert joined_while_others_decoded(batches)
+    assert engine.stats.pages_reused > 0 and engine.stats.finished == len(PROMPT_LENGTHS)
+    rows = {}
+    for req, position, logits in engine.records:
+        rows.setdefault(req, []).append((position, logits))
+    for i, prompt in enumerate(prompts()):
+        expected = generate_alone(model, prompt)
+        assert engine.finished[i] == expected, f"request {i}"
+        reference = own_logits(model, expected[:-1])
+        positions = [p for p, _ in rows[i]]
+        assert sorted(positions) == list(range(len(expected) - 1))  # every token of every step
+        got = torch.stack([row for _, row in rows[i]])
+        torch.testing.assert_close(got, reference[positions], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_continuous_batching_equals_generate(model_type: str) -> None:
+    """Continuous batching with chunked prefill gives generate's greedy tokens and the model's own logits."""
+    model = tiny_model(model_type)
+    engine, batches = serve(model)
+    check_against_transformers(model, engine, batches)
+
+
+@pytest.mark.slow
+def test_compiled_attention_equals_generate() -> None:
+    """The same run with the attention compiled (what a GPU runs) on Qwen3: tokens and logits unchanged."""
+    model = tiny_model("qwen3")
+    engine, batches = serve(model, compile_attention=True)
+    check_against_transformers(model, engine, batches)

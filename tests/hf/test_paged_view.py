@@ -1,0 +1,52 @@
+"""The paged view shares the model's weights in place and leaves the model untouched."""
+
+import torch
+
+from graphkv.hf import PagedModel, tiny_model
+from graphkv.hf.attention import ATTN_IMPLEMENTATION
+from graphkv.hf.declare import model_kv
+from graphkv.hf.generation import workload_budget
+from graphkv.hf.mixers import PagedGatedDeltaNet
+from graphkv.runtime import allocate
+from graphkv.plan import compile_plan
+
+from hf_harness import LIMITS, generate_alone, prompts
+
+
+def paged(model):
+    """A PagedModel of ``model`` over a pool sized for the test limits."""
+    plan = compile_plan(model_kv(model), LIMITS, workload_budget(model_kv(model), LIMITS))
+    return PagedModel(model, allocate(plan))
+
+
+def test_every_weight_is_the_models_own_tensor() -> None:
+    """Each view parameter has the data_ptr of the model's parameter of the same name; none is new."""
+    model = tiny_model("qwen3_next")
+    view = paged(model).view
+    mine = {name: p.data_ptr() for name, p in model.named_parameters()}
+    theirs = {name.replace(".mixer.", "."): p.data_ptr() for name, p in view.named_parameters()}
+    assert theirs == mine
+    assert {b.data_ptr() for b in view.buffers()} <= {b.data_ptr() for b in model.buffers()}
+
+
+def test_the_model_is_left_as_it_was() -> None:
+    """After building the view, the model keeps its attention implementation, modules, mode and outputs."""
+    model = tiny_model("qwen3_next")
+    model.train()
+    before = generate_alone(model.eval(), prompts()[0])
+    model.train()
+    classes = [type(m).__name__ for m in model.modules()]
+    view = paged(model).view
+    assert model.config._attn_implementation == "sdpa" and view.config._attn_implementation == ATTN_IMPLEMENTATION
+    assert [type(m).__name__ for m in model.modules()] == classes and model.training and not view.training
+    assert sum(isinstance(m, PagedGatedDeltaNet) for m in view.modules()) == 3
+    assert generate_alone(model.eval(), prompts()[0]) == before
+
+
+def test_a_weight_update_is_seen_by_the_view() -> None:
+    """Weights are shared, not copied: changing the model's output head changes the view's logits."""
+    model = tiny_model("llama")
+    view = paged(model).view
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    assert torch.equal(view.lm_head.weight, model.lm_head.weight)

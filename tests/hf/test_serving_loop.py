@@ -1,0 +1,104 @@
+"""ServingLoop: the plan, the Step and the (captured) forward for a stack that schedules itself."""
+
+import pytest
+import torch
+
+from graphkv import Budget, PlanError, SpecError
+from graphkv.errors import CaptureError
+from graphkv.hf import PagedModel, ServingLoop, tiny_model
+from graphkv.hf.attention import paged_attention_forward
+from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_dtype
+from graphkv.runtime import Batch, Step, allocate
+from graphkv.runtime.capture.graphs import CPU_UNAVAILABLE, CapturedForward
+
+from hf_harness import LIMITS, own_logits, prompts
+
+
+def loop_for(model_type: str, model=None, **kwargs) -> ServingLoop:
+    """A ServingLoop of ``model`` (default: a tiny model of ``model_type``) under the test limits."""
+    model = model if model is not None else tiny_model(model_type)
+    return ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes(64 * 3 * 8192), **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback (eager, said so)")
+def test_loop_exposes_plan_step_and_an_eager_forward_on_a_cpu() -> None:
+    """The plan is the model's (flex groups with the CPU query tile), the step a Step, the forward eager and said so."""
+    loop = loop_for("gemma3_text")
+    assert isinstance(loop.step, Step) and isinstance(loop.forward, CapturedForward)
+    assert [g.kind.value for g in loop.plan.groups] == ["sliding_window", "sliding_window", "full_attention"]
+    assert {d.backend.q_tile_tokens for d in loop.plan.layers} == {CPU_FLEX_Q_TILE}
+    assert loop.graphs == CPU_UNAVAILABLE
+
+
+def test_a_stack_runs_its_own_steps() -> None:
+    """Prefill then decode through loop.run: each step's last-token logits equal the model's own forward."""
+    model = tiny_model("qwen3_next")
+    loop = loop_for("qwen3_next", model)
+    a, b = prompts((6, 11))
+    ids_ptr = loop.step.input_ids.data_ptr()
+    logits = loop.run(Batch(req_ids=("a", "b"), query_lens=(6, 11), seq_lens=(6, 11), new_pages=(
+        ((1,), (2,), (3,), (4,)), ((5,), (6,), (7,), (8,)))), input_ids=a + b)
+    torch.testing.assert_close(logits[:2], torch.stack([own_logits(model, p)[-1] for p in (a, b)]),
+                               atol=1e-4, rtol=1e-4)
+    a.append(int(logits[0].argmax()))
+    b.append(int(logits[1].argmax()))
+    decode = loop.run(Batch(req_ids=("a", "b"), query_lens=(1, 1), seq_lens=(7, 12)), input_ids=[a[-1], b[-1]])
+    torch.testing.assert_close(decode[:2], torch.stack([own_logits(model, p)[-1] for p in (a, b)]),
+                               atol=1e-4, rtol=1e-4)
+    assert loop.step.input_ids.data_ptr() == ids_ptr  # persistent input buffer
+    loop.finish("a")
+    assert loop.step.active_requests == ("b",)
+
+
+def test_attention_outside_a_step_is_a_capture_error() -> None:
+    """Calling graphkv's attention function without a step names what to do."""
+    with pytest.raises(CaptureError, match="run the model through graphkv.hf.PagedModel"):
+        paged_attention_forward(torch.nn.Module(), *[torch.zeros(1, 2, 3, 4)] * 3, None)
+
+
+def test_a_pool_of_another_model_is_refused() -> None:
+    """A PagedModel over a pool planned for a different family names the layer that does not match."""
+    other = loop_for("nemotron_h").pool
+    with pytest.raises(PlanError, match="has no state module with layer_idx=0"):
+        PagedModel(tiny_model("llama"), other)
+
+
+def test_compiled_sinks_on_a_cpu_are_refused() -> None:
+    """gpt-oss's sinks need the flex log-sum-exp: compile=True on a CPU is a one-line SpecError."""
+    model = tiny_model("gpt_oss")
+    pool = loop_for("gpt_oss").pool
+    with pytest.raises(SpecError, match="log-sum-exp"):
+        PagedModel(model, pool, compile=True)
+
+
+def test_bad_logits_mode_and_mixed_dtypes_are_refused() -> None:
+    """logits must be 'last' or 'all'; a model with two weight dtypes is refused, naming them."""
+    loop = loop_for("llama")
+    with pytest.raises(SpecError, match="logits='every'"):
+        PagedModel(tiny_model("llama"), loop.pool, logits="every")
+    model = tiny_model("llama")
+    model.lm_head.to(torch.float64)
+    with pytest.raises(SpecError, match="one floating dtype"):
+        model_dtype(model)
+
+
+def test_pool_dtype_follows_the_weights() -> None:
+    """A bfloat16 model gets a bfloat16 cache (the reader is told the weights' dtype)."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    loop = ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes("1MiB"))
+    assert loop.pool.kv_cache("layers.0").dtype == torch.bfloat16
+    assert allocate(loop.plan).kv_cache("layers.1").dtype == torch.bfloat16
+
+
+def test_bidirectional_attention_is_refused() -> None:
+    """A Gemma-3 configured to attend both ways (an embedding model) is refused: causal masks would be wrong."""
+    model = tiny_model("gemma3_text", use_bidirectional_attention=True)
+    with pytest.raises(SpecError, match=r"Gemma3Attention \(layers.0\).is_causal=False"):
+        ServingLoop(model, limits=LIMITS, budget=Budget.kv_bytes("1MiB"))
+
+
+def test_a_pool_missing_some_of_the_models_layers_is_refused() -> None:
+    """A pool planned for a 2-layer Llama cannot serve a 3-layer one: the unplanned layer is named."""
+    pool = loop_for("llama").pool
+    with pytest.raises(PlanError, match=r"has no cache layer for the model's layers \[2\]"):
+        PagedModel(tiny_model("llama", num_hidden_layers=3), pool)
