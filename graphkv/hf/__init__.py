@@ -18,9 +18,7 @@ Needs the ``hf`` extra (transformers) on top of ``runtime``. Names are imported 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from graphkv._lazy import lazy_exports
 from graphkv.extras import require
 
 require("runtime", "torch", needed_by="graphkv.hf")
@@ -38,11 +36,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graphkv.hf' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

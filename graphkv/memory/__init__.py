@@ -13,8 +13,7 @@ Names are imported lazily, so ``import graphkv.memory`` imports neither torch no
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from graphkv._lazy import lazy_exports
 
 __all__ = ["DeviceMemory", "MemoryBenchOptions", "NvmlReader", "NvmlUnavailable", "StorageSum", "bench_memory",
            "live_storages", "open_meter"]
@@ -31,11 +30,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graphkv.memory' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

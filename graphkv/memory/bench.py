@@ -25,7 +25,6 @@ which ``--out DIR`` writes as ``graph_calibration.json`` for ``graphkv plan --gr
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import attrs
@@ -37,7 +36,7 @@ from graphkv.plan.graph_keys import capture_keys
 from graphkv.plan.graph_pool import GraphPoolModel, fit_graph_pool
 from graphkv.plan.plan import Plan
 
-__all__ = ["MemoryRun", "PhaseRow", "available_bytes", "run_phases"]
+__all__ = ["MemoryRun", "PhaseRow", "run_phases"]
 
 _ALLOCATED = "torch.cuda.memory_allocated (this process's tensors, 512 B rounding)"
 _HOST = "live storages (host memory: pinned staging and numpy arrays)"
@@ -77,23 +76,6 @@ class MemoryRun:
     rows: tuple[PhaseRow, ...]
     calibration: GraphPoolModel | None
     notes: tuple[str, ...] = ()
-
-
-def available_bytes(device: Any) -> tuple[int, str]:
-    """Memory a benchmark may size a pool from, and where the number comes from."""
-    if device.type == "cuda":
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free), f"free memory of {torch.cuda.get_device_name(device)}"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "MemAvailable (/proc/meminfo)"
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
 
 
 def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, progress: Progress,

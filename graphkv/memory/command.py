@@ -113,7 +113,7 @@ def _out_dir(out: str | None) -> Path | None:
 
 def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, str, int | None]:
     """A preset's plan under the default limits, its budget text and hidden size."""
-    from graphkv.memory.bench import available_bytes
+    from graphkv.memory.available import available_bytes
     from graphkv.plan import compile_plan
     from graphkv.presets import list_presets, preset_model
     from graphkv.spec.budget import Budget, format_bytes, parse_bytes

@@ -9,7 +9,6 @@ whose requests arrive while others decode. It prints the plan report, then the r
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -18,6 +17,7 @@ from typing import Any, TextIO
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.memory.available import available_bytes
 from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
 from graphkv.plan import Plan, compile_plan
 from graphkv.spec.budget import Budget, format_bytes
@@ -102,27 +102,10 @@ def _device(asked: str, cuda_available: bool) -> str:
     return asked
 
 
-def _available_bytes(device: str) -> tuple[int, str]:
-    """Bytes the demo may allocate on ``device`` and where the number comes from."""
-    import torch
-
-    if device == "cuda":
-        free, _total = torch.cuda.mem_get_info()
-        return free, f"free memory of {torch.cuda.get_device_name()}"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "MemAvailable of this machine (/proc/meminfo)"
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory of this machine"
-
-
 def check_memory(plan: Plan, device: str, kv_memory: str) -> None:
     """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
     need = plan.ledger.runtime_bytes(device).device_bytes
-    have, where = _available_bytes(device)
+    have, where = available_bytes(device)
     if need > have:
         raise SpecError(Problem(
             field="--kv-memory", value=kv_memory,

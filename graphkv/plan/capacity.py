@@ -18,7 +18,7 @@ from graphkv.spec.budget import Budget, format_bytes
 from graphkv.spec.layers import MambaCacheMode, PageDemand
 from graphkv.spec.limits import Limits
 
-__all__ = ["PageCounter", "fit_max_model_len", "plan_num_blocks"]
+__all__ = ["PageCounter", "fit_max_model_len", "longest_len", "plan_num_blocks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -104,12 +104,19 @@ def fit_max_model_len(counter: PageCounter, usable_pages: int, cap: int | None, 
             limit="no layer's need grows with length (only sliding / chunked / Mamba layers) and the model declares no "
                   "max_position_embeddings, so 'auto' is unbounded",
             fix="set max_model_len explicitly or declare max_position_embeddings on the model"))
-    if counter.pages(hi) <= usable_pages:
+    return longest_len(counter, usable_pages, hi)
+
+
+def longest_len(counter: PageCounter, pages: int, hi: int) -> int:
+    """The largest length in ``[1, hi]`` whose worst-case need is at most ``pages``; 0 when none is."""
+    if hi < 1 or counter.pages(1) > pages:
+        return 0
+    if counter.pages(hi) <= pages:
         return hi
     lo = 1  # invariant: pages(lo) fits, pages(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if counter.pages(mid) <= usable_pages:
+        if counter.pages(mid) <= pages:
             lo = mid
         else:
             hi = mid

@@ -11,29 +11,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from graphkv.errors import CapacityError, Problem
-from graphkv.plan.capacity import PageCounter, fit_max_model_len
+from graphkv.plan.capacity import PageCounter, fit_max_model_len, longest_len
 from graphkv.spec.budget import format_bytes
 from graphkv.spec.limits import Limits
 
-__all__ = ["capacity_tables", "check_concurrency", "fit_for_concurrency", "longest_len", "max_num_seqs_note"]
+__all__ = ["capacity_tables", "check_concurrency", "fit_for_concurrency", "max_num_seqs_note"]
 
 _TABLE_MIN_LEN = 1024
-
-
-def longest_len(counter: PageCounter, pages: int, hi: int) -> int:
-    """The largest length in ``[1, hi]`` whose worst-case need is at most ``pages``; 0 when none is."""
-    if hi < 1 or counter.pages(1) > pages:
-        return 0
-    if counter.pages(hi) <= pages:
-        return hi
-    lo = 1  # invariant: pages(lo) fits, pages(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if counter.pages(mid) <= pages:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _knob(from_override: bool, pages: int, pool_bytes_per_block: int) -> str:

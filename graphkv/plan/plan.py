@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from graphkv.plan.capacity import PageCounter
+from graphkv.plan.capacity import PageCounter, longest_len
 from graphkv.plan.ledger_entries import Ledger, LedgerEntry
-from graphkv.plan.concurrency import capacity_tables, longest_len
+from graphkv.plan.concurrency import capacity_tables
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec

@@ -22,9 +22,7 @@ there, in Triton's interpreter, set ``TRITON_INTERPRET=1`` before the first kern
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from graphkv._lazy import lazy_exports
 from graphkv.extras import require
 
 require("runtime", "torch", needed_by="graphkv.runtime")
@@ -42,11 +40,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graphkv.runtime' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
