@@ -180,15 +180,16 @@ class BlockTables:
         adds page ownership checks on top.)"""
         typed = isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu"  # ints already
         row_list = rows.tolist() if typed else list(rows) if hasattr(rows, "__iter__") else [rows]
+        top_row = -1
         if len(row_list) != len(new_pages) or len(set(row_list)) != len(row_list) or (row_list and (
                 (not typed and set(map(type, row_list)) != {int}) or min(row_list) < 0
-                or max(row_list) >= self.max_num_seqs)):
+                or (top_row := max(row_list)) >= self.max_num_seqs)):
             raise SpecError(Problem(field="rows", value=row_list,
                                     limit=f"need one distinct row in [0, max_num_seqs={self.max_num_seqs}) per entry "
                                           f"of new_pages ({len(new_pages)})",
                                     fix="pass the persistent rows of the requests, once each"))
         if self.num_groups == 1 and append_uniform(self.mirror, self._sync, rows if typed else None, row_list,
-                                                   new_pages):
+                                                   top_row, new_pages):
             return
         entries = flatten_new_pages(new_pages, self.num_groups, row_list)
         if entries is None:

@@ -11,6 +11,8 @@ which read this mirror and never the other way round.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from graphkv.plan.plan import Plan
@@ -42,6 +44,7 @@ class PageMirror:
         self.num_pages_np = buffers.array("tables.num_pages")
         self.pages_mv = memoryview(self.pages_flat)  # item access from Python, for small steps
         self.num_pages_mv = memoryview(self.num_pages_np[0])
+        self.packers: dict[int, Callable[..., bytes]] = {}  # struct packers of n int32 page ids, by n
         group_ints = buffers.array("tables.group_ints")
         self.host_start, self.host_pages = group_ints  # per group: where its rows start in pages_flat, pages per row
         self.host_start[:] = starts[:-1]

@@ -34,13 +34,14 @@ __all__ = ["TINY_PAGES", "append_uniform"]
 
 TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
 _chain = itertools.chain.from_iterable
+_max, _min = np.maximum.reduce, np.minimum.reduce  # without ndarray.max's Python wrapper
 
 
 def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
-                   new_pages: Sequence[Any]) -> bool:
+                   top_row: int, new_pages: Sequence[Any]) -> bool:
     """Append ``new_pages[i][0]`` to row ``row_list[i]`` of the mirror's only group (telling ``sync``,
     the device side) when every row gains the same number of pages; returns False (nothing changed)
-    when this path does not apply."""
+    when this path does not apply. ``top_row`` is ``max(row_list)``."""
     try:
         lists = [p for (p,) in new_pages]
         count = len(lists[0]) if lists else 0
@@ -50,27 +51,29 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
             if len(flat) != count * len(lists) or lo < 0 or hi >= bt.num_blocks or (
                     lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
                 return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
-            return _store_pages(bt, sync, row_list, lists, count)  # checks each row's count as it goes
+            return _store_pages(bt, sync, row_list, top_row, lists, count)  # checks each row's count as it goes
         if not count:
             return False  # (a list of another length fails the fixed-count pack below)
     except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
         return False
-    num = count * len(lists)
-    try:  # the type check of the general path, list by list (one huge argument tuple costs more), in int32
-        ids = np.frombuffer(b"".join(itertools.starmap(struct.Struct(f"{count}i").pack, lists)), dtype=np.int32)
+    pack = bt.packers.get(count)
+    if pack is None:
+        pack = bt.packers[count] = struct.Struct(f"{count}i").pack
+    try:  # the type check of the general path, list by list (one huge argument tuple costs more), in
+        # int32, into a writable buffer (the kernel-block expand reads it without a copy)
+        ids = np.frombuffer(bytearray().join(itertools.starmap(pack, lists)), dtype=np.int32)
     except (struct.error, TypeError, OverflowError):
         return False  # not integers, or beyond int32 (beyond any pool): the general path names it
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= bt.num_blocks:
+    if int(_max(ids.view(np.uint32))) >= bt.num_blocks:  # one reduce: a negative id is huge as uint32
         return False
-    if lo <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or a 1 may have been a bool
-                       for i in np.flatnonzero(ids <= 1).tolist()):
+    if int(_min(ids)) <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or 1 may be a bool
+                                   for i in np.flatnonzero(ids <= 1).tolist()):
         return False
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
     if max(held) + count > bt.max_pages[0]:
         return False
-    shown = bt.identity_rows > max(row_list)  # batch row i shows request row i for every row here
+    shown = bt.identity_rows > top_row  # batch row i shows request row i for every row here
     _write_arrays(bt, sync, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, ids,
                   count, shown)
     for r, h in zip(row_list, held):
@@ -78,12 +81,12 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
     return True
 
 
-def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[int], lists: list[Any],
-                 count: int) -> bool:
+def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[int], top_row: int,
+                 lists: list[Any], count: int) -> bool:
     """One loop over the rows: capacity, mirror, step tables (when they show these rows with one
     kernel block per page), page counts. Undoes itself and returns False on anything unexpected."""
     pages, mirror, counts = bt.max_pages[0], bt.pages_mv, bt.num_pages_mv
-    step = sync.step_view() if bt.identity_rows > max(row_list) else None
+    step = sync.step_view() if bt.identity_rows > top_row else None
     kernel_blocks = step[0] if step is not None and step[1] == 1 else None
     done: list[tuple[int, int]] = []  # (row, pages held before)
     try:
