@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.spec.hf.families import FAMILIES as PLANNED_FAMILIES
 
 __all__ = ["FAMILIES", "FamilySupport", "family_of"]
 
@@ -72,7 +73,8 @@ def family_of(model: Any) -> FamilySupport:
             field="model.config.model_type", value=model_type,
             limit=f"graphkv.hf runs {', '.join(sorted(FAMILIES))}; this family's attention / recurrent modules have "
                   "no paged twin yet",
-            fix="plan its cache with `graphkv plan --hf-config` (planning reads 112 families), and run it with "
+            fix=f"plan its cache with `graphkv plan --hf-config` (planning reads {len(PLANNED_FAMILIES)} families), and "
+                "run it with "
                 "transformers' own generate until its modules are supported"))
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise SpecError(Problem(field="model", value=type(model).__name__,

@@ -108,7 +108,7 @@ def _indexer_owners(cfg: ConfigReader, count: int) -> list[bool]:
     value = cfg.get("indexer_types")
     if value is None:
         return [True] * count
-    if not isinstance(value, (list, tuple)) or len(value) != count or not set(value) <= {"full", "shared"}:
+    if not isinstance(value, (list, tuple)) or len(value) != count or not all(v in ("full", "shared") for v in value):
         cfg.fail("indexer_types", value if not isinstance(value, (list, tuple)) or len(value) <= 8
                  else f"<{len(value)} entries>", f"must list 'full' or 'shared' for each of the {count} layers",
                  "copy indexer_types from the model's config.json")

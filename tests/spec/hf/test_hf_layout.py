@@ -210,6 +210,9 @@ _ONE_LINE_REFUSALS = [
       "sliding_window": 128}, "config.layer_types", "mixes sliding, chunked or hybrid layers with MLA"),
     ({**LLAMA_8B, "layer_types": ["indexed_attention"] * 32, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
       "index_head_dim": 128, "indexer_types": ["full", "reuse"] * 16}, "config.indexer_types", "'full' or 'shared'"),
+    ({**LLAMA_8B, "layer_types": ["indexed_attention"] * 32, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+      "index_head_dim": 128, "indexer_types": [["full"]] + [{"shared": 1}] + ["full"] * 30}, "config.indexer_types",
+     "'full' or 'shared'"),
 ]
 
 
