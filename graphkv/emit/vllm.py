@@ -170,8 +170,8 @@ def _mamba_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[str]) -> 
     if mode is MambaCacheMode.NONE:
         flags.append(("--no-enable-prefix-caching", ""))
         notes.append("--no-enable-prefix-caching: the engine enables prefix caching by default, which puts hybrid "
-                     "models in Mamba 'align' mode (two state pages per request); the plan keeps one state per "
-                     "request (mamba_cache_mode=none). --mamba-cache-mode itself is ignored by vLLM 0.33")
+                     "models in Mamba 'align' mode (two state pages per request, three for Mamba2); the plan keeps "
+                     "one state per request (mamba_cache_mode=none). --mamba-cache-mode itself is ignored by vLLM 0.33")
         return
     if mode is MambaCacheMode.ALL:
         notes.append("WARNING: vLLM 0.33 has no mamba_cache_mode 'all' (only none / align, chosen by prefix caching); "

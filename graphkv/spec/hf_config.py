@@ -46,6 +46,7 @@ from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
 from graphkv.spec.hf.layout import read_layout
 from graphkv.spec.hf.sharing import kv_sources
+from graphkv.spec.hf.positions import read_position_cap
 from graphkv.spec.hf.source import ConfigSource, resolve_source
 from graphkv.spec.model import LayerDecl, ModelKV
 
@@ -57,8 +58,6 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 _DEFAULT_DTYPE = DType.BFLOAT16
 _ATTENTION_BACKEND = "flash_attn"
 _MLA_BACKEND = "flashmla"
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                  "max_sequence_length")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 
 
@@ -88,7 +87,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
                             attention_backend=attention_backend)
     model_name = _model_name(cfg, source, name)
     hidden_size = cfg.optional_int(_HIDDEN_KEYS[0], also=_HIDDEN_KEYS[1:], cap="width")
-    max_positions = cfg.optional_int(_POSITION_KEYS[0], also=_POSITION_KEYS[1:])
+    positions = read_position_cap(cfg, family.model_type if family else str(source.model_type or ""))
     layout = read_layout(cfg, family)
     if layout is None:  # no layer count: collect the problems the default layers would have, then raise
         probe_layers(cfg, opts)
@@ -102,7 +101,9 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     note = f"config reader: {source.describe()}; layer kinds from {layout.source}"
     if shared:
         note += f"; the last {len(shared)} layers read earlier layers' KV (num_kv_shared_layers)"
-    model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=max_positions,
+    if positions.note is not None:
+        note += f"; {positions.note}"
+    model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=positions.value,
                     hidden_size=hidden_size, notes=(note,))
     return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
