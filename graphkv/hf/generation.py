@@ -113,7 +113,7 @@ def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
 
 def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         limits: Limits | None = None, budget: Budget | None = None,
-                        device: "str | torch.device | None" = None, compile: bool | None = None,  # noqa: A002
+                        device: "str | torch.device | None" = None, compile: bool | str | None = None,  # noqa: A002
                         record: bool = False) -> GenerateResult:
     """:func:`generate`, returning the engine's counters, timings and serving loop too (the
     benchmark and ``graphkv demo --hf`` read them). ``record=True`` keeps each step's logits rows

@@ -57,7 +57,9 @@ class PagedModel(torch.nn.Module):
     unused) — as a server samples; ``"all"``: ``[T, vocab]``, every packed token. ``compile``:
     compile each layer's K/V write and flex attention as one ``torch.compile`` call (default: on a
     CUDA pool; on a CPU it costs ~5-25 s once, then ~0.1-0.4 ms per call instead of ~15-30 ms
-    eager). Attention sinks (gpt-oss) need
+    eager); ``compile="model"``: compile the model's whole forward (embeddings, norms, MLPs,
+    rotary, the paged attention and the head) as ``torch.compile`` of the module, with automatic
+    dynamic shapes (a CPU spends about a minute compiling a tiny model's few graphs). Attention sinks (gpt-oss) need
     the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: ``compile=True`` on a CPU is
     refused for them. On a GPU the MoE experts run transformers' ``batched_mm`` implementation
     (routing on the device, so a decode step can be captured; not yet run on a GPU here). The
@@ -65,7 +67,7 @@ class PagedModel(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
-                 compile: bool | None = None) -> None:  # noqa: A002 - the torch verb
+                 compile: bool | str | None = None) -> None:  # noqa: A002 - the torch verb
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -81,6 +83,10 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if compile is None:
             compile = pool.device.type == "cuda"
+        if compile not in (True, False, "model"):
+            raise SpecError(Problem(field="compile", value=compile, limit="must be True, False, None or 'model'",
+                                    fix="True compiles each layer's attention, 'model' the whole forward, None "
+                                        "picks True on a GPU"))
         modules = _layer_modules(model, family)
         has_sinks = any(getattr(m, "sinks", None) is not None for kind, m in modules.values() if kind == "attention")
         if compile and has_sinks and pool.device.type == "cpu":
@@ -91,7 +97,8 @@ class PagedModel(torch.nn.Module):
         # Automatic dynamic shapes: the first step compiles for its token count, the next one with
         # the token count symbolic (dynamic=True would also make the block table's rows symbolic,
         # which torch 2.13's CPU flex template miscompiles when max_num_seqs is 1).
-        attend: Callable[..., Any] = torch.compile(write_and_attend, fullgraph=True) if compile else write_and_attend
+        attend: Callable[..., Any] = torch.compile(write_and_attend, fullgraph=True) if compile is True \
+            else write_and_attend  # under compile="model" the module's compile traces it with the rest
         self.attention: dict[int, AttentionBinding] = {}
         replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}
         for decl in plan.layers:
@@ -117,6 +124,8 @@ class PagedModel(torch.nn.Module):
         # graph can hold); its batched_mm implementation routes on the device.
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
                                experts_implementation="batched_mm" if pool.device.type == "cuda" else None)
+        if compile == "model":
+            self.view = torch.compile(self.view)
         self.dtype = model_dtype(model)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:

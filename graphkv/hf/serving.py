@@ -48,7 +48,7 @@ class ServingLoop:
     """
 
     def __init__(self, model: torch.nn.Module, *, limits: Limits, budget: Budget | None,
-                 device: "str | torch.device | None" = None, logits: str = "last", compile: bool | None = None,
+                 device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None) -> None:  # noqa: A002
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,

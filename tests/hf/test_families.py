@@ -19,10 +19,10 @@ from hf_harness import (LIMITS, NEW_TOKENS, PROMPT_LENGTHS, RecordingStep, prefi
                         joined_while_others_decoded, own_logits, prompts)
 
 
-def serve(model, *, compile_attention: bool = False):
+def serve(model, *, compile: bool | str = False):  # noqa: A002 - PagedModel's argument
     """Serve the workload with logits of every token recorded; returns the engine and its batches."""
     loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), logits="all",
-                       compile=compile_attention)
+                       compile=compile)
     step = RecordingStep(loop.step)
     engine = DemoEngine(loop.plan, step, loop.forward, record=True)
     requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(prompts())]
@@ -62,5 +62,13 @@ def test_continuous_batching_equals_generate(model_type: str) -> None:
 def test_compiled_attention_equals_generate() -> None:
     """The same run with the attention compiled (what a GPU runs) on Qwen3: tokens and logits unchanged."""
     model = tiny_model("qwen3")
-    engine, batches = serve(model, compile_attention=True)
+    engine, batches = serve(model, compile=True)
+    check_against_transformers(model, engine, batches)
+
+
+@pytest.mark.slow
+def test_compiled_forward_equals_generate() -> None:
+    """The same run with the model's whole forward compiled (torch.compile, compiled flex inside) on Qwen3."""
+    model = tiny_model("qwen3")
+    engine, batches = serve(model, compile="model")
     check_against_transformers(model, engine, batches)

@@ -69,6 +69,15 @@ def test_compiled_sinks_on_a_cpu_are_refused() -> None:
     pool = loop_for("gpt_oss").pool
     with pytest.raises(SpecError, match="log-sum-exp"):
         PagedModel(model, pool, compile=True)
+    with pytest.raises(SpecError, match="log-sum-exp"):
+        PagedModel(model, pool, compile="model")
+
+
+def test_an_unknown_compile_mode_is_refused() -> None:
+    """compile takes True, False, None or 'model': anything else is a one-line SpecError naming it."""
+    loop = loop_for("llama")
+    with pytest.raises(SpecError, match="compile='graph': must be True, False, None or 'model'"):
+        PagedModel(tiny_model("llama"), loop.pool, compile="graph")
 
 
 def test_bad_logits_mode_and_mixed_dtypes_are_refused() -> None:
