@@ -22,9 +22,9 @@ import attrs
 from graphkv import __version__
 from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
-from graphkv.command.flag_errors import in_flag_terms
-from graphkv.command.model_source import ModelSource, load_model_source
-from graphkv.command.ranks import RankedPlans, plan_ranks
+from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_problems
+from graphkv.command.model_source import MAX_TP_TRIED, ModelSource, load_model_source, tp_sizes_that_split
+from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError
 from graphkv.memory.command import add_bench_parser
@@ -78,8 +78,9 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="pipeline-parallel stages (default: %(default)s); with --tp, every rank is planned and the "
                         "ranks' agreed plan printed")
     g.add_argument("--pp-partition", type=_partition, metavar="N,N,...",
-                   help="model layers per pipeline stage, as VLLM_PP_LAYER_PARTITION (default: vLLM's even split, "
-                        "the remainder on the stages before the last)")
+                   help="model layers per pipeline stage, as VLLM_PP_LAYER_PARTITION: --pp counts summing to the "
+                        "model's layers (a partition of another length is refused, never taken as --pp; default: "
+                        "vLLM's even split, the remainder on the stages before the last)")
     g.add_argument("--kv-cache-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. fp8"),
                    help="attention cache dtype, e.g. bfloat16, fp8 (default: the model's)")
     g.add_argument("--mamba-ssm-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. float32"),
@@ -241,6 +242,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget
     model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args))
+    check_pipeline_flags(source.whole, args.pp, args.pp_partition)
     limits = _build_limits(args)
     planned = plan_with_budget(_budget_flags(args), source, limits, tp=args.tp)
     return source, planned, _inputs(source, limits, args)
@@ -250,6 +252,7 @@ def ranks_from_args(args: argparse.Namespace) -> tuple[ModelSource, RankedPlans,
     """Plan every rank ``--tp`` x ``--pp`` describe and agree: the model, the agreed plans and the inputs."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args))
+    check_pipeline_flags(source.whole, args.pp, args.pp_partition)
     limits = _build_limits(args)
     ranked = plan_ranks(_budget_flags(args), source, limits, tp=args.tp, pp=args.pp, partition=args.pp_partition)
     return source, ranked, _inputs(source, limits, args)
@@ -357,6 +360,21 @@ def _budget_flag(args: argparse.Namespace) -> str:
     return "--kv-memory"
 
 
+def _in_flag_terms(error: GraphkvError, args: argparse.Namespace) -> GraphkvError:
+    """``error`` as the flags the user typed: one --tp problem for the head counts --tp cannot split, field
+    names as flags, the budget's value as typed."""
+    tp = getattr(args, "tp", 1)
+    if args.command == "plan" and tp > 1 and tp_split_problems(error, tp):
+        try:
+            valid = tp_sizes_that_split(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
+                                        overrides=_overrides(args))
+            error = in_tp_terms(error, tp, valid, up_to=MAX_TP_TRIED)
+        except GraphkvError:  # the config could not be read again: keep the problems as they were
+            pass
+    typed = {flag: getattr(args, name, None) for flag, name in (("--kv-memory", "kv_memory"), ("--gpu", "gpu"))}
+    return in_flag_terms(error, budget_flag=_budget_flag(args), typed=typed)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         return _run_demo(args)
@@ -382,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # surface a closed pipe here, not at interpreter exit
         return code
     except GraphkvError as e:
-        print(f"graphkv: error: {in_flag_terms(e, budget_flag=_budget_flag(args))}", file=sys.stderr)
+        print(f"graphkv: error: {_in_flag_terms(e, args)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         # The reader is gone (`graphkv plan | head -1`): stop writing, as Unix tools do. Point stdout at

@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from graphkv.cli import main
+from graphkv.errors import SpecError
+from graphkv.presets import preset_model
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -75,18 +77,29 @@ def test_emit_vllm_sizes_the_pool_for_the_widest_stage(capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(("argv", "needles"), [
-    (["--preset", "llama-3.1-8b", "--pp", "3", "--pp-partition", "10,10"], ["--pp-partition=(10, 10)",
-                                                                            "must list 3 layer counts"]),
+    (["--preset", "llama-3.1-8b", "--pp", "3", "--pp-partition", "10,10"], ["--pp-partition='10,10'",
+                                                                            "lists 2 stages but --pp is 3"]),
     (["--preset", "llama-3.1-8b", "--pp", "2", "--pp-partition", "32,0"], ["--pp-partition=[32, 0]",
                                                                            "leaves stage 1 of 2 with no model layer"]),
-    (["--preset", "llama-3.1-8b", "--pp", "64"], ["--pp=64", "with no model layer", "fewer stages"]),
-    (["--preset", "llama-3.1-8b", "--tp", "3"], ["config.num_key_value_heads=8", "divisible by tp=3"]),
+    (["--preset", "llama-3.1-8b", "--pp", "33"], ["--pp=33: is more than the model's 32 layers", "use --pp <= 32"]),
+    (["--preset", "llama-3.1-8b", "--tp", "3"], ["--tp=3: does not split", "num_key_value_heads=8",
+                                                  "num_attention_heads=32", "use --tp 1, 2, 4, 8, 16 or 32"]),
+    (["--preset", "gpt-oss-20b", "--tp", "5"], ["--tp=5: does not split", "use --tp 1, 2, 4, 8, 16, 32 or 64"]),
 ])
 def test_bad_parallel_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], argv, needles) -> None:
     """A partition that does not fit, a stage with no layer, too many stages or heads --tp cannot split: one line."""
     code, _, err = run(capsys, "plan", *argv)
-    assert code == 2 and err.startswith("graphkv: error: ") and len(err.strip().splitlines()) <= 3
+    assert code == 2 and err.startswith("graphkv: error: ") and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err and all(needle in err for needle in needles)
+
+
+def test_tp_the_heads_cannot_split_stays_every_problem_in_the_python_api() -> None:
+    """The CLI's one --tp line is a translation: preset_model(..., tp=3) still raises all four head problems."""
+    with pytest.raises(SpecError) as info:
+        preset_model("qwen3-next-80b-a3b", tp=3)
+    assert [p.field for p in info.value.problems] == [
+        "config.num_key_value_heads", "config.num_attention_heads", "config.linear_num_key_heads",
+        "config.linear_num_value_heads"]
 
 
 def test_partition_that_is_not_counts_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

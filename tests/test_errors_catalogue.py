@@ -253,6 +253,11 @@ CASES = [
          "budget", None, "pass Budget.kv_bytes(...)"),
     Case("budget-below-two-pages", lambda: compile_plan(two_full(), Limits(), Budget.kv_bytes(1024)), CapacityError,
          "budget", "1.00 KiB", "raise the KV budget to >= 256.00 KiB"),
+    Case("override-above-1-pib",  # 2 MiB per page index x 2**30 pages = 2 PiB
+         lambda: compile_plan(ModelKV.from_specs("wide", [(FullAttentionSpec(num_kv_heads=64, head_size=256),
+                                                           "flash_attn")] * 2),
+                              Limits(max_model_len=1024, num_blocks_override=1 << 30)),
+         CapacityError, "num_blocks_override", 1 << 30, "lower num_blocks_override to <= 536870912"),
     Case("override-above-budget",
          lambda: compile_plan(two_full(), Limits(num_blocks_override=9), Budget.kv_bytes("1MiB")),
          CapacityError, "num_blocks_override", 9, "lower num_blocks_override to <= 8"),
@@ -410,7 +415,7 @@ class CliCase:
     argv: tuple[str, ...]
     needles: tuple[str, ...]
     absent: tuple[str, ...] = ()  # must not appear (API field names instead of flags, repeats)
-    setup: str = ""  # a fixture file to create: "fifo", "deep", "config:<json>"
+    setup: str = ""  # a fixture file to create: "fifo", "deep", "config:<json>", "raw:<text>", "index:<total_size>"
     needs_torch: bool = False
 
 
@@ -425,8 +430,18 @@ CLI_CASES = [
             setup="fifo"),
     CliCase("hf-config-dev-zero", ("plan", "--hf-config", "/dev/zero"),
             ("--hf-config='/dev/zero'", "is a device or special file")),
-    CliCase("hf-config-deeply-nested", ("plan", "--hf-config", "{path}"), ("nests more than 64 levels deep",),
-            setup="deep"),
+    CliCase("hf-config-deeply-nested", ("plan", "--hf-config", "{path}"),
+            ("nests more than 64 levels deep", "pass a Hugging Face config.json, unmodified"),
+            absent=("an unmodified a ",), setup="deep"),
+    CliCase("graph-calibration-fifo", ("plan", "--graph-calibration", "{path}"),
+            ("--graph-calibration=", "is a FIFO, not a regular file", "graphkv bench memory --out DIR"), setup="fifo"),
+    CliCase("graph-calibration-dev-zero", ("plan", "--graph-calibration", "/dev/zero"),
+            ("--graph-calibration='/dev/zero'", "is a device or special file")),
+    CliCase("graph-calibration-deeply-nested", ("plan", "--graph-calibration", "{path}"),
+            ("--graph-calibration=", "nests more than 64 levels deep"), setup="deep"),
+    CliCase("checkpoint-total-size-1e40", ("plan", "--hf-config", "{dir}"),
+            ("--hf-config=", "metadata.total_size=10000000000000000000000000000000000000000",
+             "more than 1024.00 TiB"), setup="index:" + "1" + "0" * 40),
     CliCase("hf-config-huge-integer", ("plan", "--hf-config", "{path}"), ("--hf-config=", "cannot be parsed"),
             setup='raw:{"num_hidden_layers": ' + "9" * 5000 + "}"),
     CliCase("hf-config-directory-without-config", ("plan", "--hf-config", "{dir}"), ("--hf-config=", "no such file"),
@@ -436,6 +451,12 @@ CLI_CASES = [
     CliCase("kv-memory-above-1-pib", ("plan", "--kv-memory", "9" * 30), ("--kv-memory=", "more memory than any")),
     CliCase("kv-memory-empty", ("plan", "--kv-memory", ""), ("--kv-memory: is empty",)),
     CliCase("kv-memory-zero", ("plan", "--kv-memory", "0"), ("--kv-memory='0': is zero",), absent=("Budget.",)),
+    CliCase("kv-memory-fraction-of-a-byte", ("plan", "--kv-memory", "1.5"),
+            ("--kv-memory='1.5': gives the KV pool 1 B, which holds 0 page(s)",), absent=("'1 B'",)),
+    CliCase("kv-memory-below-two-pages-as-typed", ("plan", "--kv-memory", "1.5B"), ("--kv-memory='1.5B': ",)),
+    CliCase("num-blocks-override-beyond-1-pib", ("plan", "--num-blocks-override", "1e9"),
+            ("--num-blocks-override=1000000000", "more than 1024.00 TiB",
+             "lower --num-blocks-override to <= 84215045"), absent=("num_blocks_override",)),
     CliCase("preset-empty", ("plan", "--preset", ""), ("--preset: is empty",)),
     CliCase("weights-memory-empty", ("plan", "--gpu", "H100", "--weights-memory", ""), ("--weights-memory: is empty",)),
     CliCase("weights-bigger-than-gpu", ("plan", "--gpu", "H100", "--weights-memory", "100GiB"),
@@ -443,6 +464,12 @@ CLI_CASES = [
             absent=("Budget.", "weights_bytes")),
     CliCase("preset-weights-need-more-ranks", ("plan", "--preset", "qwen3-next-80b-a3b", "--gpu", "H100", "--tp", "2"),
             ("weights 75.74 GiB per rank", "--tp >= 3")),
+    CliCase("activation-memory-beyond-gpu", ("plan", "--gpu", "H100", "--activation-memory", "200GiB"),
+            ("--gpu='H100'", "activations 200.00 GiB", "lower --activation-memory (every rank holds them whole, so "
+             "no --tp helps while they take 200.00 GiB)"), absent=("--tp >=",)),
+    CliCase("activation-and-reserve-beyond-gpu", ("plan", "--gpu", "H100", "--activation-memory", "40GiB",
+                                                  "--graph-reserve", "40GiB"),
+            ("lower --activation-memory and --graph-reserve (", "they take 80.00 GiB"), absent=("--tp >=",)),
     CliCase("activation-memory-without-gpu", ("plan", "--activation-memory", "2GiB"),
             ("--activation-memory='2GiB': only applies with --gpu",)),
     CliCase("graph-reserve-too-small", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "1MiB"),
@@ -461,12 +488,26 @@ CLI_CASES = [
             ("--max-model-len=16384", "raise --num-blocks-override to >= 1025"), absent=("num_blocks_override",)),
     CliCase("backend-listed-once", ("plan", "--preset", "llama-3.1-8b", "--block-size", "17"),
             ("all of flash_attn [MultipleOf(16)] and divides 17",), absent=("flash_attn [MultipleOf(16)], flash_attn",)),
+    CliCase("pp-partition-without-pp", ("plan", "--pp-partition", "1,2,3"),
+            ("--pp-partition='1,2,3': lists 3 stages but --pp is 1", "add --pp 3")),
+    CliCase("pp-partition-length-differs-from-pp", ("plan", "--pp", "2", "--pp-partition", "10,12,26"),
+            ("--pp-partition='10,12,26': lists 3 stages but --pp is 2",)),
+    CliCase("pp-partition-wrong-sum", ("plan", "--pp", "2", "--pp-partition", "10,12"),
+            ("--pp-partition='10,12': sums to 22 layers, but the model has 48", "e.g. --pp-partition 24,24")),
+    CliCase("pp-beyond-layer-count", ("plan", "--pp", "1000"),
+            ("--pp=1000: is more than the model's 48 layers", "use --pp <= 48"), absent=("0, 0, 0",)),
+    CliCase("tp-not-dividing-heads", ("plan", "--tp", "3"),
+            ("--tp=3: does not split the model's heads over 3 ranks", "num_attention_heads=16", "num_key_value_heads=2",
+             "use --tp 1, 2, 4, 8 or 16"), absent=("problems", "config.")),
     CliCase("utilization-out-of-range", ("plan", "--gpu", "H100", "--utilization", "1.5"),
             ("--utilization: '1.5' must be in (0, 1]",)),
     CliCase("emit-unknown-engine", ("plan", "--emit", "sglang"), ("--emit: invalid choice: 'sglang'",)),
     CliCase("demo-seed-2-pow-70", ("demo", "--seed", str(2**70)), ("--seed:", "must be between 0 and")),
     CliCase("demo-pool-beyond-memory", ("demo", "--kv-memory", "100TiB", "--device", "cpu"),
             ("--kv-memory='100TiB'", "is available"), needs_torch=True),
+    CliCase("bench-memory-pool-beyond-memory", ("bench", "memory", "--model", "llama-3.1-8b", "--kv-memory", "100TiB",
+                                                "--device", "cpu", "--no-progress"),
+            ("--kv-memory='100TiB'", "is available", "lower --kv-memory to below"), needs_torch=True),
     CliCase("demo-cuda-without-cuda", ("demo", "--device", "cuda"),
             ("--device='cuda': torch.cuda.is_available() is False",), needs_torch=True),
     pytest.param(CliCase("hf-1e9-layers", ("plan", "--hf-config", "{path}"), ("num_hidden_layers",),
@@ -483,6 +524,7 @@ CLI_CASES = [
 
 
 def _prepare(case: CliCase, tmp_path: Any) -> tuple[str, ...]:
+    import json
     import os
 
     path, directory = tmp_path / "config.json", tmp_path / "ckpt"
@@ -496,6 +538,11 @@ def _prepare(case: CliCase, tmp_path: Any) -> tuple[str, ...]:
         path.write_text(case.setup[len("config:"):])
     elif case.setup.startswith("raw:"):
         path.write_text(case.setup[len("raw:"):])
+    elif case.setup.startswith("index:"):  # a checkpoint directory whose index declares this total_size
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(LLAMA_MINI))
+        (directory / "model.safetensors.index.json").write_text(
+            '{"metadata": {"total_size": ' + case.setup[len("index:"):] + '}, "weight_map": {}}')
     return tuple(a.replace("{path}", str(path)).replace("{dir}", str(directory)) for a in case.argv)
 
 

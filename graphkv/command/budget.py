@@ -86,16 +86,24 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tu
     reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
     usable = int(gpu.total_memory_bytes * utilization)
     if weights + activations + reserve >= usable:
-        ranks = ""
-        if weights and flags.weights_memory is None:
-            needed = tp * pp * weights // max(usable - activations - reserve, 1) + 1
-            ranks = f", or --tp >= {needed}" if pp == 1 else f", or --tp x --pp >= {needed}"
+        left = usable - activations - reserve  # what more ranks could share among the weights
+        if left <= 0:  # every rank holds activations and the reserve whole: no --tp / --pp helps
+            given = (("--activation-memory", activations), ("--graph-reserve", reserve))
+            typed = " and ".join(flag for flag, n in given if n)
+            fix = (f"lower {typed} (every rank holds them whole, so no --tp helps while they take "
+                   f"{format_bytes(activations + reserve)}), or use a larger GPU or a higher --utilization")
+        else:
+            ranks = ""
+            if weights and flags.weights_memory is None:
+                needed = tp * pp * weights // left + 1
+                ranks = f", or --tp >= {needed}" if pp == 1 else f", or --tp x --pp >= {needed}"
+            fix = f"use a larger GPU, quantized weights (--weights-memory SIZE), a higher --utilization{ranks}"
         raise SpecError(Problem(
             field="--gpu", value=flags.gpu,
             limit=(f"weights {format_bytes(weights)} per rank ({weights_from}) + activations "
                    f"{format_bytes(activations)} + graph reserve {format_bytes(reserve)} leave nothing of "
                    f"{format_bytes(usable)} ({gpu.name} x utilization {utilization})"),
-            fix=f"use a larger GPU, quantized weights (--weights-memory SIZE), a higher --utilization{ranks}"))
+            fix=fix))
     budget = Budget.for_gpu(gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
                             graph_reserve_bytes=reserve)
     notes = {"weights": weights_from,

@@ -3,20 +3,25 @@
 
 :func:`in_flag_terms` rewrites each problem's field to its flag and replaces field names inside
 the limit and fix texts (whole identifiers only, so ``mamba_block_size`` is not read as
-``block_size``). Fields with no flag — a config.json field, a layer — are left as they are.
+``block_size``). Fields with no flag — a config.json field, a layer — are left as they are. The
+budget's value is shown as typed (``--kv-memory='1.5'``), with the bytes it gave the pool.
+
+:func:`in_tp_terms` turns the config head counts a ``--tp`` cannot split (one problem per count
+in the Python API, so the API reports them all) into one problem on ``--tp`` that lists them and
+the sizes that do split them.
 """
 
 from __future__ import annotations
 
 import re
 import types
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import attrs
 
 from graphkv.errors import GraphkvError, Problem
 
-__all__ = ["FIELD_FLAGS", "in_flag_terms"]
+__all__ = ["FIELD_FLAGS", "in_flag_terms", "in_tp_terms", "tp_split_problems"]
 
 FIELD_FLAGS: Mapping[str, str] = types.MappingProxyType({
     "kv_cache_bytes": "--kv-memory",
@@ -57,16 +62,49 @@ def _text(text: str) -> str:
     return _IN_TEXT.sub(lambda m: FIELD_FLAGS[m.group(1)], text)
 
 
-def _problem(p: Problem, budget_flag: str) -> Problem:
+def _problem(p: Problem, budget_flag: str, typed: Mapping[str, str | None]) -> Problem:
     field = p.field
     for owner in _OWNERS:
         if field.startswith(owner):
             field = field[len(owner):]
     flag = budget_flag if field == "budget" else FIELD_FLAGS.get(field, p.field)
-    return attrs.evolve(p, field=flag, limit=_text(p.limit), fix=_text(p.fix))
+    value, limit = p.value, _text(p.limit)
+    if field == "budget" and isinstance(p.value, str) and typed.get(flag) is not None:
+        # the API names the pool's bytes ('1 B'); the user typed '1.5' (a fraction of a byte is dropped)
+        value, limit = typed[flag], f"gives the KV pool {p.value}, which {limit}"
+    return attrs.evolve(p, field=flag, value=value, limit=limit, fix=_text(p.fix))
 
 
-def in_flag_terms(error: GraphkvError, *, budget_flag: str = "--kv-memory") -> GraphkvError:
+def in_flag_terms(error: GraphkvError, *, budget_flag: str = "--kv-memory",
+                  typed: Mapping[str, str | None] | None = None) -> GraphkvError:
     """The same error (same class) with fields and texts in flag terms; ``budget_flag`` stands for the
-    budget as a whole (``--kv-memory`` or ``--gpu``)."""
-    return type(error)(*(_problem(p, budget_flag) for p in error.problems))
+    budget as a whole (``--kv-memory`` or ``--gpu``), ``typed`` maps flags to the text the user typed."""
+    return type(error)(*(_problem(p, budget_flag, typed or {}) for p in error.problems))
+
+
+def tp_split_problems(error: GraphkvError, tp: int) -> tuple[Problem, ...]:
+    """The problems of ``error`` that are a config head count ``tp`` ranks cannot split (their limits
+    name ``tp=<tp>``, as :mod:`graphkv.spec.split_rules` and the query-head check word them)."""
+    named = re.compile(rf"\btp={tp}\b")
+    return tuple(p for p in error.problems if p.field.startswith("config.") and named.search(p.limit))
+
+
+def _sizes(values: Sequence[int]) -> str:
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def in_tp_terms(error: GraphkvError, tp: int, valid: Sequence[int], *, up_to: int) -> GraphkvError:
+    """``error`` with its :func:`tp_split_problems` replaced by one problem on ``--tp`` naming each
+    count and ``valid`` (the sizes up to ``up_to`` that split every count); other problems are kept."""
+    split = tp_split_problems(error, tp)
+    if not split:
+        return error
+    counts = ", ".join(f"{p.field.removeprefix('config.')}={p.value}" for p in split)
+    fix = (f"use --tp {_sizes(valid)}" if valid
+           else f"no --tp up to {up_to} splits them; check the config's head counts")
+    one = Problem(field="--tp", value=tp, fix=fix,
+                  limit=f"does not split the model's heads over {tp} ranks ({counts}: each rank must hold a whole "
+                        "number of each)")
+    rest = tuple(p for p in error.problems if p not in split)
+    return type(error)(one, *rest)

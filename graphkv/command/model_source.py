@@ -18,9 +18,10 @@ from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.presets.weights import preset_weight_bytes
 from graphkv.spec.model import ModelKV
 
-__all__ = ["CONFIG_NAME", "ModelSource", "load_model_source"]
+__all__ = ["CONFIG_NAME", "MAX_TP_TRIED", "ModelSource", "load_model_source", "tp_sizes_that_split"]
 
 CONFIG_NAME = "config.json"
+MAX_TP_TRIED = 64  # tensor-parallel sizes tried when --tp cannot split the heads (as split_rules.divisors)
 
 
 @attrs.frozen(kw_only=True)
@@ -43,12 +44,17 @@ def _config_path(path: str) -> tuple[str, str | None]:
     return path, (directory if os.path.basename(path) == CONFIG_NAME else None)
 
 
-def _from_hf_config(path: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
-    config_file, directory = _config_path(path)
-    config = read_json_file(config_file, field="--hf-config", what="a Hugging Face config.json")
+def _read_config(path: str) -> dict[str, Any]:
+    config = read_json_file(_config_path(path)[0], field="--hf-config", what="a Hugging Face config.json")
     if not isinstance(config, dict):
         raise SpecError(Problem(field="--hf-config", value=path, limit=f"holds a JSON {type(config).__name__}, not an object",
                                 fix="pass a config.json whose top level is an object"))
+    return config
+
+
+def _from_hf_config(path: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
+    config_file, directory = _config_path(path)
+    config = _read_config(path)
     model = ModelKV.from_hf_config(config, tp=tp, **overrides)
     whole = model if tp == 1 else ModelKV.from_hf_config(config, **overrides)
     weights = checkpoint_weights(directory, field="--hf-config") if directory is not None else None
@@ -75,3 +81,18 @@ def load_model_source(*, preset: str | None, hf_config: str | None, default_pres
     if hf_config is not None:
         return _from_hf_config(hf_config, tp, overrides)
     return _from_preset(preset or default_preset, tp, overrides)
+
+
+def tp_sizes_that_split(*, preset: str | None, hf_config: str | None, default_preset: str,
+                        overrides: dict[str, Any], up_to: int = MAX_TP_TRIED) -> tuple[int, ...]:
+    """The tensor-parallel sizes in ``1 .. up_to`` for which the model of ``--hf-config`` / ``--preset``
+    reads, i.e. every head count it splits (read once, then built per size: ~2 ms each)."""
+    config = _read_config(hf_config) if hf_config is not None else load_preset_config(preset or default_preset)
+    sizes = []
+    for tp in range(1, up_to + 1):
+        try:
+            ModelKV.from_hf_config(config, tp=tp, **overrides)
+        except SpecError:
+            continue
+        sizes.append(tp)
+    return tuple(sizes)

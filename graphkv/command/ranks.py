@@ -4,7 +4,8 @@ Each rank's shard / stage of the model (``rank = pp_rank * tp + tp_rank``) is pl
 same budget flags (``--gpu`` splits the weights over ``tp x pp`` ranks), and the plans go through
 the agreement :func:`~graphkv.distributed.compile_consensus` uses
 (:func:`~graphkv.distributed.simulate_consensus`). Rank 0 is planned first on its own, so a bad
-flag is the same one-line error as without ``--tp`` / ``--pp``.
+flag is the same one-line error as without ``--tp`` / ``--pp``; :func:`check_pipeline_flags` refuses
+a ``--pp`` / ``--pp-partition`` that cannot cut the model before any rank is planned.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import attrs
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
 from graphkv.command.model_source import ModelSource
 from graphkv.distributed import ConsensusPlan, simulate_consensus
+from graphkv.errors import Problem, SpecError
 from graphkv.plan import Plan
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
+from graphkv.spec.stages import layer_partition, model_layer_count
 
-__all__ = ["RankedPlans", "plan_ranks"]
+__all__ = ["RankedPlans", "check_pipeline_flags", "plan_ranks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +38,37 @@ class RankedPlans:
     def widest_stage(self) -> Plan:
         """The stage plan with the most bytes per page index (a per-GPU pool size must cover it)."""
         return max(self.consensus.stages, key=lambda plan: plan.pool_bytes_per_block)
+
+
+def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | None) -> None:
+    """Refuse, in one short line naming the flag, ``--pp`` above the model's layer count and a
+    ``--pp-partition`` that does not list ``--pp`` counts summing to the model's layers (``--pp`` is
+    never inferred from the partition: a partition of 3 stages with ``--pp`` 1 is a mistake to name,
+    not a plan to change). ``whole`` is the unstaged model."""
+    layers = model_layer_count(whole)
+    if pp > layers:
+        raise SpecError(Problem(field="--pp", value=pp, limit=f"is more than the model's {layers} layers (every stage "
+                                                              "holds at least one)", fix=f"use --pp <= {layers}"))
+    if partition is None:
+        return
+    typed, stages, total = ",".join(map(str, partition)), len(partition), sum(partition)
+    if len(typed) > 60:
+        typed = typed[:60] + "…"
+    if stages != pp:
+        fixes = []
+        if stages <= layers:
+            even = "" if total == layers else (f" with counts summing to the model's {layers} layers, e.g. "
+                                               f"--pp-partition {','.join(map(str, layer_partition(layers, stages)))}")
+            fixes.append(f"add --pp {stages}{even}")
+        fixes.append("drop --pp-partition" if pp == 1 else f"list {pp} layer counts summing to {layers}")
+        raise SpecError(Problem(field="--pp-partition", value=typed, limit=f"lists {stages} stages but --pp is {pp}",
+                                fix=", or ".join(fixes)))
+    if total != layers:
+        raise SpecError(Problem(field="--pp-partition", value=typed,
+                                limit=f"sums to {total} layers, but the model has {layers}",
+                                fix=f"list {pp} counts summing to {layers}, e.g. --pp-partition "
+                                    f"{','.join(map(str, layer_partition(layers, pp)))} (vLLM's even split, the "
+                                    "default without --pp-partition)"))
 
 
 def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int,

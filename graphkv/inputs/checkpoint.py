@@ -17,7 +17,7 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 from graphkv.inputs.json_file import MAX_JSON_BYTES, read_json_file, regular_file_size
-from graphkv.spec.budget import format_bytes
+from graphkv.spec.budget import MAX_BYTES, format_bytes
 
 __all__ = ["INDEX_NAME", "CheckpointWeights", "checkpoint_weights", "safetensors_data_bytes"]
 
@@ -89,6 +89,9 @@ def _index_total(index: Any, path: str, field: str) -> int | None:
         return None
     if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
         raise _bad(field, path, f"has metadata.total_size={total!r}, not a positive integer")
+    if total > MAX_BYTES:  # the cap on sizes typed on the command line; more is a corrupt or hostile index
+        raise _bad(field, path, f"has metadata.total_size={total}, more than {format_bytes(MAX_BYTES)}, more memory "
+                                "than any one machine has")
     return total
 
 

@@ -38,7 +38,7 @@ def regular_file_size(path: str, *, field: str, what: str = "a JSON file") -> in
     except (OSError, ValueError) as e:  # permission denied, name too long, embedded NUL, ...
         raise _refuse(field, path, f"cannot be read ({type(e).__name__}: {e})", f"pass a readable path of {what}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise _refuse(field, path, "is a directory", f"pass {what}, or a directory that holds config.json")
+        raise _refuse(field, path, "is a directory", f"pass {what}")
     if not stat.S_ISREG(info.st_mode):
         kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device or special file"
         raise _refuse(field, path, f"is {kind}, not a regular file (reading it could block or never end)",
@@ -81,13 +81,13 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
         raise _refuse(field, path, f"is not UTF-8 text (byte {e.start})", f"pass {what} (UTF-8 JSON)") from None
     if _too_deep(text, max_depth):
         raise _refuse(field, path, f"nests more than {max_depth} levels deep; at most {max_depth} are read",
-                      f"pass an unmodified {what}")
+                      f"pass {what}, unmodified")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise _refuse(field, path, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
-                      f"pass an unmodified {what}") from None
+                      f"pass {what}, unmodified") from None
     except ValueError as e:  # e.g. an integer longer than Python's 4300-digit conversion limit
-        raise _refuse(field, path, f"holds a value that cannot be parsed ({e})", f"pass an unmodified {what}") from None
+        raise _refuse(field, path, f"holds a value that cannot be parsed ({e})", f"pass {what}, unmodified") from None
     except RecursionError:  # unreachable after the depth check; kept so no parse error can escape raw
-        raise _refuse(field, path, "nests too deeply to parse", f"pass an unmodified {what}") from None
+        raise _refuse(field, path, "nests too deeply to parse", f"pass {what}, unmodified") from None

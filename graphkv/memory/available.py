@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["available_bytes"]
+from graphkv.errors import Problem, SpecError
+from graphkv.spec.budget import format_bytes
+
+__all__ = ["available_bytes", "check_pool_fits"]
 
 
 def available_bytes(device: Any) -> tuple[int, str]:
@@ -25,3 +28,19 @@ def available_bytes(device: Any) -> tuple[int, str]:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory of this machine"
+
+
+def check_pool_fits(plan: Any, device: Any, *, field: str, value: str, fix: str = "") -> None:
+    """Refuse, before anything is allocated, a plan whose pool and step buffers need more than the
+    device has available: a :class:`SpecError` naming ``field`` (the flag that sized the pool, e.g.
+    ``--kv-memory``) and ``value`` (as typed), what is needed and available, and ``fix`` after the
+    advice to lower it. ``device`` is a ``torch.device`` or a device string."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    need = plan.ledger.runtime_bytes(kind).device_bytes
+    have, where = available_bytes(device)
+    if need > have:
+        raise SpecError(Problem(
+            field=field, value=value,
+            limit=(f"the pool ({format_bytes(plan.pool_bytes)}) and static buffers need {format_bytes(need)} on {device} "
+                   f"but only {format_bytes(have)} is available ({where})"),
+            fix=f"lower {field} to below {format_bytes(have)}{fix}"))

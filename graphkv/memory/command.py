@@ -113,7 +113,7 @@ def _out_dir(out: str | None) -> Path | None:
 
 def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, str, int | None]:
     """A preset's plan under the default limits, its budget text and hidden size."""
-    from graphkv.memory.available import available_bytes
+    from graphkv.memory.available import available_bytes, check_pool_fits
     from graphkv.plan import compile_plan
     from graphkv.presets import list_presets, preset_model
     from graphkv.spec.budget import Budget, format_bytes, parse_bytes
@@ -130,7 +130,11 @@ def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, st
         kv = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
         text = f"{format_bytes(kv)} (auto: a quarter of {format_bytes(have)} {where}" + \
             (", at most 1 GiB on a CPU)" if device.type != "cuda" else ")")
-    return compile_plan(model, Limits(), Budget.kv_bytes(kv)), text, model.hidden_size
+    plan = compile_plan(model, Limits(), Budget.kv_bytes(kv))
+    if kv_memory is not None:  # the auto budget is a quarter of what is available; a typed one may be more
+        check_pool_fits(plan, device, field="--kv-memory", value=kv_memory,
+                        fix=", or leave it unset (a quarter of the available memory)")
+    return plan, text, model.hidden_size
 
 
 def _demo(device: Any) -> tuple[Any, str, Any, int]:

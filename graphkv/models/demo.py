@@ -17,10 +17,10 @@ from typing import Any, TextIO
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.memory.available import available_bytes
+from graphkv.memory.available import check_pool_fits
 from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
 from graphkv.plan import Plan, compile_plan
-from graphkv.spec.budget import Budget, format_bytes
+from graphkv.spec.budget import Budget
 from graphkv.spec.limits import CudaGraphMode, Limits
 
 __all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "check_memory", "check_options", "demo_plan", "demo_requests",
@@ -104,14 +104,7 @@ def _device(asked: str, cuda_available: bool) -> str:
 
 def check_memory(plan: Plan, device: str, kv_memory: str) -> None:
     """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
-    need = plan.ledger.runtime_bytes(device).device_bytes
-    have, where = available_bytes(device)
-    if need > have:
-        raise SpecError(Problem(
-            field="--kv-memory", value=kv_memory,
-            limit=(f"the pool ({format_bytes(plan.pool_bytes)}) and static buffers need {format_bytes(need)} on {device} "
-                   f"but only {format_bytes(have)} is available ({where})"),
-            fix=f"lower --kv-memory to below {format_bytes(have)} (the demo needs a few MiB)"))
+    check_pool_fits(plan, device, field="--kv-memory", value=kv_memory, fix=" (the demo needs a few MiB)")
 
 
 def check_options(options: DemoOptions) -> str:

@@ -14,7 +14,7 @@ import attrs
 
 from graphkv.errors import CapacityError, Problem
 from graphkv.plan.groups import GroupDraft
-from graphkv.spec.budget import Budget, format_bytes
+from graphkv.spec.budget import MAX_BYTES, Budget, format_bytes
 from graphkv.spec.layers import MambaCacheMode, PageDemand
 from graphkv.spec.limits import Limits
 
@@ -63,6 +63,12 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
     """``num_blocks`` and the reason: the override exactly, else ``budget // pool_bytes_per_block``."""
     if limits.num_blocks_override is not None:
         n = limits.num_blocks_override
+        if n * pool_bytes_per_block > MAX_BYTES:  # the cap on a typed budget (parse_bytes) holds for pages too
+            raise CapacityError(Problem(
+                field="num_blocks_override", value=n,
+                limit=f"needs {n} x {pool_bytes_per_block} = {format_bytes(n * pool_bytes_per_block)}, more than "
+                      f"{format_bytes(MAX_BYTES)}, more memory than any one machine has",
+                fix=f"lower num_blocks_override to <= {MAX_BYTES // pool_bytes_per_block}"))
         if budget is not None and n * pool_bytes_per_block > budget.kv_pool_bytes():
             raise CapacityError(Problem(
                 field="num_blocks_override", value=n,

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.inputs.json_file import read_json_file
 from graphkv.plan.graph_keys import GraphKey
 
 __all__ = ["CALIBRATION_FORMAT", "GraphKeyEstimate", "GraphPoolModel", "fit_graph_pool"]
@@ -43,6 +44,7 @@ __all__ = ["CALIBRATION_FORMAT", "GraphKeyEstimate", "GraphPoolModel", "fit_grap
 CALIBRATION_FORMAT = "graphkv.graph_calibration/1"
 _DEFAULT_ACTIVATIONS = 4  # live hidden-state-sized tensors a captured step typically holds at once
 _BF16 = 2
+_CALIBRATION_FILE = "the graph_calibration.json that `graphkv bench memory --out DIR` wrote"
 
 
 @attrs.frozen(kw_only=True)
@@ -127,19 +129,12 @@ class GraphPoolModel:
     def from_file(cls, path: "str | os.PathLike[str]", *, field: str = "graph_calibration") -> "GraphPoolModel":
         """Read a calibration file written by :meth:`write` (``graphkv bench memory --out DIR``).
 
-        Raises :class:`SpecError` naming ``field`` and the file for a missing or unreadable file,
-        bad JSON, another format, or coefficients that are not finite numbers >= 0."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as e:
-            raise SpecError(Problem(field=field, value=str(path), limit=f"cannot be read ({e.strerror or e})",
-                                    fix="pass the graph_calibration.json that `graphkv bench memory --out DIR` wrote")) \
-                from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise SpecError(Problem(field=field, value=str(path), limit=f"is not JSON ({e})",
-                                    fix="pass the graph_calibration.json that `graphkv bench memory --out DIR` wrote")) \
-                from None
+        Read with :func:`~graphkv.inputs.read_json_file`: a regular file of at most 64 MiB nested at
+        most 64 levels, so a FIFO, ``/dev/zero`` or a deeply nested file is refused, never a hang or a
+        traceback. Raises :class:`SpecError` naming ``field`` and the file for a missing, unreadable,
+        special or oversized file, bad JSON, another format, or coefficients that are not finite
+        numbers >= 0."""
+        data = read_json_file(os.fspath(path), field=field, what=_CALIBRATION_FILE)
         return cls.from_dict(data, origin=str(path), field=field)
 
     @classmethod

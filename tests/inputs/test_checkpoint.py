@@ -69,6 +69,18 @@ def test_bad_total_size_is_refused(tmp_path: Path) -> None:
         checkpoint_weights(str(tmp_path))
 
 
+def test_total_size_above_1_pib_is_refused(tmp_path: Path) -> None:
+    """A total_size above 1 PiB (the cap on sizes typed on the command line) is refused, naming the file's field."""
+    (tmp_path / INDEX_NAME).write_text('{"metadata": {"total_size": 1' + "0" * 40 + "}}")
+    with pytest.raises(SpecError, match=r"has metadata.total_size=10{40}, more than 1024.00 TiB, more memory than any "
+                                        r"one machine has") as info:
+        checkpoint_weights(str(tmp_path), field="--hf-config")
+    assert info.value.field == "--hf-config" and len(info.value.problems) == 1
+    (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 1 << 50}}))
+    weights = checkpoint_weights(str(tmp_path))
+    assert weights is not None and weights.total_bytes == 1 << 50  # the cap itself is accepted
+
+
 def test_json_reader_bounds_depth_and_size(tmp_path: Path) -> None:
     """Nesting beyond 64 levels and files over the cap are refused before parsing."""
     deep = tmp_path / "deep.json"
