@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from graphkv.hf import ServingLoop, tiny_model
+from graphkv.hf.tiny import TINY_CONFIGS
 from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import workload_budget
 from graphkv.models.demo_engine import DemoRequest
@@ -25,7 +26,7 @@ def serve(model, *, capture_graphs: bool):
     return loop, engine
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "nemotron_h", "gpt_oss"])
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
 def test_captured_run_equals_eager_and_generate(model_type: str) -> None:
     """Decode steps replay captured graphs; tokens equal the eager run's and model.generate's, logits eager's."""
     model = tiny_model(model_type).cuda()
