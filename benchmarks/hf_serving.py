@@ -6,7 +6,8 @@ The same tiny random-weight model (``graphkv.hf.tiny_model``, Qwen3 by default: 
 running together):
 
 - graphkv: :class:`graphkv.hf.ServingLoop` (plan, pool, Step, the model's own modules with paged
-  flex attention — compiled, on the CPU too) and its continuous-batching engine (FIFO, chunked
+  flex attention; by default the whole forward compiled, ``--compile attention`` compiles only
+  each attention call, both on the CPU too) and its continuous-batching engine (FIFO, chunked
   prefill, greedy);
 - transformers: ``model.generate_batch(...)`` — its continuous batching over a paged cache (in
   transformers 5.23 with the plain ``sdpa`` implementation: the ``paged|sdpa`` spelling is
@@ -80,7 +81,7 @@ class GraphkvServer:
 
     name = "graphkv"
 
-    def __init__(self, model: Any, prompts: list[list[int]], new_tokens: int) -> None:
+    def __init__(self, model: Any, prompts: list[list[int]], new_tokens: int, compile_mode: str) -> None:
         import graphkv
         from graphkv.hf.declare import model_kv
         from graphkv.hf.generation import workload_budget
@@ -90,7 +91,8 @@ class GraphkvServer:
         limits = graphkv.Limits(max_model_len=max(map(len, prompts)) + new_tokens, max_num_seqs=len(prompts),
                                 max_num_batched_tokens=STEP_TOKENS, block_size=PAGE_TOKENS,
                                 cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)
-        self.loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits), compile=True)
+        self.loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits),
+                                compile="model" if compile_mode == "model" else True)
         self.kv_tokens = self.loop.plan.num_blocks * self.loop.plan.block_size  # the pool, null page included
         self.runs = 0
 
@@ -150,7 +152,7 @@ def measure_batch(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     model = tiny_model(args.model_type)
     prompts = prompts_for(batch)
     servers, setup, refused = [], {}, {}
-    contenders = (("graphkv", lambda: GraphkvServer(model, prompts, args.new_tokens)),
+    contenders = (("graphkv", lambda: GraphkvServer(model, prompts, args.new_tokens, args.compile)),
                   ("transformers", lambda: TransformersServer(model, prompts, args.new_tokens, servers[0].kv_tokens)))
     for name, build in contenders:
         resident, start = memory_kib("VmRSS"), time.perf_counter()
@@ -196,7 +198,7 @@ def run_batch(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     """:func:`measure_batch` in a fresh process (so each batch size starts from the same state)."""
     argv = [sys.executable, __file__, "--child-batch", str(batch), "--model-type", args.model_type,
             "--new-tokens", str(args.new_tokens), "--threads", str(args.threads), "--repeats", str(args.repeats),
-            "--profile-sort", args.profile_sort] + (["--profile"] if args.profile else [])
+            "--profile-sort", args.profile_sort, "--compile", args.compile] + (["--profile"] if args.profile else [])
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"batch {batch} failed:\n{proc.stderr[-4000:]}")
@@ -215,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7, help="timed serves per contender (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument("--compile", choices=("model", "attention"), default="model",
+                        help="graphkv compiles the model's whole forward, or only each attention call "
+                             "(default: %(default)s)")
     parser.add_argument("--profile", action="store_true", help="print where graphkv's serve time goes")
     parser.add_argument("--profile-sort", default="cumulative", help="cProfile sort key (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path (default: %(default)s)")
@@ -231,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
           "prompt, "
           f"prompts 8-64 tokens; torch {torch.__version__}, transformers {transformers.__version__}, Python "
           f"{platform.python_version()}, {platform.machine()}, torch threads {rows[0]['threads']} (--threads); "
-          f"medians of {args.repeats} alternating serves")
+          f"medians of {args.repeats} alternating serves; graphkv compiles "
+          f"{'the whole forward' if args.compile == 'model' else 'each attention call'} (--compile)")
     print(f"{'batch':>5}  {'same':>5}  {'graphkv':>8}  {'transformers call':>17}  {'ratio':>5}  {'to last token':>13}  "
           f"{'ratio':>5}  {'TTFT graphkv':>12}  {'TTFT transf.':>12}  {'set-up graphkv':>16}  {'set-up transf.':>16}  "
           f"{'serve peak':>17}")
@@ -265,14 +271,14 @@ def main(argv: list[str] | None = None) -> int:
             side.pop("tokens")
     print("graphkv, transformers call, to last token: generated tokens per second of a serve (transformers' call "
           "starts and stops its manager thread; 'to last token' stops at its last token). set-up: from the built "
-          "model to the end of a warm-up serve (graphkv: plan, pool, torch.compile of its attention; transformers: "
+          "model to the end of a warm-up serve (graphkv: plan, pool, torch.compile; transformers: "
           f"its cache and manager), seconds and resident growth. serve peak: graphkv / transformers, resident memory "
           f"above the resident size while serving. KV cache: {', '.join(str(r['kv_tokens']) for r in rows)} tokens "
           "for each contender (transformers in pages of 16).")
     print(f"graphkv: {rows[0]['graphs']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model_type": args.model_type, "new_tokens": args.new_tokens,
-                                    "repeats": args.repeats, "rows": rows}, indent=2))
+                                    "repeats": args.repeats, "compile": args.compile, "rows": rows}, indent=2))
     if failed:
         print(f"graphkv is slower than transformers up to its last token, or the tokens differ, at batch {failed}",
               file=sys.stderr)
