@@ -28,7 +28,8 @@ from graphkv.runtime.flex.attention import paged_flex_attention
 from graphkv.runtime.ops.choice import write_kv
 from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.conv import packed_causal_conv
-from graphkv.runtime.state.rows import PackedRows, segment_cumsum
+from graphkv.runtime.state.rows import PackedRows
+from graphkv.runtime.state.ssd import packed_ssd
 from graphkv.runtime.step.context import StepContext, current_context
 
 __all__ = ["PagedTinyHybrid"]
@@ -91,21 +92,7 @@ class PagedTinyHybrid(torch.nn.Module):
         k = mixed[:, hs * dk:2 * hs * dk].view(-1, hs, dk) / math.sqrt(dk)
         v = mixed[:, 2 * hs * dk:].view(-1, hs, dv)
         log_decay = torch.nn.functional.logsigmoid(h @ w[name + ".w_gate"])  # [T, Hs]
-        ssm0 = ssm_pool.index_select(0, pages) * rows.has_state.to(h.dtype)[:, None, None, None]  # [S, Hs, dk, dv]
-
-        # Decay from token s to token t of one request: exp(G_t - G_s), G the running sum of log
-        # decays from the request's query start (float64: differences of long sums keep precision).
-        cum = segment_cumsum(log_decay, rows)  # [T, Hs]
-        gap = (cum[:, None, :] - cum[None, :, :]).masked_fill(~rows.causal[:, :, None], -math.inf)  # [T, T, Hs]
-        scores = torch.einsum("thk,shk->hts", q, k) * gap.permute(2, 0, 1).exp().to(q.dtype)
-        out = torch.einsum("hts,shv->thv", scores, v)
-        out = out + cum.exp().to(q.dtype)[:, :, None] * torch.einsum("thk,thkv->thv", q, ssm0[rows.row0])
-
-        # New recurrent state after each request's last query token. Rows past the step have
-        # page 0 (the null page): their writes land there, unread.
-        to_end = (cum[rows.last][:, None, :] - cum[None, :, :]).masked_fill(~rows.member[:, :, None], -math.inf)
-        weight = to_end.exp().to(q.dtype)  # [S, T, Hs]
-        ssm1 = cum[rows.last].exp().to(q.dtype)[:, :, None, None] * ssm0 + torch.einsum("sth,thk,thv->shkv",
-                                                                                        weight, k, v)
-        ssm_pool.index_copy_(0, pages, ssm1.to(ssm_pool.dtype))
-        return out.reshape(h.shape[0], -1) @ w[name + ".w_out"]
+        # The same scan as a Mamba2 layer's: unit time steps, per-token log decays, k / q as B / C,
+        # the state stored [Hs, dk, dv] (the scan's [H, head_dim, state] is its transpose).
+        out = packed_ssd(v, torch.ones_like(log_decay), log_decay, k, q, ssm_pool.transpose(-1, -2), pages, rows)
+        return out.to(h.dtype).reshape(h.shape[0], -1) @ w[name + ".w_out"]

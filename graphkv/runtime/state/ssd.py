@@ -20,7 +20,7 @@ def packed_ssd(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tens
     """Outputs ``[T, H, head_dim]`` (float32) of the scan, without the ``D`` skip term.
 
     ``x``: ``[T, H, head_dim]``; ``dt``: ``[T, H]`` time steps (bias, softplus and limits already
-    applied); ``a``: ``[H]`` (negative); ``b`` / ``c``: ``[T, H, state_size]`` (groups already
+    applied); ``a``: ``[H]``, or ``[T, H]`` per token (negative); ``b`` / ``c``: ``[T, H, state_size]`` (groups already
     repeated to heads). ``state``: the layer's pool view ``[num_blocks, H, head_dim, state_size]``;
     ``pages``: ``[S]`` int64 state page per batch row. A request with context starts from its page,
     a first chunk from zeros; each row's final state is written back (rows past the step write the
