@@ -22,6 +22,7 @@ import attrs
 from graphkv import __version__
 from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
+from graphkv.command.device_flag import DEVICE_CHOICES
 from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_problems
 from graphkv.command.model_source import MAX_TP_TRIED, ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
@@ -161,7 +162,7 @@ def _add_demo(sub: Any) -> None:
                       help="default: %(default)s")
     demo.add_argument("--kv-memory", type=nonempty("a size, e.g. 2MiB"), default=d.kv_memory,
                       help="KV pool bytes (default: %(default)s)")
-    demo.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+    demo.add_argument("--device", default=d.device, choices=DEVICE_CHOICES,
                       help="default: %(default)s (cuda when available)")
     demo.add_argument("--no-capture", action="store_true", help="run every step eagerly, even on a GPU")
     demo.add_argument("--seed", type=count(0, maximum=MAX_SEED), default=d.seed,

@@ -20,6 +20,7 @@ from typing import Any, Sequence, TextIO
 import attrs
 
 from graphkv.command.args import nonempty
+from graphkv.command.device_flag import DEVICE_CHOICES, device_from_flag
 from graphkv.errors import Problem, SpecError
 
 __all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
@@ -56,7 +57,7 @@ def add_bench_parser(sub: Any) -> None:
                         type=nonempty("'demo' or a preset name"),
                         help=f"'demo' or a preset (`graphkv presets`); repeat for several (default: "
                              f"{' and '.join(DEFAULT_MODELS)})")
-    memory.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+    memory.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                         help="default: %(default)s (cuda when available)")
     memory.add_argument("--kv-memory", metavar="SIZE", type=nonempty("a size, e.g. 1GiB"),
                         help="KV pool bytes of each preset (default: a quarter of the available memory, at most "
@@ -79,21 +80,6 @@ def run_bench(args: argparse.Namespace) -> int:
                                  progress=not args.no_progress and sys.stderr.isatty())
     bench_memory(options)
     return 0
-
-
-def _device(asked: str) -> Any:
-    import torch
-
-    if asked not in ("auto", "cpu", "cuda"):
-        raise SpecError(Problem(field="--device", value=asked, limit="must be auto, cpu or cuda",
-                                fix="pick one of auto / cpu / cuda"))
-    if asked == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if asked == "cuda" and not torch.cuda.is_available():
-        raise SpecError(Problem(field="--device", value=asked,
-                                limit="torch.cuda.is_available() is False (a CPU build of torch, or no GPU visible)",
-                                fix="use --device cpu (or auto), or run on a machine with a CUDA GPU"))
-    return torch.device(asked)
 
 
 def _out_dir(out: str | None) -> Path | None:
@@ -189,7 +175,7 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     from graphkv.memory.progress import Progress
 
     out = out if out is not None else sys.stdout
-    device = _device(options.device)
+    device = torch.device(device_from_flag(options.device, torch.cuda.is_available()))
     directory = _out_dir(options.out)
     targets = []
     for name in options.models:  # plan everything first: a bad --model fails before anything is allocated

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import attrs
 
+from graphkv.command.device_flag import device_from_flag
 from graphkv.errors import Problem, SpecError
 from graphkv.memory.available import check_pool_fits
 from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
@@ -89,19 +90,6 @@ def demo_plan(options: DemoOptions, config: TinyHybridConfig | None = None) -> P
     return compile_plan(model_kv(config), limits, Budget.kv_bytes(options.kv_memory))
 
 
-def _device(asked: str, cuda_available: bool) -> str:
-    if asked == "auto":
-        return "cuda" if cuda_available else "cpu"
-    if asked == "cuda" and not cuda_available:
-        raise SpecError(Problem(field="--device", value=asked,
-                                limit="torch.cuda.is_available() is False (a CPU build of torch, or no GPU visible)",
-                                fix="use --device cpu (or auto), or run on a machine with a CUDA GPU"))
-    if asked not in ("cpu", "cuda"):
-        raise SpecError(Problem(field="--device", value=asked, limit="must be auto, cpu or cuda",
-                                fix="pick one of auto / cpu / cuda"))
-    return asked
-
-
 def check_memory(plan: Plan, device: str, kv_memory: str) -> None:
     """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
     check_pool_fits(plan, device, field="--kv-memory", value=kv_memory, fix=" (the demo needs a few MiB)")
@@ -112,7 +100,7 @@ def check_options(options: DemoOptions) -> str:
     (``"cpu"`` or ``"cuda"``). Raises :class:`SpecError` naming the flag."""
     import torch
 
-    device = _device(options.device, torch.cuda.is_available())
+    device = device_from_flag(options.device, torch.cuda.is_available())
     if not 1 <= options.threads <= 1024:
         raise SpecError(Problem(field="--threads", value=options.threads, limit="must be between 1 and 1024",
                                 fix="pass the number of CPU threads torch may use, e.g. 1"))
