@@ -14,9 +14,8 @@ within itself).
 
 from __future__ import annotations
 
-from typing import Any
-
 from graphkv.distributed.agreement import Agreement, agree
+from graphkv.distributed.consensus import compile_consensus
 from graphkv.distributed.plans import ConsensusPlan, RankFigures, finalize
 from graphkv.distributed.reports import RankReport, budget_report, rank_report
 from graphkv.distributed.simulate import rank_models, simulate_consensus
@@ -24,10 +23,3 @@ from graphkv.distributed.simulate import rank_models, simulate_consensus
 __all__ = ["Agreement", "ConsensusPlan", "RankFigures", "RankReport", "agree", "budget_report", "compile_consensus",
            "finalize", "rank_models", "rank_report", "simulate_consensus"]
 
-
-def __getattr__(name: str) -> Any:
-    # compile_consensus needs torch.distributed: import it only when asked for.
-    if name == "compile_consensus":
-        from graphkv.distributed.consensus import compile_consensus
-        return compile_consensus
-    raise AttributeError(f"module 'graphkv.distributed' has no attribute {name!r}")

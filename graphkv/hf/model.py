@@ -75,7 +75,6 @@ class PagedModel(torch.nn.Module):
                                     fix="'last' for serving (one row per request), 'all' to check every token"))
         plan = pool.plan
         self.plan, self.pool, self.logits = plan, pool, logits
-        self.family = family
         device = next(model.parameters()).device
         if (device.type, device.index or 0) != (pool.device.type, pool.device.index or 0):
             raise SpecError(Problem(field="device", value=str(pool.device),
@@ -126,7 +125,7 @@ class PagedModel(torch.nn.Module):
                                experts_implementation="batched_mm" if pool.device.type == "cuda" else None)
         if compile == "model":
             self.view = torch.compile(self.view)
-        self.dtype = model_dtype(model)
+        model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"

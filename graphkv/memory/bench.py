@@ -105,7 +105,7 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
             notes.append(f"the KV pool cost this process {meter.read() - before:,} B of device memory "
                          f"({choice.method}: allocator segments included)")
     else:
-        pool_measured, pool_method = live_storages(pool).runtime_bytes(kind)[0], "live storages: torch tensors"
+        pool_measured, pool_method = live_storages(pool).runtime_bytes(kind).device_bytes, "live storages: torch tensors"
     progress.done(f"{plan.model_name}: allocate KV pool")
     rows.append(PhaseRow(phase="kv_pool", predicted_bytes=plan.pool_bytes, measured_bytes=pool_measured,
                          method=pool_method))
@@ -113,7 +113,8 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
     before_alloc = int(torch.cuda.memory_allocated(device)) if cuda else 0
     step = Step(plan, device)
     storages = live_storages(step)
-    step_device, step_host = storages.runtime_bytes(kind)
+    counted = storages.runtime_bytes(kind)
+    step_device, step_host = counted.device_bytes, counted.host_bytes
     if cuda:
         rows.append(PhaseRow(phase="static_buffers", predicted_bytes=predicted.device_bytes - plan.pool_bytes,
                              measured_bytes=int(torch.cuda.memory_allocated(device)) - before_alloc, method=_ALLOCATED))

@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 import attrs
 
+from graphkv.plan.allocations.entries import RuntimeBytes
+
 __all__ = ["StorageSum", "live_storages"]
 
 _SKIP_TYPES = (type, types.ModuleType, types.CodeType, types.FrameType, types.BuiltinFunctionType, str, bytes,
@@ -39,13 +41,14 @@ class StorageSum:
     numpy_bytes: int  # numpy buffers not inside a torch storage
     num_storages: int  # distinct address ranges counted
 
-    def runtime_bytes(self, device: str) -> tuple[int, int]:
-        """``(device_bytes, host_bytes)`` as a runtime on ``device`` (``"cuda"`` or ``"cpu"``) counts
-        them: on a CPU, torch tensors are the device's buffers and numpy arrays host bookkeeping; on
-        CUDA, everything in host memory is host."""
+    def runtime_bytes(self, device: str) -> RuntimeBytes:
+        """These bytes as a runtime on ``device`` (``"cuda"`` or ``"cpu"``) counts them, comparable with
+        ``plan.ledger.runtime_bytes(device)``: on a CPU, torch tensors are the device's buffers and numpy
+        arrays host bookkeeping; on CUDA, everything in host memory is host."""
         if device == "cuda":
-            return self.cuda_bytes, self.cpu_tensor_bytes + self.pinned_bytes + self.numpy_bytes
-        return self.cpu_tensor_bytes, self.pinned_bytes + self.numpy_bytes
+            return RuntimeBytes(device_bytes=self.cuda_bytes,
+                                host_bytes=self.cpu_tensor_bytes + self.pinned_bytes + self.numpy_bytes)
+        return RuntimeBytes(device_bytes=self.cpu_tensor_bytes, host_bytes=self.pinned_bytes + self.numpy_bytes)
 
     @property
     def total_bytes(self) -> int:

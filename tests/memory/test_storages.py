@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from graphkv.memory.storages import live_storages
+from graphkv.plan.allocations.entries import RuntimeBytes
 
 
 @attrs.frozen
@@ -37,7 +38,8 @@ def test_views_aliases_and_closures_count_once():
     counted = live_storages(holder, holder.views, holder)  # reached twice and through several paths
     assert counted.cpu_tensor_bytes == 400 + 24
     assert counted.numpy_bytes == 56 + 8
-    assert counted.runtime_bytes("cpu") == (424, 64) and counted.runtime_bytes("cuda") == (0, 488)
+    assert counted.runtime_bytes("cpu") == RuntimeBytes(device_bytes=424, host_bytes=64)
+    assert counted.runtime_bytes("cuda") == RuntimeBytes(device_bytes=0, host_bytes=488)
     assert counted.total_bytes == 488
 
 
