@@ -9,13 +9,14 @@ import torch
 from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
 from graphkv.hf.model import PagedModel
 from graphkv.models.demo_engine import DemoEngine
+from graphkv.memory.available import check_pool_fits
 from graphkv.plan.compile import compile_plan
 from graphkv.runtime.capture.graphs import CaptureReport, capture
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.pool.allocate import allocate
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
-from graphkv.spec.budget import Budget
+from graphkv.spec.budget import Budget, format_bytes
 from graphkv.spec.limits import Limits
 
 __all__ = ["ServingLoop"]
@@ -54,6 +55,8 @@ class ServingLoop:
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
                                  flex_q_tile_tokens=CPU_FLEX_Q_TILE if self.device.type == "cpu" else None)
         self.plan = compile_plan(self.model_kv, limits, budget)
+        check_pool_fits(self.plan, self.device, field="budget", value=format_bytes(self.plan.pool_bytes),
+                        fix=" (or pass limits.num_blocks_override)")  # before anything is allocated
         self.pool = allocate(self.plan, self.device)
         self.step = Step(self.plan, self.device)
         self.model = PagedModel(model, self.pool, logits=logits, compile=compile)

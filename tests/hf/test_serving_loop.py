@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from graphkv import Budget, PlanError, SpecError
+from graphkv import Budget, Limits, PlanError, SpecError
 from graphkv.errors import CaptureError
 from graphkv.hf import PagedModel, ServingLoop, tiny_model
 from graphkv.hf.attention import paged_attention_forward
@@ -111,3 +111,12 @@ def test_a_pool_missing_some_of_the_models_layers_is_refused() -> None:
     pool = loop_for("llama").pool
     with pytest.raises(PlanError, match=r"has no cache layer for the model's layers \[2\]"):
         PagedModel(tiny_model("llama", num_hidden_layers=3), pool)
+
+
+def test_a_pool_beyond_the_machine_is_refused_before_allocating() -> None:
+    """A budget larger than the machine's memory is a one-line SpecError naming the budget, not an allocator crash."""
+    model = tiny_model("llama")
+    limits = Limits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32)
+    with pytest.raises(SpecError, match=r"^budget=.*only .* is available") as info:
+        ServingLoop(model, limits=limits, budget=Budget.kv_bytes("100TiB"))
+    assert "\n" not in str(info.value)
