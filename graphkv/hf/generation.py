@@ -12,7 +12,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
 from graphkv.hf.support import family_of
-from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats
+from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats, engine_pages
 from graphkv.plan.compile import compile_plan
 from graphkv.spec.budget import Budget
 from graphkv.spec.layers import LayerKind
@@ -106,7 +106,7 @@ def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
     plan counts them, whichever is more, plus the null page. Planning only (no allocation)."""
     probe = compile_plan(model_kv, attrs.evolve(limits, num_blocks_override=1 << 20), None)
     length = probe.max_model_len
-    held = sum(1 if g.is_ssm else -(-length // g.block_size) for g in probe.groups)
+    held = sum(engine_pages(probe.groups, length))
     per_request = max(held, probe.capacity.pages_per_request)
     return Budget.kv_bytes((1 + limits.max_num_seqs * per_request) * probe.pool_bytes_per_block)
 

@@ -30,7 +30,7 @@ from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
 
-__all__ = ["DemoEngine", "DemoRequest", "EngineStats"]
+__all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +70,12 @@ class EngineStats:
     seconds: float = 0.0
 
 
+def engine_pages(groups: Sequence[Any], seq_len: int) -> list[int]:
+    """Pages a request of ``seq_len`` tokens holds per group of ``groups`` (a plan's) in this engine:
+    its state page, or ``cdiv(seq_len, block_size)`` attention pages (it frees no window pages)."""
+    return [1 if g.is_ssm else -(-seq_len // g.block_size) for g in groups]
+
+
 class DemoEngine:
     """Continuous batching over ``plan``'s pool with ``forward`` (an eager model, or a
     :class:`~graphkv.runtime.capture.CapturedForward` of it) driven through ``step``.
@@ -101,7 +107,7 @@ class DemoEngine:
                                                                                     request.max_new_tokens),
                                         limit=f"needs 1 <= prompt + max_new_tokens <= max_model_len={limit}",
                                         fix="shorten the prompt or generate fewer tokens"))
-        need = self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0))
+        need = self._lifetime_need(request)
         for group, pages in zip(self.plan.groups, need):
             if pages > group.pages_per_request:
                 raise CapacityError(Problem(
@@ -218,12 +224,14 @@ class DemoEngine:
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at
         ``prompt + max_new_tokens - 1`` (the last sampled token is never fed back)."""
-        return sum(self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0)))
+        return sum(self._lifetime_need(request))
+
+    def _lifetime_need(self, request: DemoRequest) -> list[int]:
+        """Per group, the pages ``request`` holds at its end (see :meth:`_lifetime_pages`)."""
+        return self._pages_for(len(request.prompt) + max(request.max_new_tokens - 1, 0))
 
     def _pages_for(self, seq_len: int) -> list[int]:
-        """Pages a request of ``seq_len`` tokens holds per group: its state page, or
-        ``cdiv(seq_len, block_size)`` attention pages (this engine frees no window pages)."""
-        return [1 if g.is_ssm else -(-seq_len // g.block_size) for g in self.plan.groups]
+        return engine_pages(self.plan.groups, seq_len)
 
     def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...]:
         """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none).
