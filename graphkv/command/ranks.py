@@ -19,7 +19,6 @@ from graphkv.command.model_source import ModelSource
 from graphkv.distributed import ConsensusPlan, simulate_consensus
 from graphkv.errors import Problem, SpecError
 from graphkv.plan import Plan
-from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 from graphkv.spec.stages import layer_partition, model_layer_count
@@ -77,10 +76,10 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
     first_model = source.whole.shard(tp, 0).stage(pp, 0, partition)
     first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp)
 
-    def compile_local(rank: int, model: ModelKV) -> tuple[Plan, Budget | None]:
+    def compile_local(rank: int, model: ModelKV) -> Plan:
         planned = first if rank == 0 else plan_with_budget(flags, attrs.evolve(source, model=model), limits, tp=tp,
                                                            pp=pp)
-        return planned.plan, planned.budget
+        return planned.plan
 
     consensus = simulate_consensus(source.whole, limits, tp_size=tp, pp_size=pp, partition=partition,
                                    compile_local=compile_local)

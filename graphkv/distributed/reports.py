@@ -94,21 +94,20 @@ class RankReport:
         return f"rank {self.rank} (tp {self.tp_rank}, pp {self.pp_rank})"
 
 
-def local_plan(plan: Plan, budget: Budget | None, model: ModelKV) -> LocalPlan:
+def local_plan(plan: Plan, model: ModelKV) -> LocalPlan:
     """The figures of ``plan`` (of ``model``) a rank reports."""
-    kv = budget.kv_pool_bytes() if budget is not None else plan.num_blocks * plan.pool_bytes_per_block
     return LocalPlan(num_blocks=plan.num_blocks, max_model_len=plan.max_model_len,
                      num_blocks_reason=plan.capacity.num_blocks_reason,
                      max_model_len_reason=plan.capacity.max_model_len_reason,
-                     pool_bytes_per_block=plan.pool_bytes_per_block, budget_bytes=kv, shape=_shape(plan),
+                     pool_bytes_per_block=plan.pool_bytes_per_block, budget_bytes=plan.ledger.budget_bytes, shape=_shape(plan),
                      model_layers=_stage_layers(model),
                      group_layers=tuple(g.layers for g in plan.groups))
 
 
 def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
-                compile_local: Callable[[], tuple[Plan, Budget | None]]) -> RankReport:
-    """The report of ``rank``: ``compile_local()`` plans this rank from its own budget and returns
-    the plan and the budget it used; a :class:`GraphkvError` it raises is reported, not raised."""
+                compile_local: Callable[[], Plan]) -> RankReport:
+    """The report of ``rank``: ``compile_local()`` plans this rank from its own budget; a
+    :class:`GraphkvError` it raises is reported, not raised."""
     limits = Limits() if limits is None else limits
     if not isinstance(model, ModelKV) or not isinstance(limits, Limits):
         wrong = "model" if not isinstance(model, ModelKV) else "limits"
@@ -121,12 +120,12 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
                                   pp_size=model.pipeline_parallel_size, pp_rank=model.pipeline_rank,
                                   model=model_fingerprint(model), limits=limits_fingerprint(limits))
     try:
-        plan, used = compile_local()
+        plan = compile_local()
     except GraphkvError as err:
         return RankReport(plan=None, error=f"{type(err).__name__}: {err}", **common)
-    return RankReport(plan=local_plan(plan, used, model), **common)
+    return RankReport(plan=local_plan(plan, model), **common)
 
 
 def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int) -> RankReport:
     """:func:`rank_report` with this rank's plan compiled by :func:`graphkv.compile` from ``budget``."""
-    return rank_report(model, limits, rank=rank, compile_local=lambda: (compile_plan(model, limits, budget), budget))
+    return rank_report(model, limits, rank=rank, compile_local=lambda: compile_plan(model, limits, budget))

@@ -38,14 +38,14 @@ def rank_models(model: ModelKV, tp_size: int, pp_size: int, partition: Sequence[
 def simulate_consensus(model: ModelKV, limits: Limits | None,
                        budget: Budget | Callable[[int, ModelKV], Budget | None] | None = None, *,
                        tp_size: int, pp_size: int = 1, partition: Sequence[int] | None = None,
-                       compile_local: Callable[[int, ModelKV], tuple[Plan, Budget | None]] | None = None
+                       compile_local: Callable[[int, ModelKV], Plan] | None = None
                        ) -> ConsensusPlan:
     """Plan every rank of ``tp_size x pp_size`` from ``model`` (whole, unsharded) and agree.
 
     ``budget`` is every rank's KV budget, or ``budget(rank, rank_model)`` each rank's (``None``:
     ``limits.num_blocks_override`` sizes the pool); ``compile_local(rank, rank_model)``
-    (optional) replaces the default ``graphkv.compile`` of a rank and returns its plan and the
-    budget it used (the command line plans a GPU budget this way). Raises
+    (optional) replaces the default ``graphkv.compile`` of a rank and returns its plan (the
+    command line plans a GPU budget this way). Raises
     :class:`~graphkv.errors.ConsensusError` exactly as the ranks of ``compile_consensus`` would.
     """
     models = rank_models(model, tp_size, pp_size, partition)
