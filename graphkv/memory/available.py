@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from graphkv.errors import Problem, SpecError
+from graphkv.plan.allocations.entries import check_device_kind
 from graphkv.spec.budget import format_bytes
 
 __all__ = ["available_bytes", "check_pool_fits"]
@@ -15,7 +16,7 @@ def available_bytes(device: Any) -> tuple[int, str]:
     """``(bytes, source)``: free memory of a CUDA device (``torch.cuda.mem_get_info``), else the
     machine's ``MemAvailable`` (``/proc/meminfo``), else its physical memory. ``device`` is a
     ``torch.device`` or a device string (``"cuda"``, ``"cuda:1"``, ``"cpu"``)."""
-    if str(device).startswith("cuda"):
+    if check_device_kind(device) == "cuda":
         import torch
 
         free, _total = torch.cuda.mem_get_info(device)
@@ -35,7 +36,7 @@ def check_pool_fits(plan: Any, device: Any, *, field: str, value: str, fix: str 
     device has available: a :class:`SpecError` naming ``field`` (the flag that sized the pool, e.g.
     ``--kv-memory``) and ``value`` (as typed), what is needed and available, and ``fix`` after the
     advice to lower it. ``device`` is a ``torch.device`` or a device string."""
-    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    kind = check_device_kind(device)
     need = plan.ledger.runtime_bytes(kind).device_bytes
     have, where = available_bytes(device)
     if need > have:
