@@ -7,7 +7,9 @@ own way, side by side in one process, interleaved, on the same CPU (a device op 
 
 - graphkv: ``BlockTables.append_batch`` (all rows in one vectorized call, page ids type-checked) and
   ``sync`` (only the new columns written, into the persistent rows and the step's rows at once; no
-  gather, the batch keeps its rows);
+  gather, the batch keeps its rows) -- the entry point of a stack that keeps its own tables. A
+  ``Step`` appends through its batch checker and ``append_pages`` instead; that cost is part of
+  ``benchmarks/step_latency.py``'s ``Step.prepare``;
 - vLLM V1 (``baselines.V1BlockTable``): ``append_row`` per row, one copy of the table's rows, one
   broadcast add for kernel blocks;
 - MRV2 (``baselines.MRV2BlockTables``): ``append_block_ids`` per row into staged lists, the staged
