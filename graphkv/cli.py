@@ -237,23 +237,26 @@ def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> di
             "limits": limit_dict}
 
 
-def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
-    """Compile the plan the ``plan`` subcommand's flags describe (one rank: ``--tp 1 --pp 1``): the
-    model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
+def _source_and_limits(args: argparse.Namespace) -> tuple[ModelSource, Limits]:
+    """The model ``--preset`` / ``--hf-config`` names, split for ``--tp`` and checked against ``--pp`` /
+    ``--pp-partition``, and the limits the flags set."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args))
     check_pipeline_flags(source.whole, args.pp, args.pp_partition)
-    limits = _build_limits(args)
+    return source, _build_limits(args)
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
+    """Compile the plan the ``plan`` subcommand's flags describe (one rank: ``--tp 1 --pp 1``): the
+    model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
+    source, limits = _source_and_limits(args)
     planned = plan_with_budget(_budget_flags(args), source, limits, tp=args.tp)
     return source, planned, _inputs(source, limits, args)
 
 
 def ranks_from_args(args: argparse.Namespace) -> tuple[ModelSource, RankedPlans, dict[str, Any]]:
     """Plan every rank ``--tp`` x ``--pp`` describe and agree: the model, the agreed plans and the inputs."""
-    source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
-                               tp=args.tp, overrides=_overrides(args))
-    check_pipeline_flags(source.whole, args.pp, args.pp_partition)
-    limits = _build_limits(args)
+    source, limits = _source_and_limits(args)
     ranked = plan_ranks(_budget_flags(args), source, limits, tp=args.tp, pp=args.pp, partition=args.pp_partition)
     return source, ranked, _inputs(source, limits, args)
 
