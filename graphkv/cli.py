@@ -23,7 +23,7 @@ from graphkv import __version__
 from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
 from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_problems
-from graphkv.command.model_source import MAX_TP_TRIED, ModelSource, load_model_source, tp_sizes_that_split
+from graphkv.command.model_source import ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError
@@ -37,6 +37,7 @@ from graphkv.spec.budget import KNOWN_GPUS
 from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
+from graphkv.spec.split_rules import MAX_TP_TRIED
 
 __all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table", "plan_from_args",
            "ranks_from_args"]
