@@ -24,7 +24,7 @@ from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
 from graphkv.command.device_flag import DEVICE_CHOICES
 from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_problems
-from graphkv.command.model_source import MAX_TP_TRIED, ModelSource, load_model_source, tp_sizes_that_split
+from graphkv.command.model_source import ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError
@@ -38,6 +38,7 @@ from graphkv.spec.budget import KNOWN_GPUS
 from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
+from graphkv.spec.split_rules import MAX_TP_TRIED
 
 __all__ = ["DEFAULT_KV_MEMORY", "DEFAULT_PRESET", "build_parser", "main", "models_table", "plan_from_args",
            "ranks_from_args"]
@@ -238,23 +239,26 @@ def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> di
             "limits": limit_dict}
 
 
-def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
-    """Compile the plan the ``plan`` subcommand's flags describe (one rank: ``--tp 1 --pp 1``): the
-    model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
+def _source_and_limits(args: argparse.Namespace) -> tuple[ModelSource, Limits]:
+    """The model ``--preset`` / ``--hf-config`` names, split for ``--tp`` and checked against ``--pp`` /
+    ``--pp-partition``, and the limits the flags set."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args))
     check_pipeline_flags(source.whole, args.pp, args.pp_partition)
-    limits = _build_limits(args)
+    return source, _build_limits(args)
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[ModelSource, PlannedBudget, dict[str, Any]]:
+    """Compile the plan the ``plan`` subcommand's flags describe (one rank: ``--tp 1 --pp 1``): the
+    model, the planned budget (``.plan`` is the plan) and the JSON-ready inputs."""
+    source, limits = _source_and_limits(args)
     planned = plan_with_budget(_budget_flags(args), source, limits, tp=args.tp)
     return source, planned, _inputs(source, limits, args)
 
 
 def ranks_from_args(args: argparse.Namespace) -> tuple[ModelSource, RankedPlans, dict[str, Any]]:
     """Plan every rank ``--tp`` x ``--pp`` describe and agree: the model, the agreed plans and the inputs."""
-    source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
-                               tp=args.tp, overrides=_overrides(args))
-    check_pipeline_flags(source.whole, args.pp, args.pp_partition)
-    limits = _build_limits(args)
+    source, limits = _source_and_limits(args)
     ranked = plan_ranks(_budget_flags(args), source, limits, tp=args.tp, pp=args.pp, partition=args.pp_partition)
     return source, ranked, _inputs(source, limits, args)
 

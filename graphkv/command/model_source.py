@@ -17,11 +17,11 @@ from graphkv.inputs import CheckpointWeights, checkpoint_weights, read_json_file
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.presets.weights import preset_weight_bytes
 from graphkv.spec.model import ModelKV
+from graphkv.spec.split_rules import MAX_TP_TRIED
 
-__all__ = ["CONFIG_NAME", "MAX_TP_TRIED", "ModelSource", "load_model_source", "tp_sizes_that_split"]
+__all__ = ["CONFIG_NAME", "ModelSource", "load_model_source", "tp_sizes_that_split"]
 
 CONFIG_NAME = "config.json"
-MAX_TP_TRIED = 64  # tensor-parallel sizes tried when --tp cannot split the heads (as split_rules.divisors)
 
 
 @attrs.frozen(kw_only=True)

@@ -72,8 +72,10 @@ def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | Non
 
 def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int,
                partition: Sequence[int] | None) -> RankedPlans:
-    """Plan every rank of ``tp x pp`` with the budget ``flags`` describe, then agree (see the module docstring)."""
-    first_model = source.whole.shard(tp, 0).stage(pp, 0, partition)
+    """Plan every rank of ``tp x pp`` with the budget ``flags`` describe, then agree (see the module docstring).
+
+    ``source`` was read for the same ``tp``: its ``model`` is tensor-parallel rank 0."""
+    first_model = source.model.stage(pp, 0, partition)
     first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp)
 
     def compile_local(rank: int, model: ModelKV) -> Plan:

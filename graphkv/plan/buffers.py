@@ -1,9 +1,13 @@
-"""Step 5: shapes and dtypes of the persistent static buffers a captured step reads.
+"""Step 5: the shapes of the flex mask index buffers (``flex.{g}.kv_num_blocks``, ``flex.{g}.kv_indices``).
 
-Sizes come from the step's token budget (``max_num_batched_tokens``) and request budget
-(``max_num_seqs``), never from a sequence length where a step size is meant: upstream's flex
-backend sized index rows from ``max_model_len`` and crashed whenever
-``max_num_batched_tokens > max_model_len``.
+These are the only step buffers whose shapes are decided here: the runtime reads them when it sizes
+each flex group's mask allocations (:func:`graphkv.plan.allocations.runtime.runtime_allocations`)
+and its mask geometry. Every buffer the runtime really allocates — block tables, slot mappings,
+step metadata, these masks — is listed, with its placement, in ``plan.ledger.allocations(kind)``.
+
+Sizes come from the step's token budget (``max_num_batched_tokens``), never from a sequence length
+where a step size is meant: upstream's flex backend sized index rows from ``max_model_len`` and
+crashed whenever ``max_num_batched_tokens > max_model_len``.
 """
 
 from __future__ import annotations
@@ -30,24 +34,10 @@ def flex_kv_indices_width(*, q_tile_tokens: int, max_model_len: int, kernel_bloc
 
 def plan_buffers(model: ModelKV, limits: Limits, groups: Sequence[GroupPlan], *, max_model_len: int,
                  num_blocks: int) -> StaticBuffers:
-    """Every static buffer of the step: inputs, per-group block tables, slot mappings, flex masks."""
+    """The flex mask index buffers of every group with flex layers (none for other backends)."""
     tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
     per_step = f"max_num_batched_tokens={tokens}"
-    buffers = [
-        BufferSpec(name="input_ids", shape=(tokens,), dtype=DType.INT64, reason=f"one id per token of a step ({per_step})"),
-        BufferSpec(name="positions", shape=(tokens,), dtype=DType.INT64, reason=f"one position per token ({per_step})"),
-        BufferSpec(name="query_start_loc", shape=(seqs + 1,), dtype=DType.INT32,
-                   reason=f"cumulative query lengths, max_num_seqs={seqs} + 1"),
-        BufferSpec(name="seq_lens", shape=(seqs,), dtype=DType.INT32, reason=f"one length per request (max_num_seqs={seqs})"),
-        BufferSpec(name="idx_mapping", shape=(seqs,), dtype=DType.INT32,
-                   reason="batch row -> persistent request row, for gathering block tables"),
-    ]
-    for g in groups:
-        buffers.append(BufferSpec(
-            name=f"block_table.{g.index}", shape=(seqs, g.block_table_width), dtype=DType.INT32,
-            reason=f"group {g.index}: {g.pages_per_request} pages x bpk {g.bpk} kernel blocks per request row"))
-    buffers.append(BufferSpec(name="slot_mapping", shape=(len(groups), tokens), dtype=DType.INT64,
-                              reason=f"one slot per token per group ({len(groups)} groups, {per_step})"))
+    buffers: list[BufferSpec] = []
     backend_of = {layer.index: layer.backend for layer in model.layers}  # one pass: linear in layers
     for g in groups:
         tiles = [backend_of[i].q_tile_tokens for i in g.layers if backend_of[i].q_tile_tokens is not None]

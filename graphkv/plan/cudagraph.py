@@ -15,10 +15,20 @@ from graphkv.plan.plan import CaptureSizes, CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 
-__all__ = ["capture_ladder", "plan_cudagraph"]
+__all__ = ["FULL_DECODE_MODES", "MIXED_MODES", "capture_ladder", "decode_support_needed", "plan_cudagraph"]
 
-_FULL_DECODE = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
-_MIXED = (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL, CudaGraphMode.FULL_AND_PIECEWISE)
+FULL_DECODE_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
+"""Modes that capture full (uniform) decode graphs."""
+MIXED_MODES = (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL, CudaGraphMode.FULL_AND_PIECEWISE)
+"""Modes that capture mixed (prefill + decode) graphs."""
+
+
+def decode_support_needed(limits: Limits) -> CudaGraphSupport:
+    """The support full decode graphs need: ``UNIFORM_BATCH`` with speculative tokens (queries of
+    ``1 + k`` tokens), else ``UNIFORM_SINGLE_TOKEN_DECODE``."""
+    if limits.num_speculative_tokens:
+        return CudaGraphSupport.UNIFORM_BATCH
+    return CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
 
 def capture_ladder(maximum: int) -> tuple[int, ...]:
@@ -63,7 +73,7 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
             if backend.cudagraph_support < support:
                 support, limited_by = backend.cudagraph_support, f"group {index} ({backend.name})"
     k = limits.num_speculative_tokens
-    decode_needs = CudaGraphSupport.UNIFORM_BATCH if k else CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    decode_needs = decode_support_needed(limits)
     decode_ok = support >= decode_needs
     why = (f"full decode graphs need {decode_needs.name}"
            + (f" (speculative decoding: queries of 1 + {k} tokens)" if k else "")
@@ -72,14 +82,14 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
 
     query_len = 1 + k
     decode: tuple[int, ...] = ()
-    if mode in _FULL_DECODE:
+    if mode in FULL_DECODE_MODES:
         max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len)
         if max_reqs < limits.max_num_seqs:
             notes.append(f"decode graphs stop at {max_reqs} requests: {max_reqs} x {query_len} tokens fill "
                          f"max_num_batched_tokens={limits.max_num_batched_tokens}")
         decode = tuple(r * query_len for r in capture_ladder(max_reqs))
     mixed: tuple[int, ...] = ()
-    if mode in _MIXED:
+    if mode in MIXED_MODES:
         mixed = capture_ladder(limits.max_num_batched_tokens)
     return CudaGraphPlan(support=support, limited_by=limited_by, requested_mode=limits.cudagraph_mode, mode=mode,
                          downgrades=tuple(notes), capture_sizes=CaptureSizes(decode=decode, mixed=mixed))

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import attrs
 
+from graphkv.plan.cudagraph import FULL_DECODE_MODES, MIXED_MODES, decode_support_needed
 from graphkv.plan.plan import CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 
 __all__ = ["GraphKey", "capture_keys", "decode_allowed", "graph_mode", "mixed_allowed"]
-
-_FULL_DECODE_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
-_MIXED_MODES = (CudaGraphMode.FULL, CudaGraphMode.PIECEWISE, CudaGraphMode.FULL_AND_PIECEWISE)
 
 
 @attrs.frozen(kw_only=True)
@@ -37,12 +35,6 @@ class GraphKey:
         return f"mixed(num_tokens={self.num_tokens})"
 
 
-def _decode_needs(limits: Limits) -> CudaGraphSupport:
-    if limits.num_speculative_tokens:
-        return CudaGraphSupport.UNIFORM_BATCH
-    return CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
-
-
 def graph_mode(cg: CudaGraphPlan, key: GraphKey) -> CudaGraphMode:
     """The runtime mode of ``key`` under the plan: FULL for decode keys and for mixed keys in mode
     FULL, PIECEWISE for mixed keys in PIECEWISE / FULL_AND_PIECEWISE."""
@@ -53,9 +45,9 @@ def graph_mode(cg: CudaGraphPlan, key: GraphKey) -> CudaGraphMode:
 
 def decode_allowed(cg: CudaGraphPlan, limits: Limits) -> str | None:
     """None when full decode graphs are captured, else why not."""
-    if cg.mode not in _FULL_DECODE_MODES or not cg.capture_sizes.decode:
+    if cg.mode not in FULL_DECODE_MODES or not cg.capture_sizes.decode:
         return f"cudagraph mode {cg.mode.value} captures no full decode graphs"
-    needs = _decode_needs(limits)
+    needs = decode_support_needed(limits)
     if cg.support < needs:
         return (f"full decode graphs need cudagraph support {needs.name} but {cg.limited_by} supports "
                 f"{cg.support.name}")
@@ -64,7 +56,7 @@ def decode_allowed(cg: CudaGraphPlan, limits: Limits) -> str | None:
 
 def mixed_allowed(cg: CudaGraphPlan) -> str | None:
     """None when mixed graphs are captured, else why not."""
-    if cg.mode not in _MIXED_MODES or not cg.capture_sizes.mixed:
+    if cg.mode not in MIXED_MODES or not cg.capture_sizes.mixed:
         return f"cudagraph mode {cg.mode.value} captures no mixed (prefill + decode) graphs"
     if cg.mode is CudaGraphMode.FULL and cg.support < CudaGraphSupport.ALWAYS:
         return f"full mixed graphs need cudagraph support ALWAYS but {cg.limited_by} supports {cg.support.name}"

@@ -56,11 +56,6 @@ class GraphKeyEstimate:
     nbytes: int
     reason: str
 
-    @property
-    def label(self) -> str:
-        """``decode(n)`` or ``mixed(n)``."""
-        return f"{'decode' if self.uniform else 'mixed'}({self.num_tokens})"
-
 
 @attrs.frozen(kw_only=True)
 class GraphPoolModel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from graphkv.plan.allocations.entries import Allocation, RuntimeBytes
+from graphkv.plan.allocations.entries import Allocation, Placement
 from graphkv.plan.graph_pool import GraphKeyEstimate
 from graphkv.plan.plan import Capacity, GroupPlan, Ledger, LedgerEntry, SlotPlan
 
@@ -62,16 +62,16 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
     if remainder:
         entries.append(LedgerEntry(name="unallocated remainder", nbytes=remainder, in_kv_budget=True,
                                    reason=f"budget left over after {capacity.num_blocks} whole pages of {ppb} B"))
-    pool_bytes = capacity.num_blocks * ppb
-    runtime = RuntimeBytes.of(cuda_allocations)
     beside = [a for a in cuda_allocations if not a.name.startswith("kv_pool.")]
-    on_device = [a for a in beside if a.placement.value == "device"]
+    on_device = [a for a in beside if a.placement is Placement.DEVICE]
+    on_host = [a for a in beside if a.placement is not Placement.DEVICE]
     owners = ", ".join(dict.fromkeys(a.owner for a in on_device))
-    entries.append(LedgerEntry(name="static buffers", nbytes=runtime.device_bytes - pool_bytes, in_kv_budget=False,
+    entries.append(LedgerEntry(name="static buffers", nbytes=sum(a.nbytes for a in on_device), in_kv_budget=False,
                                reason=f"{len(on_device)} persistent device buffers of a CUDA step ({owners}); "
                                       "ledger.allocations('cuda') lists each"))
-    entries.append(LedgerEntry(name="host buffers", nbytes=runtime.host_bytes, in_kv_budget=False, on_device=False,
-                               reason=f"{len(beside) - len(on_device)} pinned staging and host bookkeeping arrays "
+    entries.append(LedgerEntry(name="host buffers", nbytes=sum(a.nbytes for a in on_host), in_kv_budget=False,
+                               on_device=False,
+                               reason=f"{len(on_host)} pinned staging and host bookkeeping arrays "
                                       "(host memory, not GPU memory)"))
     entries.append(LedgerEntry(name="graph pool", nbytes=sum(k.nbytes for k in graph_keys), in_kv_budget=False,
                                reason=graph_pool_reason))

@@ -127,7 +127,8 @@ class BufferSpec:
 
 @attrs.frozen(kw_only=True)
 class StaticBuffers:
-    """Step 5: every static input buffer a captured step reads."""
+    """Step 5: the flex mask index buffers whose shapes the runtime reads (``flex.{g}.kv_num_blocks``,
+    ``flex.{g}.kv_indices``); every buffer allocated is in ``Ledger.allocations(kind)``."""
 
     buffers: tuple[BufferSpec, ...]
 
@@ -140,10 +141,6 @@ class StaticBuffers:
     def __contains__(self, name: object) -> bool:
         return any(b.name == name for b in self.buffers)
 
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of all static buffers together."""
-        return sum(b.nbytes for b in self.buffers)
 
 
 @attrs.frozen(kw_only=True)
@@ -178,7 +175,7 @@ class Plan:
     slots: tuple[SlotPlan, ...]
     group_size: int
     capacity: Capacity
-    buffers: StaticBuffers
+    buffers: StaticBuffers  # flex mask index shapes; what the runtime allocates is ledger.allocations(kind)
     cudagraph: CudaGraphPlan
     ledger: Ledger
     notes: tuple[str, ...] = ()
@@ -312,8 +309,6 @@ class Plan:
             "pool_bytes_per_block": self.pool_bytes_per_block,
             "pool_bytes": self.pool_bytes,
             "mamba_page_padding_bytes": self.block.mamba_page_padding_bytes,
-            "buffers": [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype.value, "bytes": b.nbytes,
-                         "reason": b.reason} for b in self.buffers.buffers],
             "cudagraph": {
                 "support": self.cudagraph.support.name,
                 "limited_by": self.cudagraph.limited_by,

@@ -29,7 +29,10 @@ import enum
 
 import attrs
 
-__all__ = ["HeadSplit", "Refusal", "SplitRule", "divisors", "split_count"]
+__all__ = ["MAX_TP_TRIED", "HeadSplit", "Refusal", "SplitRule", "divisors", "split_count"]
+
+MAX_TP_TRIED = 64
+"""The largest tensor-parallel size a fix suggests (the divisors listed, the sizes the CLI tries)."""
 
 
 class SplitRule(enum.Enum):
@@ -56,7 +59,7 @@ class Refusal:
     fix: str
 
 
-def divisors(value: int, limit: int = 64) -> list[int]:
+def divisors(value: int, limit: int = MAX_TP_TRIED) -> list[int]:
     """The divisors of ``value`` up to ``limit`` (the tensor-parallel sizes that split it)."""
     return [d for d in range(1, min(value, limit) + 1) if value % d == 0]
 

@@ -60,7 +60,8 @@ def test_disagreeing_backends_in_one_group_through_compile():
     assert group.kernel_block_size == 64
     assert group.bpk == 4
     assert group.block_table_width == 16
-    assert plan.buffers["block_table.0"].shape == (256, 16)
+    step_rows = {a.name: a for a in plan.ledger.allocations("cuda")}["tables.device"].part("step_rows")
+    assert step_rows.shape == (256 * 16,)  # the (max_num_seqs 256, 16) step table
 
 
 def test_hybrid_attention_group_splits_pages_and_mamba_group_does_not():

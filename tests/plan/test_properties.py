@@ -195,7 +195,10 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
             assert backend.is_ssm or backend.supports(g.kernel_block_size)
         if g.is_ssm:
             assert g.bpk == 1
-        assert plan.buffers[f"block_table.{g.index}"].shape == (limits.max_num_seqs, g.pages_per_request * g.bpk)
+        assert g.block_table_width == g.pages_per_request * g.bpk
+    # The step's (max_num_seqs, pages * bpk) table of every group, packed in one allocation.
+    step_rows = {a.name: a for a in plan.ledger.allocations("cuda")}["tables.device"].part("step_rows")
+    assert step_rows.shape == (limits.max_num_seqs * sum(g.pages_per_request * g.bpk for g in plan.groups),)
 
     # Ledger: the KV entries sum to the budget, none negative.
     expected_budget = budget.kv_pool_bytes() if budget is not None else plan.num_blocks * plan.pool_bytes_per_block

@@ -9,6 +9,7 @@ token offset fits).
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from graphkv.plan.allocations.entries import Allocation, AllocationPart, Placement
@@ -25,10 +26,7 @@ def _packed(parts: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[tuple[Allocat
     out, offset = [], 0
     for name, shape in parts:
         out.append(AllocationPart(name=name, offset=offset, shape=shape))
-        n = 1
-        for d in shape:
-            n *= d
-        offset += n
+        offset += math.prod(shape)
     return tuple(out), offset
 
 

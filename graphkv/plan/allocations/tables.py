@@ -46,20 +46,16 @@ def table_allocations(kind: str, groups: Sequence[GroupPlan], *, max_num_seqs: i
     per_packing = f"max_num_seqs {seqs} x ({widths}) kernel blocks"
     out: list[Allocation] = []
     aliased = kind == "cpu" and all(g.bpk == 1 for g in groups)
-    if kind == "cuda":
+    if kind == "cuda" or aliased:
+        persistent = ("persistent rows (by request)" if kind == "cuda"
+                      else "the host mirror (one kernel block per page: it is the persistent table)")
+        why_persistent = ("; the persistent rows let a batch whose rows changed be gathered on the device"
+                          if kind == "cuda" else "")
         out.append(Allocation(
             name="tables.device", shape=(2 * entries,), dtype=_I32, placement=DEVICE,
             parts=(AllocationPart(name="persistent", offset=0, shape=(entries,)),
                    AllocationPart(name="step_rows", offset=entries, shape=(entries,))),
-            reason=(f"persistent rows (by request) then the step's rows (by batch row), {per_packing} each; the "
-                    "persistent rows let a batch whose rows changed be gathered on the device")))
-    elif aliased:
-        out.append(Allocation(
-            name="tables.device", shape=(2 * entries,), dtype=_I32, placement=DEVICE,
-            parts=(AllocationPart(name="persistent", offset=0, shape=(entries,)),
-                   AllocationPart(name="step_rows", offset=entries, shape=(entries,))),
-            reason=(f"the host mirror (one kernel block per page: it is the persistent table) then the step's rows, "
-                    f"{per_packing} each")))
+            reason=f"{persistent} then the step's rows (by batch row), {per_packing} each{why_persistent}"))
     else:
         out.append(Allocation(name="tables.step_rows", shape=(entries,), dtype=_I32, placement=DEVICE,
                               reason=f"the step's rows, {per_packing}; no persistent kernel-block copy on a CPU "

@@ -96,7 +96,7 @@ def _mamba1(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         return None
     assert kernel is not None and state is not None and inner is not None
     split = StateSplit.mamba1(inner=inner, state=state, conv_kernel=kernel, names={"inner": f"config.{name}"})
-    return MambaSpec(shapes=((kernel - 1, inner), (inner, state)), dtypes=(opts.model_dtype, opts.state_dtype()),
+    return MambaSpec(shapes=split.shapes_per_rank(1), dtypes=(opts.model_dtype, opts.state_dtype()),
                      variant="mamba1", tp_split=split)
 
 
@@ -123,7 +123,7 @@ def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     split = StateSplit.mamba2(heads=heads, head_dim=head_dim, state=state, groups=groups, conv_kernel=kernel,
                               inner=inner, names={"heads": f"config.{head_key}", "groups": f"config.{groups_key}",
                                                   "inner": f"config.{inner_key}"})
-    return MambaSpec(shapes=((kernel - 1, inner + 2 * groups * state), (heads, head_dim, state)),
+    return MambaSpec(shapes=split.shapes_per_rank(1),
                      dtypes=(opts.model_dtype, opts.state_dtype()), variant="mamba2", chunk_size=chunk, tp_split=split)
 
 
@@ -137,11 +137,10 @@ def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         return None
     assert kernel is not None and key_heads is not None and value_heads is not None
     assert key_dim is not None and value_dim is not None
-    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim  # q, k, v channels
     split = StateSplit.gated_delta(key_heads=key_heads, value_heads=value_heads, key_dim=key_dim, value_dim=value_dim,
                                    conv_kernel=kernel, names={"key_heads": "config.linear_num_key_heads",
                                                               "value_heads": "config.linear_num_value_heads"})
-    return MambaSpec(shapes=((kernel - 1, conv_dim), (value_heads, value_dim, key_dim)),
+    return MambaSpec(shapes=split.shapes_per_rank(1),
                      dtypes=(opts.model_dtype, opts.state_dtype()), variant="gated_delta",
                      chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split)
 
@@ -164,7 +163,7 @@ def _kda(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     assert heads is not None and head_dim is not None and kernel is not None
     split = StateSplit.kda(heads=heads, head_dim=head_dim, conv_kernel=kernel, names={"heads": f"config.{prefix}{names[0]}"})
     # vLLM 0.33 kda_state_dtype: the recurrent state is float32 unless a dtype is asked for
-    return MambaSpec(shapes=((kernel - 1, 3 * heads * head_dim), (heads, head_dim, head_dim)),
+    return MambaSpec(shapes=split.shapes_per_rank(1),
                      dtypes=(opts.model_dtype, opts.state_dtype(DType.FLOAT32)), variant="kda",
                      chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split)
 
@@ -185,7 +184,7 @@ def _lightning(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
         return None
     chunk = _first(cfg, ("block_size",), cap="width", default=256)
     split = StateSplit.lightning(heads=heads, head_dim=head_dim, names={"heads": f"config.{head_key}"})
-    return MambaSpec(shapes=((heads, head_dim, head_dim),), dtypes=(opts.model_dtype,), variant="lightning",
+    return MambaSpec(shapes=split.shapes_per_rank(1), dtypes=(opts.model_dtype,), variant="lightning",
                      chunk_size=chunk or 256, tp_split=split)
 
 
@@ -217,5 +216,5 @@ def read_conv_state(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     if kernel is None or dim is None:
         return None
     split = StateSplit.short_conv(channels=dim, conv_kernel=kernel, names={"channels": f"config.{name}"})
-    return MambaSpec(shapes=((kernel - 1, dim),), dtypes=(opts.model_dtype,), variant="short_conv",
+    return MambaSpec(shapes=split.shapes_per_rank(1), dtypes=(opts.model_dtype,), variant="short_conv",
                      chunk_size=256, tp_split=split)

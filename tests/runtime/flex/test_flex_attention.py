@@ -80,8 +80,10 @@ def _run_plan_step(plan, query_lens, seq_lens, *, hq=2, window=None):
                              bpk=group.bpk, num_pages=plan.num_blocks, max_num_seqs=seqs,
                              width=group.block_table_width, num_tokens_padded=tokens, hq=hq, hkv=1)
     bufs = plan.buffers
-    assert batch.block_table.shape == bufs["block_table.0"].shape
-    assert batch.query_start_loc.shape == bufs["query_start_loc"].shape
+    allocated = {a.name: a for a in plan.ledger.allocations("cuda")}
+    assert batch.block_table.shape == (seqs, group.block_table_width)
+    assert (batch.block_table.numel(),) == allocated["tables.device"].part("step_rows").shape  # one group
+    assert tuple(batch.query_start_loc.shape) == allocated["staging.int32"].part("query_start_loc").shape
     builder = FlexMaskBuilder.from_plan(plan, 0, block_table=batch.block_table,
                                         query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens)
     assert builder.kv_num_blocks.shape == bufs["flex.0.kv_num_blocks"].shape
