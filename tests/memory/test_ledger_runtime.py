@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from runtime_plans import widths_plan
 
 import graphkv
 from graphkv import Backend, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, ModelKV, StrideOrder
@@ -13,7 +14,6 @@ from graphkv.models.demo import DemoOptions, demo_plan
 from graphkv.plan.allocations import Placement
 from graphkv.presets import preset_model
 from graphkv.runtime import BlockTables, Step, allocate
-from runtime_plans import widths_plan
 
 
 def _llama(backend: str) -> graphkv.Plan:

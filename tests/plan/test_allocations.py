@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from graphkv.plan.allocations import Placement
 from runtime_plans import widths_plan
+
+from graphkv.plan.allocations import Placement
 
 
 def test_cpu_and_cuda_layouts_of_a_three_group_plan():
