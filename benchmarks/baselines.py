@@ -176,7 +176,6 @@ class Seq:
     def __init__(self, tokens: list[int], block_tables: list[list[int]], block_size: int) -> None:
         self.token_ids = tokens
         self.block_tables = block_tables  # per group; a state group's list holds its one page
-        self.block_size = block_size
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -31,7 +31,9 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from timing import interleaved_medians
 
 RANKS = 4
 CASES = (("qwen3-next-80b-a3b", 2, 2), ("llama-3.1-8b", 4, 1), ("deepseek-v3", 1, 4), ("jamba-mini-1.5", 2, 2))
@@ -101,17 +103,13 @@ def _simulated_ms(repeats: int) -> list[float]:
     from graphkv.distributed import simulate_consensus
     from graphkv.presets import preset_model
 
-    result = []
-    for preset, tp, pp in CASES:
+    def simulate(preset: str, tp: int, pp: int) -> Callable[[], None]:
         whole = preset_model(preset)
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            simulate_consensus(whole, Limits(max_num_seqs=64), lambda r, _m: Budget.kv_bytes(f"{10 + r}GiB"),
-                               tp_size=tp, pp_size=pp)
-            samples.append(time.perf_counter() - start)
-        result.append(_median_ms(samples))
-    return result
+        return lambda: simulate_consensus(whole, Limits(max_num_seqs=64),
+                                          lambda r, _m: Budget.kv_bytes(f"{10 + r}GiB"), tp_size=tp, pp_size=pp)
+
+    medians = interleaved_medians({case: simulate(*case) for case in CASES}, repeats)
+    return [medians[case] * 1e3 for case in CASES]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
+from timing import add_common_arguments, interleaved_medians, set_up
 
 import graphkv
 from graphkv import FullAttentionSpec, Limits, ModelKV
@@ -133,16 +134,10 @@ def measure_budgets(repeats: int) -> list[dict[str, Any]]:
     rows = []
     for cached in CACHED_TOKENS:
         steps = [make_step(cached, "decode", "cpu", budget) for budget in BUDGETS]
-        builds = [lambda s=s: s["builder"].build(NUM_REQS, num_tokens_padded=s["num_tokens"]) for s in steps]
-        samples: list[list[float]] = [[] for _ in BUDGETS]
-        for build in builds:
-            build()  # warm up
-        for _ in range(repeats):
-            for i, build in enumerate(builds):
-                start = time.perf_counter()
-                build()
-                samples[i].append((time.perf_counter() - start) * 1e3)
-        small, large = (statistics.median(t) for t in samples)
+        builds = {budget: lambda s=s: s["builder"].build(NUM_REQS, num_tokens_padded=s["num_tokens"])
+                  for budget, s in zip(BUDGETS, steps)}
+        medians = interleaved_medians(builds, repeats)
+        small, large = (medians[budget] * 1e3 for budget in BUDGETS)
         tiles = [s["builder"].geometry.num_q_tiles for s in steps]
         rows.append({"cached_tokens": cached, "budget_tiles": f"{tiles[0]} / {tiles[1]}",
                      f"build_ms_{BUDGETS[0]}": round(small, 4), f"build_ms_{BUDGETS[1]}": round(large, 4),
@@ -195,20 +190,17 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run, print, write JSON; exit 1 when a size misses the target or the block lists differ."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--gpu", action="store_true", help="also time paged flex decode vs dense SDPA on CUDA")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    add_common_arguments(parser, repeats=30, out=DEFAULT_OUT, gpu="also time paged flex decode vs dense SDPA on CUDA")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    measured_with = set_up(args)
 
     rows = measure_masks(args.repeats)
     print(f"flex mask build, CPU (torch threads {torch.get_num_threads()}), kbs={KBS}, q_tile=128, {NUM_REQS} requests")
     print_table(rows, ["cached_tokens", "batch", "query_tokens", "kv_slots", "direct_ms", "create_block_mask_ms",
                        "ratio", "same_blocks", "passed"])
     budgets = measure_budgets(args.repeats)
-    print(f"\ndecode step ({NUM_REQS} requests) build under a {BUDGETS[0]}- and a {BUDGETS[1]}-token budget, median "
-          f"of {args.repeats} interleaved runs; target: ratio <= {BUDGET_TARGET}")
+    print(f"\ndecode step ({NUM_REQS} requests) build under a {BUDGETS[0]}- and a {BUDGETS[1]}-token budget "
+          f"({measured_with}); target: ratio <= {BUDGET_TARGET}")
     print_table(budgets, ["cached_tokens", "budget_tiles", f"build_ms_{BUDGETS[0]}", f"build_ms_{BUDGETS[1]}", "ratio",
                           "passed"])
     result: dict[str, Any] = {"torch": torch.__version__, "machine": platform.machine(),

@@ -26,10 +26,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _join(rank: int, world: int, port: int) -> None:
+def _join(rank: int, world: int, port: int, backend: str = "gloo") -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=GROUP_TIMEOUT_S))
 
 
@@ -46,11 +46,23 @@ def _outcome(call: Callable[[], Any]) -> dict[str, Any]:
     return {"plan": agreed.to_dict(), "seconds": time.perf_counter() - start}
 
 
-def _die_after_the_others_arrive() -> None:
+def _write(out: str, rank: int, seen: dict[str, Any]) -> None:
+    Path(out, f"{rank}.json").write_text(json.dumps(seen))
+
+
+def _end_with_a_dead_rank(rank: int, dying: int, out: str, seen: dict[str, Any], call: Callable[[], Any]) -> None:
+    """Rank ``dying`` writes what it saw and exits once the others reach the barrier; they then run ``call``
+    without it (as ``seen["dead"]``), write and exit."""
     import torch.distributed as dist
 
+    if rank == dying:
+        _write(out, rank, seen)
+        dist.barrier()
+        time.sleep(0.2)  # let the barrier's last message leave this process before it dies
+        os._exit(0)
     dist.barrier()
-    time.sleep(0.2)  # let the barrier's last message leave this process before it dies
+    seen["dead"] = _outcome(call)
+    _write(out, rank, seen)
     os._exit(0)
 
 
@@ -72,16 +84,8 @@ def four_ranks(rank: int, world: int, port: int, out: str) -> None:
     seen["own_failure"] = _outcome(lambda: compile_consensus(local, Limits(),
                                                              Budget.kv_bytes("1MiB" if rank == 2 else "10GiB"),
                                                              timeout=CONSENSUS_TIMEOUT_S))
-    if rank == 3:
-        Path(out, f"{rank}.json").write_text(json.dumps(seen))
-        _die_after_the_others_arrive()
-    import torch.distributed as dist
-
-    dist.barrier()
-    seen["dead"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("10GiB"),
-                                                      timeout=CONSENSUS_TIMEOUT_S))
-    Path(out, f"{rank}.json").write_text(json.dumps(seen))
-    os._exit(0)
+    _end_with_a_dead_rank(rank, 3, out, seen, lambda: compile_consensus(local, Limits(), Budget.kv_bytes("10GiB"),
+                                                                        timeout=CONSENSUS_TIMEOUT_S))
 
 
 def two_ranks(rank: int, world: int, port: int, out: str) -> None:
@@ -106,14 +110,8 @@ def two_ranks(rank: int, world: int, port: int, out: str) -> None:
     seen["composite_backend"] = dist.get_backend(composite)
     seen["composite"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("4GiB"), group=composite,
                                                            timeout=CONSENSUS_TIMEOUT_S))
-    if rank == 0:
-        Path(out, f"{rank}.json").write_text(json.dumps(seen))
-        _die_after_the_others_arrive()
-    dist.barrier()
-    seen["dead"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB"),
-                                                      timeout=CONSENSUS_TIMEOUT_S))
-    Path(out, f"{rank}.json").write_text(json.dumps(seen))
-    os._exit(0)
+    _end_with_a_dead_rank(rank, 0, out, seen, lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB"),
+                                                                        timeout=CONSENSUS_TIMEOUT_S))
 
 
 def launch(worker: Callable[..., None], nprocs: int, out: Path, deadline_s: float = 90.0) -> list[dict[str, Any]]:
@@ -137,17 +135,15 @@ def launch(worker: Callable[..., None], nprocs: int, out: Path, deadline_s: floa
 def nccl_ranks(rank: int, world: int, port: int, out: str) -> None:
     """Llama-3.1-8B over tp 2 on two GPUs (nccl world), 8 and 6 GiB."""
     import torch
-    import torch.distributed as dist
 
     from graphkv import Budget, Limits
     from graphkv.distributed import compile_consensus
     from graphkv.presets import preset_model
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    _join(rank, world, port, backend="nccl")
     local = preset_model("llama-3.1-8b").shard(2, rank)
     seen = {"agree": _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB" if rank == 0 else "6GiB"),
                                                         timeout=CONSENSUS_TIMEOUT_S))}
-    Path(out, f"{rank}.json").write_text(json.dumps(seen))
+    _write(out, rank, seen)
     os._exit(0)

@@ -22,10 +22,20 @@ def prompts(lengths: Sequence[int] = PROMPT_LENGTHS, *, vocab: int = 128, seed: 
 
 @torch.no_grad()
 def generate_alone(model: Any, prompt: Sequence[int], new_tokens: int = NEW_TOKENS) -> list[int]:
-    """``model.generate(prompt, do_sample=False)`` for one prompt alone: prompt + generated tokens."""
-    ids = torch.tensor([list(prompt)])
+    """``model.generate(prompt, do_sample=False)`` for one prompt alone, on the model's device: prompt + generated
+    tokens."""
+    ids = torch.tensor([list(prompt)], device=model.device)
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                           do_sample=False)[0].tolist()
+
+
+def serving_loop(model: Any, **kwargs: Any) -> Any:
+    """A :class:`~graphkv.hf.ServingLoop` for ``model`` under the test limits, its pool sized for the workload."""
+    from graphkv.hf import ServingLoop
+    from graphkv.hf.declare import model_kv
+    from graphkv.hf.generation import workload_budget
+
+    return ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), **kwargs)
 
 
 @torch.no_grad()

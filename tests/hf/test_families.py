@@ -9,20 +9,16 @@ alone, and the logits of every token of every step equal the model's own full-se
 import pytest
 import torch
 
-from graphkv.hf.declare import model_kv
-from graphkv.hf.generation import workload_budget
-from graphkv.hf.serving import ServingLoop
 from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 
-from hf_harness import (LIMITS, NEW_TOKENS, PROMPT_LENGTHS, RecordingStep, prefill_chunks, generate_alone,
-                        joined_while_others_decoded, own_logits, prompts)
+from hf_harness import (NEW_TOKENS, PROMPT_LENGTHS, RecordingStep, prefill_chunks, generate_alone,
+                        joined_while_others_decoded, own_logits, prompts, serving_loop)
 
 
 def serve(model, *, compile: bool | str = False):  # noqa: A002 - PagedModel's argument
     """Serve the workload with logits of every token recorded; returns the engine and its batches."""
-    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), logits="all",
-                       compile=compile)
+    loop = serving_loop(model, logits="all", compile=compile)
     step = RecordingStep(loop.step)
     engine = DemoEngine(loop.plan, step, loop.forward, record=True)
     requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(prompts())]

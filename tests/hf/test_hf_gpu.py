@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphkv.hf import ServingLoop, tiny_model
+from graphkv.hf import tiny_model
 from graphkv.hf.tiny import TINY_CONFIGS
-from graphkv.hf.declare import model_kv
-from graphkv.hf.generation import workload_budget
 from graphkv.models.demo_engine import DemoRequest
 
-from hf_harness import LIMITS, NEW_TOKENS, prompts
+from hf_harness import NEW_TOKENS, generate_alone, prompts, serving_loop
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: CUDA graphs and compiled GPU flex cannot run on a CPU")
@@ -19,8 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 def serve(model, *, capture_graphs: bool):
     """Serve the test workload on the GPU with per-step logits recorded."""
-    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), logits="all",
-                       capture_graphs=capture_graphs)
+    loop = serving_loop(model, logits="all", capture_graphs=capture_graphs)
     engine = loop.engine(record=True)
     engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(prompts())])
     return loop, engine
@@ -35,10 +32,7 @@ def test_captured_run_equals_eager_and_generate(model_type: str) -> None:
     _, eager = serve(model, capture_graphs=False)
     assert captured.finished == eager.finished
     for i, prompt in enumerate(prompts()):
-        ids = torch.tensor([prompt], device="cuda")
-        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                  do_sample=False)[0].tolist()
-        assert captured.finished[i] == expected
+        assert captured.finished[i] == generate_alone(model, prompt)
     replayed = {(r, p): row for r, p, row in captured.records}
     for r, p, row in eager.records:
         torch.testing.assert_close(replayed[(r, p)], row, atol=2e-3, rtol=2e-3)

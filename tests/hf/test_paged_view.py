@@ -2,21 +2,16 @@
 
 import torch
 
-from graphkv.hf import PagedModel, tiny_model
+from graphkv.hf import tiny_model
 from graphkv.hf.attention import ATTN_IMPLEMENTATION
-from graphkv.hf.declare import model_kv
-from graphkv.hf.generation import workload_budget
 from graphkv.hf.mixers import PagedGatedDeltaNet
-from graphkv.runtime import allocate
-from graphkv.plan import compile_plan
 
-from hf_harness import LIMITS, generate_alone, prompts
+from hf_harness import generate_alone, prompts, serving_loop
 
 
 def paged(model):
-    """A PagedModel of ``model`` over a pool sized for the test limits."""
-    plan = compile_plan(model_kv(model), LIMITS, workload_budget(model_kv(model), LIMITS))
-    return PagedModel(model, allocate(plan))
+    """The PagedModel of ``model`` a serving loop (no graphs captured) wraps, its pool sized for the test limits."""
+    return serving_loop(model, capture_graphs=False).model
 
 
 def test_every_weight_is_the_models_own_tensor() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from runtime_plans import widths_plan
 
 import graphkv
 from graphkv import Backend, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, ModelKV, StrideOrder
@@ -31,22 +32,8 @@ def _bpk17() -> graphkv.Plan:
                                   num_blocks_override=20), None)
 
 
-def _three_groups() -> graphkv.Plan:
-    """Full attention and a sliding window at bpk 2 and a Mamba group: several tables of different widths."""
-    from graphkv import MambaSpec, SlidingWindowSpec
-
-    k16 = Backend(name="k16", supported_kernel_block_sizes=(16,), cudagraph_support=CudaGraphSupport.ALWAYS,
-                  kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST, stride=StrideOrder.NHD))
-    full = FullAttentionSpec(num_kv_heads=1, head_size=8, dtype="float32")
-    window = SlidingWindowSpec(num_kv_heads=1, head_size=8, dtype="float32", window=40)
-    mamba = MambaSpec(shapes=((2, 16),), dtypes=("float32",))
-    return graphkv.compile(ModelKV.from_specs("widths", [(full, k16), (window, k16), (mamba, "mamba")]),
-                           Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32, block_size=32,
-                                  num_blocks_override=64, max_concurrent_batches=1), None)
-
-
 PLANS = {"demo": lambda: demo_plan(DemoOptions()), "llama-flash_attn": lambda: _llama("flash_attn"),
-         "llama-flex": lambda: _llama("flex"), "bpk17": _bpk17, "three-groups": _three_groups}
+         "llama-flex": lambda: _llama("flex"), "bpk17": _bpk17, "three-groups": widths_plan}
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import json
 
-from graphkv import (Backend, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, MambaSpec, ModelKV,
-                     SlidingWindowSpec, StrideOrder, compile_plan)
+from runtime_plans import widths_plan
+
 from graphkv.plan.allocations import Placement
-
-
-def _widths_plan():
-    """Full attention and a sliding window at bpk 2 (8 and 4 pages per request) and a Mamba group, 64 pages."""
-    k16 = Backend(name="k16", supported_kernel_block_sizes=(16,), cudagraph_support=CudaGraphSupport.ALWAYS,
-                  kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST, stride=StrideOrder.NHD))
-    full = FullAttentionSpec(num_kv_heads=1, head_size=8, dtype="float32")
-    window = SlidingWindowSpec(num_kv_heads=1, head_size=8, dtype="float32", window=40)
-    mamba = MambaSpec(shapes=((2, 16),), dtypes=("float32",))
-    model = ModelKV.from_specs("widths", [(full, k16), (window, k16), (mamba, "mamba")])
-    return compile_plan(model, Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=32, block_size=32,
-                                      num_blocks_override=64, max_concurrent_batches=1), None)
 
 
 def test_cpu_and_cuda_layouts_of_a_three_group_plan():
     """Widths 16, 8, 1: the CPU keeps the step's rows (100 entries) and the mirror (52 pages); CUDA both packings."""
-    plan = _widths_plan()
+    plan = widths_plan()
     cpu = {a.name: a for a in plan.ledger.allocations("cpu")}
     cuda = {a.name: a for a in plan.ledger.allocations("cuda")}
     assert cpu["tables.step_rows"].shape == (4 * (16 + 8 + 1),) and cpu["tables.mirror"].shape == (4 * (8 + 4 + 1),)
@@ -41,7 +29,7 @@ def test_cpu_and_cuda_layouts_of_a_three_group_plan():
 
 def test_runtime_bytes_add_up_the_placements():
     """device_bytes: the pool and the DEVICE entries; host_bytes: pinned and host entries."""
-    plan = _widths_plan()
+    plan = widths_plan()
     for kind in ("cpu", "cuda"):
         entries = plan.ledger.allocations(kind)
         got = plan.ledger.runtime_bytes(kind)
@@ -54,7 +42,7 @@ def test_runtime_bytes_add_up_the_placements():
 
 def test_ownership_is_int32_per_page_and_the_same_on_every_device():
     """26 B per pool page (holders, writer row / column, filled, filled_at, stamp int32; group int16)."""
-    plan = _widths_plan()
+    plan = widths_plan()
     for kind in ("cpu", "cuda"):
         per_page = [a for a in plan.ledger.allocations(kind) if a.name.startswith("ownership.") and a.shape == (64,)]
         assert sum(a.nbytes for a in per_page) == 64 * 26
@@ -62,7 +50,7 @@ def test_ownership_is_int32_per_page_and_the_same_on_every_device():
 
 def test_plan_json_lists_the_allocations_and_their_sums():
     """--json carries ledger.runtime per kind: device and host bytes and every allocation."""
-    plan = _widths_plan()
+    plan = widths_plan()
     data = json.loads(json.dumps(plan.to_dict()))
     runtime = data["ledger"]["runtime"]
     assert runtime["cpu"]["device_bytes"] == plan.ledger.runtime_bytes("cpu").device_bytes

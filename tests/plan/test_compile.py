@@ -108,8 +108,8 @@ def test_default_limits_are_used_when_none_given():
 
 
 def test_planning_imports_no_torch_triton_or_transformers():
-    """Reading a config, compiling a plan, `graphkv plan` and listing the families load neither torch, triton nor
-    transformers."""
+    """Reading a config, compiling a plan, `graphkv plan` (also --tp 2 --pp 2), listing the families and
+    graphkv.distributed's pure parts load neither torch, triton nor transformers."""
     code = (
         "import sys, graphkv\n"
         "from graphkv.presets import preset_model\n"
@@ -118,8 +118,10 @@ def test_planning_imports_no_torch_triton_or_transformers():
         "model = graphkv.ModelKV.from_specs('m', [(spec, 'flex')])\n"
         "graphkv.compile(model, graphkv.Limits(max_model_len=1024), graphkv.Budget.kv_bytes('1GiB'))\n"
         "graphkv.compile(preset_model('nemotron-h-8b'), graphkv.Limits(max_num_seqs=64), graphkv.Budget.kv_bytes('20GiB'))\n"
+        "import graphkv.distributed\n"
         "main(['models'])\n"
         "assert main(['plan', '--json']) == 0\n"
+        "assert main(['plan', '--tp', '2', '--pp', '2', '--json']) == 0\n"
         "bad = [m for m in ('torch', 'triton', 'transformers') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

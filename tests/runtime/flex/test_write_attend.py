@@ -6,7 +6,7 @@ import torch
 from graphkv.runtime import allocate
 from graphkv.runtime.flex.attention import paged_flex_attention
 from graphkv.runtime.flex.write_attend import write_and_attend, write_kv_padding_to_null
-from graphkv.runtime.ops.reference import reshape_and_cache_ref
+from graphkv.runtime.ops.reference import reshape_and_cache_ref, slot_mapping_ref
 
 from flex_reference import builder_for, make_paged_batch
 from runtime_plans import hybrid_plan
@@ -50,14 +50,10 @@ def test_write_and_attend_equals_a_write_then_paged_flex_attention() -> None:
     gen = torch.Generator().manual_seed(6)
     key, value = torch.randn(44, 2, batch.query.shape[2], generator=gen), torch.randn(44, 2, batch.query.shape[2],
                                                                                      generator=gen)
-    # Slots: each request's new tokens at their positions through its table; padding -1.
+    # Slots: each request's new tokens (its last query_len positions) through its table; padding -1.
     table, kbs = batch.block_table, batch.kernel_block_size
-    slots = torch.full((44,), -1, dtype=torch.int64)
-    t = 0
-    for r, (q, s) in enumerate(zip([1, 5, 33], [20, 5, 40])):
-        for p in range(s - q, s):
-            slots[t] = int(table[r, p // kbs]) * kbs + p % kbs
-            t += 1
+    positions = torch.cat([torch.arange(s - q, s) for q, s in zip([1, 5, 33], [20, 5, 40])])
+    slots = slot_mapping_ref(batch.query_start_loc, positions, [table], [kbs], batch.num_reqs, 44)[0]
     fused_cache = batch.kv_cache.clone()
     out, lse = write_and_attend(batch.query, key, value, fused_cache, slots, mask, scale=0.3, return_lse=True)
     write_kv_padding_to_null(key, value, batch.kv_cache, slots)

@@ -164,23 +164,3 @@ def test_misaligned_state_offset_is_a_plan_error():
                                          num_blocks_override=3), None)
     with pytest.raises(PlanError, match=r"state\[1\] byte offset.*wider dtypes come first"):
         allocate(plan)
-
-
-@pytest.mark.parametrize("device,text", [("gpu", "is not a device torch knows"), ("meta", "runs on cpu or cuda"),
-                                         (True, "must be a device string"), (3.5, "must be a device string")])
-def test_unknown_devices_are_spec_errors(device, text):
-    """allocate() refuses a device torch does not know, one the runtime does not run on, and non-devices."""
-    with pytest.raises(SpecError, match=text):
-        allocate(attention_plan(), device)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_cuda_without_cuda_is_a_spec_error():
-    """allocate(plan, "cuda") and Step(plan, "cuda") without CUDA name the fix instead of failing inside torch."""
-    from graphkv.runtime import Step
-
-    for build in (allocate, Step):
-        with pytest.raises(SpecError, match=r"device='cuda': CUDA is not available here .*pass device='cpu'"):
-            build(attention_plan(), "cuda")
-    with pytest.raises(SpecError, match="device='cuda:3'"):
-        allocate(attention_plan(), "cuda:3")

@@ -8,7 +8,6 @@ import torch
 from runtime_plans import attention_plan, widths_plan
 
 from graphkv.runtime import PAD_SLOT_ID, BlockTables
-from graphkv.runtime.ops import reference
 from graphkv.runtime.ops.reference import slot_mapping_ref
 from graphkv.runtime.tables.slots import host_slot_mappings
 
@@ -76,7 +75,3 @@ def test_groups_of_different_widths_and_state_groups(seed):
     page = tables.pages_np[0][1, 0]  # row 1 holds positions 26..29 in its first 32-token page
     assert got[0, :4].tolist() == [page * 32 + p for p in range(26, 30)]
 
-
-def test_reference_uses_the_runtime_sentinel():
-    """The pure-torch reference pads with the same PAD_SLOT_ID as the runtime."""
-    assert reference.PAD_SLOT_ID == PAD_SLOT_ID == -1
