@@ -173,7 +173,7 @@ class ListTables:
 class Seq:
     """A running request as small engines keep it: its tokens and its pages per group in lists."""
 
-    def __init__(self, tokens: list[int], block_tables: list[list[int]], block_size: int) -> None:
+    def __init__(self, tokens: list[int], block_tables: list[list[int]]) -> None:
         self.token_ids = tokens
         self.block_tables = block_tables  # per group; a state group's list holds its one page
 

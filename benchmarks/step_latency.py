@@ -81,7 +81,7 @@ class DecodeWorkload:
         step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.lengths[1]))
         self.ids = [[5] * n, [6] * n]
         block = plan.groups[self.attention[0]].block_size
-        self.seqs = [Seq(list(range(PROMPT + 1)), [list(p[g]) for g in range(len(groups))], block) for p in pages]
+        self.seqs = [Seq(list(range(PROMPT + 1)), [list(p[g]) for g in range(len(groups))]) for p in pages]
         self.block = block
         self.v1 = V1DecodeInputs(plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens,
                                  [g.pages_per_request for g in groups], plan.max_model_len, block, self.attention,
