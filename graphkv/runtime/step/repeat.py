@@ -98,7 +98,7 @@ class RepeatStep:
         seq_mv, ctx_mv, pos_mv, written = self.views
         max_len = self.parts.plan.max_model_len
         old = []
-        for i, (row, q, s, cap) in enumerate(zip(self.row_list, self.query_lens, seq_lens, self.capacity_list)):
+        for row, q, s, cap in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list):
             if type(s) is not int or not q <= s <= max_len or s > cap or s - q > written[row]:
                 return None
             old.append(written[row])
