@@ -5,9 +5,10 @@ but the lengths is unchanged: rows, query layout, state pages, padded size, grap
 tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
 checks and writes only what changes, with the same checks as the full path: integer sequence
 lengths, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and a context
-(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_REQUESTS`
-requests the work is a plain Python loop over memoryviews (a numpy call costs more than a
-request's whole update); above that, a constant number of numpy calls. Anything unusual — a
+(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_TOKENS`
+tokens the work is a plain Python loop over memoryviews (a numpy call costs more than a token's
+whole update, and the loop visits every token once per attention group); above that, a constant
+number of numpy calls. Anything unusual — a
 length that is not a plain int, a check that fails, a page another request shares — returns
 ``None`` with nothing changed, and the full path checks (and raises) as usual.
 """
@@ -26,9 +27,9 @@ from graphkv.runtime.step.ownership import PageOwnership
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 
-__all__ = ["PYTHON_REQUESTS", "Parts", "RepeatStep"]
+__all__ = ["PYTHON_TOKENS", "Parts", "RepeatStep"]
 
-PYTHON_REQUESTS = 8  # up to this many requests a repeated step is updated in plain Python
+PYTHON_TOKENS = 8  # up to this many tokens a repeated step is updated in plain Python
 
 
 class Parts:
@@ -67,7 +68,8 @@ class RepeatStep:
         self.token_offset = st.token_offset[:self.num_tokens].copy()
         self.token_req = st.token_row[:self.num_tokens].copy()
         self.attention = [(g.index, g.block_size, tables.max_pages[g.index]) for g in groups if not g.is_ssm]
-        if rows.shape[0] <= PYTHON_REQUESTS:
+        self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
+        if self.python:
             self.views = (memoryview(st.seq_lens), memoryview(st.context_lens), memoryview(st.positions),
                           memoryview(parts.ownership.written))
             self.slot_views = [(memoryview(st.slot_mappings[g]), memoryview(tables.pages_np[g].reshape(-1)), bs, pages)
@@ -81,11 +83,10 @@ class RepeatStep:
         """Fill the buffers for ``batch`` (which :meth:`matches`) run on ``padded`` tokens, or return
         ``None`` with nothing changed."""
         parts = self.parts
-        n = len(self.row_list)
         if parts.ownership.num_shared or padded != self.padded:  # a shared page: the full path checks writes
             return None
         parts.staging.wait_until_read()
-        old = self._python(batch.seq_lens) if n <= PYTHON_REQUESTS else self._numpy(batch.seq_lens)
+        old = self._python(batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
         if old is None:
             return None
         parts.remember_undo(self.rows, old)
@@ -94,7 +95,7 @@ class RepeatStep:
         return self.prepared
 
     def _python(self, seq_lens: tuple) -> list[int] | None:
-        """The small-batch update; returns the requests' written tokens before it (for an undo)."""
+        """The few-token update; returns the requests' written tokens before it (for an undo)."""
         seq_mv, ctx_mv, pos_mv, written = self.views
         max_len = self.parts.plan.max_model_len
         old = []
@@ -116,7 +117,7 @@ class RepeatStep:
         return old
 
     def _numpy(self, seq_lens: tuple) -> np.ndarray | None:
-        """The large-batch update: a constant number of numpy calls."""
+        """The many-token update: a constant number of numpy calls."""
         parts = self.parts
         n = self.rows.shape[0]
         try:
