@@ -33,14 +33,17 @@ PYTHON_TOKENS = 8  # up to this many tokens a repeated step is updated in plain 
 
 
 class Parts:
-    """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, and
+    """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, the
+    tokens one page of each group holds (``[G, 1]``, the batch checker's), and
     ``remember_undo(rows, written)`` (what :meth:`Step.undo` restores)."""
 
-    __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables")
+    __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables", "tokens_per_page")
 
     def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, staging: StepStaging,
+                 tokens_per_page: np.ndarray,
                  remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]"], None]) -> None:
         self.plan, self.tables, self.ownership, self.staging = plan, tables, ownership, staging
+        self.tokens_per_page = tokens_per_page
         self.remember_undo = remember_undo
 
 
@@ -57,23 +60,17 @@ class RepeatStep:
         self.row_list = rows.tolist()
         self.qlens = np.asarray(query_lens, dtype=np.int64)
         tables = parts.tables
-        groups = parts.plan.groups
         held = tables.num_pages_np[:, rows].astype(np.int64)
-        tokens = np.array([[parts.plan.max_model_len if g.is_ssm else g.block_size] for g in groups])
-        self.capacity = (held * tokens).min(0)  # tokens each request's pages hold, [n]
+        self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
         self.num_tokens = prepared.num_tokens
         st = parts.staging
-        self.decode = self.num_tokens == rows.shape[0]
-        self.token_offset = st.token_offset[:self.num_tokens].copy()
-        self.token_req = st.token_row[:self.num_tokens].copy()
-        self.attention = [(g.index, g.block_size, tables.max_pages[g.index]) for g in groups if not g.is_ssm]
         self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
         if self.python:
             self.views = (memoryview(st.seq_lens), memoryview(st.context_lens), memoryview(st.positions),
                           memoryview(parts.ownership.written))
-            self.slot_views = [(memoryview(st.slot_mappings[g]), memoryview(tables.pages_np[g].reshape(-1)), bs, pages)
-                               for g, bs, pages in self.attention]
+            self.slot_views = [(memoryview(st.slot_mappings[g.index]), memoryview(tables.pages_np[g.index].reshape(-1)),
+                                g.block_size, tables.max_pages[g.index]) for g in parts.plan.groups if not g.is_ssm]
 
     def matches(self, batch: Batch) -> bool:
         """Whether ``batch`` repeats the last step (same requests and query lengths, no new pages)."""
@@ -129,19 +126,7 @@ class RepeatStep:
         old = written[self.rows]
         if ((ctx < 0) | (slens > parts.plan.max_model_len) | (slens > self.capacity) | (ctx > old)).any():
             return None
-        st = parts.staging
-        st.seq_lens[:n] = slens
-        st.context_lens[:n] = ctx
-        pos = st.positions[:self.num_tokens]
-        if self.decode:
-            pos[:] = ctx
-            token_rows = self.rows
-        else:
-            np.add(self.token_offset, ctx[self.token_req], out=pos)
-            token_rows = self.rows[self.token_req]
-        for g, bs, _ in self.attention:
-            np.add(parts.tables.pages_np[g][token_rows, pos // bs] * bs, pos % bs,
-                   out=st.slot_mappings[g, :self.num_tokens])
+        parts.staging.write_lengths(parts.tables, n, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens
         return old
 

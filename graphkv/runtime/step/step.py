@@ -54,7 +54,6 @@ from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
-from graphkv.runtime.tables.slots import host_slot_mappings
 
 __all__ = ["Step"]
 
@@ -121,7 +120,7 @@ class Step:
         self._requests = RequestRows(self.max_num_seqs)
         self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch, buffers)
         assert not buffers.untaken(), buffers.untaken()
-        self._parts = Parts(plan, self.tables, self.ownership, st, self._remember_undo)
+        self._parts = Parts(plan, self.tables, self.ownership, st, self._checker.tokens_per_page, self._remember_undo)
         self._arange = self.tables.mirror.arange  # 0 .. max(max_num_seqs, max_num_batched_tokens) - 1, shared
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
@@ -436,16 +435,4 @@ class Step:
                 st.positions[num_tokens:padded] = 0
                 st.slot_mappings[:, num_tokens:padded] = PAD_SLOT_ID
         self._last_reqs = n
-        st.seq_lens[:n] = slens
-        ctx_out = st.context_lens[:n]
-        ctx_out[:] = ctx
-        pos = st.positions[:num_tokens]
-        if decode:
-            pos[:] = ctx
-        else:
-            np.add(st.token_offset[:num_tokens], ctx_out[st.token_row[:num_tokens]], out=pos)
-        if rows is None:
-            st.slot_mappings[:, :num_tokens] = PAD_SLOT_ID
-            return []
-        token_rows = rows if decode else rows[st.token_row[:num_tokens]]
-        return host_slot_mappings(self.tables, token_rows, pos, st.slot_mappings)
+        return st.write_lengths(self.tables, n, num_tokens, slens, ctx, rows)
