@@ -37,10 +37,6 @@ class LedgerBuffers:
         kind = check_device_kind(layout if layout is not None else device.type)
         return cls((a for a in plan.ledger.allocations(kind) if a.name.startswith(prefixes)), device)
 
-    def entry(self, name: str) -> Allocation:
-        """The ledger entry ``name``."""
-        return self._entries[name]
-
     def tensor(self, name: str) -> torch.Tensor:
         """Allocate entry ``name`` (``DEVICE`` or ``PINNED``) as a zeroed tensor; once per name."""
         a = self._entries[name]

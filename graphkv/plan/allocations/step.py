@@ -59,7 +59,7 @@ def staging_allocations(kind: str, groups: Sequence[GroupPlan], *, max_num_seqs:
 
 
 def step_allocations(kind: str, groups: Sequence[GroupPlan], *, max_num_batched_tokens: int) -> list[Allocation]:
-    """The step's token-id buffer (and its pinned twin on CUDA) and the batch check's per-group constants."""
+    """The step's token-id buffer (and its pinned twin on CUDA) and the batch check's tokens per page."""
     tokens, num_groups = max_num_batched_tokens, len(groups)
     out = [Allocation(name="step.input_ids", shape=(tokens,), dtype=_I64, placement=DEVICE,
                       reason=f"one token id per token of a step (max_num_batched_tokens={tokens}); a captured "
@@ -67,14 +67,9 @@ def step_allocations(kind: str, groups: Sequence[GroupPlan], *, max_num_batched_
     if kind == "cuda":
         out.append(Allocation(name="step.input_ids_host", shape=(tokens,), dtype=_I64, placement=PINNED,
                               reason="pinned staging of token ids given on the host"))
-    out += [Allocation(name="step.group_ints", shape=(3, num_groups, 1), dtype=_I64, placement=HOST,
-                       parts=(AllocationPart(name="page_tokens", offset=0, shape=(num_groups, 1)),
-                              AllocationPart(name="tokens_per_page", offset=num_groups, shape=(num_groups, 1)),
-                              AllocationPart(name="max_pages", offset=2 * num_groups, shape=(num_groups, 1))),
-                       reason=f"batch checks, per group ({num_groups}): tokens per page, tokens one page holds "
-                              "(a state page any length), pages per request"),
-            Allocation(name="step.state_group", shape=(num_groups, 1), dtype=_BOOL, placement=HOST,
-                       reason="batch checks: which groups hold recurrent states")]
+    out.append(Allocation(name="step.tokens_per_page", shape=(num_groups, 1), dtype=_I64, placement=HOST,
+                          reason=f"batch checks, per group ({num_groups}): tokens one page holds (a state page "
+                                 "any length)"))
     return out
 
 

@@ -18,7 +18,7 @@ sizes, and serving runs on the entry compiled last, so pieces must be captured o
 Example::
 
     compiled = torch.compile(model, backend=piecewise_backend(("graphkv::attention",)))
-    # then wrap it: graphkv.runtime.capture.graphs(plan, static_inputs=...)(compiled).capture()
+    # then wrap it: graphkv.capture(plan, static_inputs=...)(compiled).capture()
 """
 
 from __future__ import annotations

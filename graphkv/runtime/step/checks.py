@@ -75,16 +75,14 @@ class BatchChecker:
         limits = plan.limits
         self.max_num_seqs, self.max_num_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
         self.decode_query_len = 1 + limits.num_speculative_tokens
-        # Per group, [G, 1] (the plan's step.state_group / step.group_ints ledger entries): tokens one page
-        # holds (a state group's one page holds any length) and pages per request.
-        self.state_group = buffers.array("step.state_group")
-        self.state_group[:, 0] = [g.is_ssm for g in plan.groups]
-        buffers.array("step.group_ints")
-        self.page_tokens, self.tokens_per_page, self.max_pages = (
-            buffers.part("step.group_ints", name) for name in ("page_tokens", "tokens_per_page", "max_pages"))
-        self.page_tokens[:, 0] = [g.block_size for g in plan.groups]
+        # Per group, [G, 1] views of the constants page ownership and the tables' mirror hold (whether it
+        # is a state group, tokens per page, pages per request), and the step.tokens_per_page ledger
+        # entry: tokens one page holds (a state group's one page holds any length).
+        self.state_group = ownership.state_group[:, None]
+        self.page_tokens = ownership.block_sizes[:, None]
+        self.max_pages = tables.mirror.host_pages[:, None]
+        self.tokens_per_page = buffers.array("step.tokens_per_page")
         self.tokens_per_page[:] = np.where(self.state_group, plan.max_model_len, self.page_tokens)
-        self.max_pages[:, 0] = tables.max_pages
 
     def check(self, batch: Batch) -> CheckedBatch:
         """Check ``batch`` and derive what applying it needs; raises :class:`SpecError` /

@@ -5,9 +5,10 @@ but the lengths is unchanged: rows, query layout, state pages, padded size, grap
 tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
 checks and writes only what changes, with the same checks as the full path: integer sequence
 lengths, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and a context
-(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_REQUESTS`
-requests the work is a plain Python loop over memoryviews (a numpy call costs more than a
-request's whole update); above that, a constant number of numpy calls. Anything unusual — a
+(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_TOKENS`
+tokens the work is a plain Python loop over memoryviews (a numpy call costs more than a token's
+whole update, and the loop visits every token once per attention group); above that, a constant
+number of numpy calls. Anything unusual — a
 length that is not a plain int, a check that fails, a page another request shares — returns
 ``None`` with nothing changed, and the full path checks (and raises) as usual.
 """
@@ -26,20 +27,23 @@ from graphkv.runtime.step.ownership import PageOwnership
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 
-__all__ = ["PYTHON_REQUESTS", "Parts", "RepeatStep"]
+__all__ = ["PYTHON_TOKENS", "Parts", "RepeatStep"]
 
-PYTHON_REQUESTS = 8  # up to this many requests a repeated step is updated in plain Python
+PYTHON_TOKENS = 8  # up to this many tokens a repeated step is updated in plain Python
 
 
 class Parts:
-    """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, and
+    """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, the
+    tokens one page of each group holds (``[G, 1]``, the batch checker's), and
     ``remember_undo(rows, written)`` (what :meth:`Step.undo` restores)."""
 
-    __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables")
+    __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables", "tokens_per_page")
 
     def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, staging: StepStaging,
+                 tokens_per_page: np.ndarray,
                  remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]"], None]) -> None:
         self.plan, self.tables, self.ownership, self.staging = plan, tables, ownership, staging
+        self.tokens_per_page = tokens_per_page
         self.remember_undo = remember_undo
 
 
@@ -56,22 +60,17 @@ class RepeatStep:
         self.row_list = rows.tolist()
         self.qlens = np.asarray(query_lens, dtype=np.int64)
         tables = parts.tables
-        groups = parts.plan.groups
         held = tables.num_pages_np[:, rows].astype(np.int64)
-        tokens = np.array([[parts.plan.max_model_len if g.is_ssm else g.block_size] for g in groups])
-        self.capacity = (held * tokens).min(0)  # tokens each request's pages hold, [n]
+        self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
         self.num_tokens = prepared.num_tokens
         st = parts.staging
-        self.decode = self.num_tokens == rows.shape[0]
-        self.token_offset = st.token_offset[:self.num_tokens].copy()
-        self.token_req = st.token_row[:self.num_tokens].copy()
-        self.attention = [(g.index, g.block_size, tables.max_pages[g.index]) for g in groups if not g.is_ssm]
-        if rows.shape[0] <= PYTHON_REQUESTS:
+        self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
+        if self.python:
             self.views = (memoryview(st.seq_lens), memoryview(st.context_lens), memoryview(st.positions),
                           memoryview(parts.ownership.written))
-            self.slot_views = [(memoryview(st.slot_mappings[g]), memoryview(tables.pages_np[g].reshape(-1)), bs, pages)
-                               for g, bs, pages in self.attention]
+            self.slot_views = [(memoryview(st.slot_mappings[g.index]), memoryview(tables.pages_np[g.index].reshape(-1)),
+                                g.block_size, tables.max_pages[g.index]) for g in parts.plan.groups if not g.is_ssm]
 
     def matches(self, batch: Batch) -> bool:
         """Whether ``batch`` repeats the last step (same requests and query lengths, no new pages)."""
@@ -81,11 +80,10 @@ class RepeatStep:
         """Fill the buffers for ``batch`` (which :meth:`matches`) run on ``padded`` tokens, or return
         ``None`` with nothing changed."""
         parts = self.parts
-        n = len(self.row_list)
         if parts.ownership.num_shared or padded != self.padded:  # a shared page: the full path checks writes
             return None
         parts.staging.wait_until_read()
-        old = self._python(batch.seq_lens) if n <= PYTHON_REQUESTS else self._numpy(batch.seq_lens)
+        old = self._python(batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
         if old is None:
             return None
         parts.remember_undo(self.rows, old)
@@ -94,11 +92,11 @@ class RepeatStep:
         return self.prepared
 
     def _python(self, seq_lens: tuple) -> list[int] | None:
-        """The small-batch update; returns the requests' written tokens before it (for an undo)."""
+        """The few-token update; returns the requests' written tokens before it (for an undo)."""
         seq_mv, ctx_mv, pos_mv, written = self.views
         max_len = self.parts.plan.max_model_len
         old = []
-        for i, (row, q, s, cap) in enumerate(zip(self.row_list, self.query_lens, seq_lens, self.capacity_list)):
+        for row, q, s, cap in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list):
             if type(s) is not int or not q <= s <= max_len or s > cap or s - q > written[row]:
                 return None
             old.append(written[row])
@@ -116,7 +114,7 @@ class RepeatStep:
         return old
 
     def _numpy(self, seq_lens: tuple) -> np.ndarray | None:
-        """The large-batch update: a constant number of numpy calls."""
+        """The many-token update: a constant number of numpy calls."""
         parts = self.parts
         n = self.rows.shape[0]
         try:
@@ -128,19 +126,7 @@ class RepeatStep:
         old = written[self.rows]
         if ((ctx < 0) | (slens > parts.plan.max_model_len) | (slens > self.capacity) | (ctx > old)).any():
             return None
-        st = parts.staging
-        st.seq_lens[:n] = slens
-        st.context_lens[:n] = ctx
-        pos = st.positions[:self.num_tokens]
-        if self.decode:
-            pos[:] = ctx
-            token_rows = self.rows
-        else:
-            np.add(self.token_offset, ctx[self.token_req], out=pos)
-            token_rows = self.rows[self.token_req]
-        for g, bs, _ in self.attention:
-            np.add(parts.tables.pages_np[g][token_rows, pos // bs] * bs, pos % bs,
-                   out=st.slot_mappings[g, :self.num_tokens])
+        parts.staging.write_lengths(parts.tables, n, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens
         return old
 

@@ -23,6 +23,8 @@ import torch
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.padding import PAD_SLOT_ID
+from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.slots import host_slot_mappings
 
 __all__ = ["StepStaging"]
 
@@ -100,3 +102,25 @@ class StepStaging:
         """Mark a transfer out of pinned memory made after :meth:`copy_to_device` (e.g. token ids)."""
         if self._copied is not None:
             self._copied.record()
+
+    def write_lengths(self, tables: BlockTables, n: int, num_tokens: int, slens: np.ndarray, ctx: np.ndarray,
+                      rows: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
+        """Write what a step changes when its layout (``token_row`` / ``token_offset`` of its
+        ``num_tokens`` tokens) is staged already: the ``n`` requests' sequence and context lengths
+        (``slens``, ``ctx``: ``[n] int64``), every token's position, and the attention groups' slots
+        from ``tables``' host mirror for requests in table ``rows`` (``None``: a dummy step holding
+        no pages, whose slots are ``PAD_SLOT_ID``). Returns, per attention group, the page each
+        token is written into (numpy only, nothing allocated but temporaries)."""
+        self.seq_lens[:n] = slens
+        self.context_lens[:n] = ctx
+        pos = self.positions[:num_tokens]
+        decode = num_tokens == n
+        if decode:
+            pos[:] = ctx
+        else:
+            token_row = self.token_row[:num_tokens]
+            np.add(self.token_offset[:num_tokens], ctx[token_row], out=pos)
+        if rows is None:
+            self.slot_mappings[:, :num_tokens] = PAD_SLOT_ID
+            return []
+        return host_slot_mappings(tables, rows if decode else rows[token_row], pos, self.slot_mappings)

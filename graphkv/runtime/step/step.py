@@ -42,7 +42,7 @@ import torch
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
-from graphkv.runtime.capture.keys import Dispatcher, GraphKey
+from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 from graphkv.runtime.padding import PAD_SLOT_ID
@@ -54,11 +54,15 @@ from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
-from graphkv.runtime.tables.slots import host_slot_mappings
 
 __all__ = ["Step"]
 
 _I64 = np.int64
+
+
+def _eager_size(dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> int:
+    """An eager forward runs on the step's own tokens."""
+    return num_tokens
 
 
 class _Undo:
@@ -116,7 +120,7 @@ class Step:
         self._requests = RequestRows(self.max_num_seqs)
         self._checker = BatchChecker(plan, self.tables, self.ownership, self._requests, self._dispatch, buffers)
         assert not buffers.untaken(), buffers.untaken()
-        self._parts = Parts(plan, self.tables, self.ownership, st, self._remember_undo)
+        self._parts = Parts(plan, self.tables, self.ownership, st, self._checker.tokens_per_page, self._remember_undo)
         self._arange = self.tables.mirror.arange  # 0 .. max(max_num_seqs, max_num_batched_tokens) - 1, shared
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
@@ -212,24 +216,20 @@ class Step:
         :meth:`undo` takes the step back (e.g. when your forward raised). Not capture-safe (host
         work); call it before the forward.
         """
-        repeat = self._repeat_of(batch)
-        if repeat is not None:
-            size = repeat.num_tokens if padded_tokens is None else \
-                padded_tokens(repeat.num_tokens, len(repeat.row_list), repeat.prepared.uniform)
-            prepared = repeat.prepare(batch, size)
-            if prepared is not None:
-                return prepared
-        checked = self._checker.check(batch)
-        padded = checked.num_tokens
-        if padded_tokens is not None:
-            padded = padded_tokens(checked.num_tokens, checked.num_reqs, checked.uniform)
+        if padded_tokens is None:
+            return self._prepare(batch, _eager_size)[0]
+
+        def size_of(dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> int:
+            padded = padded_tokens(num_tokens, num_reqs, uniform)
             if isinstance(padded, bool) or not isinstance(padded, (int, np.integer)) \
-                    or not checked.num_tokens <= padded <= self.max_num_tokens:
+                    or not num_tokens <= padded <= self.max_num_tokens:
                 raise SpecError(Problem(field="padded_tokens", value=padded,
-                                        limit=f"must be an int in [num_tokens={checked.num_tokens}, "
+                                        limit=f"must be an int in [num_tokens={num_tokens}, "
                                               f"max_num_batched_tokens={self.max_num_tokens}]",
                                         fix="return the graph key's token count, or num_tokens for an eager step"))
-        return self._apply(checked, int(padded))
+            return int(padded)
+
+        return self._prepare(batch, size_of)[0]
 
     def run(self, forward: Callable[..., Any], batch: Batch, *, input_ids: torch.Tensor | Sequence[int]) -> Any:
         """Prepare ``batch``, then call ``forward`` inside the step's forward context.
@@ -246,19 +246,10 @@ class Step:
         or prefill them again.
         """
         captured = hasattr(forward, "step_size") and hasattr(forward, "run")
-        repeat = self._repeat_of(batch)
-        prepared = None
-        if repeat is not None:
-            dispatch = repeat.dispatch
-            ids = check_input_ids(input_ids, repeat.num_tokens, self.device)
-            prepared = repeat.prepare(batch, forward.step_size(dispatch, repeat.num_tokens) if captured
-                                      else repeat.num_tokens)
-        if prepared is None:
-            checked = self._checker.check(batch)
-            dispatch = checked.dispatch
-            ids = check_input_ids(input_ids, checked.num_tokens, self.device)
-            padded = forward.step_size(dispatch, checked.num_tokens) if captured else checked.num_tokens
-            prepared = self._apply(checked, padded)
+        size_of = (lambda d, num_tokens, num_reqs, uniform: forward.step_size(d, num_tokens)) if captured \
+            else _eager_size
+        prepared, dispatch, ids = self._prepare(batch, size_of,
+                                                lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device))
         try:
             n = prepared.num_tokens
             dst = self.input_ids[:n]
@@ -330,6 +321,26 @@ class Step:
             yield ctx
 
     # ---- internals ------------------------------------------------------------------------------
+
+    def _prepare(self, batch: Batch, size_of: Callable[[StepDispatch, int, int, bool], int],
+                 check: Callable[[int], Any] | None = None) -> tuple[PreparedStep, StepDispatch, Any]:
+        """Fill the buffers for ``batch`` (the repeat path when it repeats the last step, else the
+        checked full path); ``size_of(dispatch, num_tokens, num_reqs, uniform)`` gives the tokens the
+        forward runs. ``check(num_tokens)`` (before anything changes) vets what else the step takes;
+        returns the prepared step, its dispatch and ``check``'s result."""
+        checked_input = None
+        repeat = self._repeat_of(batch)
+        if repeat is not None:
+            if check is not None:
+                checked_input = check(repeat.num_tokens)
+            prepared = repeat.prepare(batch, size_of(repeat.dispatch, repeat.num_tokens, len(repeat.row_list),
+                                                     repeat.prepared.uniform))
+            if prepared is not None:
+                return prepared, repeat.dispatch, checked_input
+        c = self._checker.check(batch)
+        if check is not None and repeat is None:  # a repeat checked it already (same query lengths)
+            checked_input = check(c.num_tokens)
+        return self._apply(c, size_of(c.dispatch, c.num_tokens, c.num_reqs, c.uniform)), c.dispatch, checked_input
 
     def _apply(self, c: CheckedBatch, padded: int) -> PreparedStep:
         """Change the state for a checked batch (rows, pages, holders, staging, device), all or nothing."""
@@ -424,16 +435,4 @@ class Step:
                 st.positions[num_tokens:padded] = 0
                 st.slot_mappings[:, num_tokens:padded] = PAD_SLOT_ID
         self._last_reqs = n
-        st.seq_lens[:n] = slens
-        ctx_out = st.context_lens[:n]
-        ctx_out[:] = ctx
-        pos = st.positions[:num_tokens]
-        if decode:
-            pos[:] = ctx
-        else:
-            np.add(st.token_offset[:num_tokens], ctx_out[st.token_row[:num_tokens]], out=pos)
-        if rows is None:
-            st.slot_mappings[:, :num_tokens] = PAD_SLOT_ID
-            return []
-        token_rows = rows if decode else rows[st.token_row[:num_tokens]]
-        return host_slot_mappings(self.tables, token_rows, pos, st.slot_mappings)
+        return st.write_lengths(self.tables, n, num_tokens, slens, ctx, rows)

@@ -9,7 +9,7 @@ from step_harness import Harness
 
 from graphkv import CapacityError, SpecError
 from graphkv.runtime import Batch
-from graphkv.runtime.step.repeat import PYTHON_REQUESTS
+from graphkv.runtime.step.repeat import PYTHON_TOKENS
 
 
 def _buffers(step) -> dict[str, torch.Tensor]:
@@ -28,7 +28,7 @@ def _live(n: int, pattern: str = "AA") -> Harness:
     return h
 
 
-@pytest.mark.parametrize("n", [3, PYTHON_REQUESTS + 4])
+@pytest.mark.parametrize("n", [3, PYTHON_TOKENS + 4])
 def test_repeated_decodes_equal_the_dense_reference_and_the_full_path(n):
     """Decode steps on the repeat path (Python and numpy) give dense logits and the full path's buffers."""
     h = _live(n)
@@ -47,7 +47,7 @@ def test_repeated_decodes_equal_the_dense_reference_and_the_full_path(n):
     assert all(torch.equal(repeated[k], full[k]) for k in full)
 
 
-@pytest.mark.parametrize("n", [3, PYTHON_REQUESTS + 4])
+@pytest.mark.parametrize("n", [3, PYTHON_TOKENS + 4])
 def test_a_repeated_step_refuses_what_the_full_path_refuses(n):
     """Skipping ahead, running past the pages held, and a NaN length are refused on a repeat with nothing changed."""
     h = _live(n)
@@ -68,7 +68,7 @@ def test_a_repeated_step_refuses_what_the_full_path_refuses(n):
     h.decode_all()  # still exact
 
 
-@pytest.mark.parametrize("n", [3, PYTHON_REQUESTS + 4])
+@pytest.mark.parametrize("n", [3, PYTHON_TOKENS + 4])
 def test_a_repeated_step_past_the_pages_held_is_refused(n):
     """Requests whose page is full repeating a decode without new pages: CapacityError, nothing changed."""
     h = Harness("AA", num_blocks=4 * n + 8, max_num_seqs=n, budget=32 * n, max_model_len=64)
@@ -92,3 +92,21 @@ def test_a_repeated_step_is_undone_when_its_forward_raises():
     batch, ids, _ = h.batch({r: 1 for r in h.step.active_requests})
     h.run_failing(batch, ids, "device lost")
     h.decode_all()
+
+
+def test_a_repeated_long_chunk_takes_the_numpy_path_and_equals_the_full_path():
+    """One request repeating a 20-token chunk (more than PYTHON_TOKENS tokens) is updated by numpy, like the full path."""
+    h = Harness("AA", num_blocks=8, max_num_seqs=2, budget=32, max_model_len=64)
+    chunk = 2 * PYTHON_TOKENS + 4
+    pages = h.group_pages(attention=(1, 2, 3))  # 48 tokens: both chunks fit without new pages
+    h.step.prepare(Batch(req_ids=("r",), query_lens=(chunk,), seq_lens=(chunk,), new_pages=(pages,)))
+    h.step.prepare(Batch(req_ids=("r",), query_lens=(chunk,), seq_lens=(2 * chunk,)))
+    assert h.step._repeat is not None and h.step._repeat.python is False
+    repeated = _buffers(h.step)
+    assert h.step.positions[:chunk].tolist() == list(range(chunk, 2 * chunk))
+    h.step._forget_last()  # the same step once more, the full way
+    h.step.ownership.written[h.step._requests.last_rows] -= chunk
+    h.step.prepare(Batch(req_ids=("r",), query_lens=(chunk,), seq_lens=(2 * chunk,)))
+    assert h.step._repeat is None
+    full = _buffers(h.step)
+    assert all(torch.equal(repeated[k], full[k]) for k in full)
