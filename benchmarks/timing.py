@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -17,19 +18,22 @@ __all__ = ["add_common_arguments", "interleaved_medians", "set_up"]
 
 
 def interleaved_medians(steps: Mapping[str, Callable[[], None]], repeats: int,
-                        after_round: Callable[[int], None] | None = None) -> dict[str, float]:
+                        after_round: Callable[[int], None] | None = None, *, seed: int = 0) -> dict[str, float]:
     """Median seconds of each of ``steps`` over ``repeats`` rounds. In every round each contender runs
-    once, in an order that rotates from round to round (drift and cache state hit all alike), with the
-    garbage collector off while they run (as in ``timeit``: a collection started by one contender's
-    garbage is noise). ``after_round(i)`` runs untimed after round ``i`` (a reset, a check); round 0
-    only warms up."""
+    once, in a fresh random order (seeded by ``seed``, so a run is reproducible): drift hits all alike,
+    and each contender follows each other one about equally often. (A fixed order that only rotates
+    gives every contender the same predecessor in most rounds, so one contender always ran in the
+    caches another had just filled with unrelated work.) The garbage collector is off while they run
+    (as in ``timeit``: a collection started by one contender's garbage is noise). ``after_round(i)``
+    runs untimed after round ``i`` (a reset, a check); round 0 only warms up."""
     names = list(steps)
+    order = random.Random(seed)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for i in range(repeats + 1):
-        k = i % len(names)
+        order.shuffle(names)
         gc.disable()
         try:
-            for name in names[k:] + names[:k]:
+            for name in names:
                 start = time.perf_counter()
                 steps[name]()
                 if i:

@@ -103,6 +103,12 @@ class HostSync:
         self._expand(0, block, rows, start, nulls=False)
         return True
 
+    def expand_rows(self, rows: slice, start: int, stop: int) -> None:
+        """The one group's step rows ``rows`` (showing the same request rows) := the mirror's pages in
+        columns ``[start, stop)``, pages just appended, in kernel blocks (as :meth:`write_rows`): one
+        broadcast add."""
+        self._expand(0, self._mirror.pages_np[0][rows, start:stop], rows, start, nulls=False)
+
     def write_lines(self, lines: list[int], pages: list[int]) -> None:
         """The one group's step table: page column lines (``row * pages_per_request + column``) :=
         ``pages`` in kernel blocks (one numpy write; the mirror is already written)."""

@@ -34,7 +34,6 @@ __all__ = ["TINY_PAGES", "append_uniform"]
 
 TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
 _chain = itertools.chain.from_iterable
-_max, _min = np.maximum.reduce, np.minimum.reduce  # without ndarray.max's Python wrapper
 
 
 def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
@@ -64,9 +63,12 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
         ids = np.frombuffer(bytearray().join(itertools.starmap(pack, lists)), dtype=np.int32)
     except (struct.error, TypeError, OverflowError):
         return False  # not integers, or beyond int32 (beyond any pool): the general path names it
-    if int(_max(ids.view(np.uint32))) >= bt.num_blocks:  # one reduce: a negative id is huge as uint32
+    # Range and bool checks by argmax / argmin, not max / min reductions: their code path is much
+    # shorter, which counts when other work ran since the last step and the caches are cold.
+    as_uint = ids.view(np.uint32)  # a negative id is huge as uint32
+    if int(as_uint[as_uint.argmax()]) >= bt.num_blocks:
         return False
-    if int(_min(ids)) <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or 1 may be a bool
+    if int(ids[ids.argmin()]) <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or 1 may be a bool
                                    for i in np.flatnonzero(ids <= 1).tolist()):
         return False
     counts = bt.num_pages_mv
@@ -99,6 +101,14 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
                 base = r * pages + h
                 mirror[base] = kernel_blocks[base] = page
                 counts[r] = h + 1
+        elif count == 1:  # the same with pages split into kernel blocks: the mirror now, the step rows after
+            for r, (page,) in zip(row_list, lists):
+                h = counts[r]
+                if h >= pages:
+                    raise ValueError("not this path")
+                done.append((r, h))
+                mirror[r * pages + h] = page
+                counts[r] = h + 1
         else:
             for r, ids in zip(row_list, lists):
                 h = counts[r]
@@ -124,9 +134,14 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
     if step is None:
         held = np.array([h for _, h in done])
         sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
-    elif kernel_blocks is None:  # kernel blocks per page > 1: the step table's page lines, expanded
-        lines = [r * pages + h + j for r, h in done for j in range(count)]
-        sync.write_lines(lines, list(_chain(lists)))
+    elif kernel_blocks is None:  # kernel blocks per page > 1: the step rows expanded from the mirror
+        start = done[0][1]
+        block_rows = as_slice(row_list)
+        if isinstance(block_rows, slice) and all(h == start for _, h in done):  # one rectangle: one add
+            sync.expand_rows(block_rows, start, start + count)
+        else:
+            lines = [r * pages + h + j for r, h in done for j in range(count)]
+            sync.write_lines(lines, list(_chain(lists)))
     return True
 
 

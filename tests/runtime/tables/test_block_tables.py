@@ -162,6 +162,33 @@ def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row,
     assert [tables.pages_np[0][r, :pages_per_row].tolist() for r in range(3)] == pages
 
 
+@pytest.mark.parametrize("bpk", [1, 17])
+@pytest.mark.parametrize("count", [1, 3, 30])
+@pytest.mark.parametrize("held", [(2, 2, 2), (1, 3, 2)])
+@pytest.mark.parametrize("batch", [(0, 1, 2), (2, 0, 1)])
+def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, held, batch, kernels):
+    """Every one-group path (page by page, row slices, scatter; rows shown in order or not; rows holding
+    the same pages or not) leaves mirror and step rows equal to the reference expansion of the pages."""
+    plan = attention_plan(bpk=bpk, num_blocks=200, max_num_seqs=4, max_model_len=(16 if bpk == 1 else 32 * bpk) * 40)
+    tables = BlockTables(plan, kernels=kernels)
+    rows = list(batch)
+    model = {r: [100 + 10 * r + j for j in range(held[r])] for r in range(3)}
+    tables.append_batch(rows, [(model[r],) for r in rows])
+    tables.sync(np.array(rows), 4)
+    new = {r: [2 + r * count + j for j in range(count)] for r in range(3)}
+    tables.append_batch(np.array(rows), [(new[r],) for r in rows])
+    tables.sync(np.array(rows), 4, same_rows=True)
+    for i, r in enumerate(rows):
+        pages = model[r] + new[r]
+        assert tables.pages_np[0][r, :len(pages)].tolist() == pages and tables.num_pages_np[0, r] == len(pages)
+        want = expand_pages_ref(pages, bpk)
+        got = tables.input_tables[0][i].cpu()
+        assert got[:len(want)].tolist() == want and (got[len(want):] == 0).all(), (i, r)
+    assert (tables.input_tables[0][3].cpu() == 0).all()
+    tables.commit()
+    assert _device_matches_host(tables)
+
+
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
     tables = BlockTables(widths_plan(), kernels=kernels)
