@@ -73,13 +73,19 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
         return False
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
-    if max(held) + count > bt.max_pages[0]:
+    same = held.count(held[0]) == len(held)  # every row holds as many pages (the commonest case)
+    if (held[0] if same else max(held)) + count > bt.max_pages[0]:
         return False
     shown = bt.identity_rows > top_row  # batch row i shows request row i for every row here
-    _write_arrays(bt, sync, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, ids,
-                  count, shown)
-    for r, h in zip(row_list, held):
-        counts[r] = h + count
+    _write_arrays(bt, sync, rows if rows is not None else np.array(row_list, dtype=np.int64), row_list, held, same,
+                  ids, count, shown)
+    if same:
+        now = held[0] + count
+        for r in row_list:
+            counts[r] = now
+    else:
+        for r, h in zip(row_list, held):
+            counts[r] = h + count
     return True
 
 
@@ -146,10 +152,10 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
 
 
 def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],
-                  held: list[int], ids: np.ndarray, count: int, shown: bool) -> None:
-    """A constant number of numpy calls: one row-slice write when every row holds the same pages."""
+                  held: list[int], same: bool, ids: np.ndarray, count: int, shown: bool) -> None:
+    """A constant number of numpy calls: one row-slice write when every row holds the same pages (``same``)."""
     start = held[0]
-    if held.count(start) == len(held):
+    if same:
         block = ids.reshape(len(row_list), count)
         if not (shown and sync.write_rows(as_slice(row_list), start, block)):
             bt.pages_np[0][rows, start:start + count] = block
