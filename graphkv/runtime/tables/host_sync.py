@@ -94,17 +94,17 @@ class HostSync:
 
     def write_rows(self, rows: "np.ndarray | slice", start: int, block: np.ndarray) -> bool:
         """Mirror rows ``rows`` and the step rows showing them (at the same index) := pages ``block``
-        (``[len(rows), c] int32``, no null page) at page columns ``start ..``, in kernel blocks on the
+        (``[len(rows), c]`` int32 or uint32, no null page) at page columns ``start ..``, in kernel blocks on the
         step side; the one-group case."""
         stop = start + block.shape[1]
         if self.aliased:  # [mirror | step tables] as two rows of one buffer: one write for both
             self._both3[:, rows, start:stop] = block
             return True
         self._mirror.pages_np[0][rows, start:stop] = block
-        self._expand(0, block, rows, start, nulls=False)
+        self.expand_rows(rows, start, stop)
         return True
 
-    def expand_rows(self, rows: slice, start: int, stop: int) -> None:
+    def expand_rows(self, rows: "slice | np.ndarray", start: int, stop: int) -> None:
         """The one group's step rows ``rows`` (showing the same request rows) := the mirror's pages in
         columns ``[start, stop)``, pages just appended, in kernel blocks (as :meth:`write_rows`): one
         broadcast add."""

@@ -34,6 +34,7 @@ __all__ = ["TINY_PAGES", "append_uniform"]
 
 TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
 _chain = itertools.chain.from_iterable
+_ONE = struct.pack("I", 1)  # page 1 as packed uint32
 
 
 def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
@@ -57,19 +58,19 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
         return False
     pack = bt.packers.get(count)
     if pack is None:
-        pack = bt.packers[count] = struct.Struct(f"{count}i").pack
-    try:  # the type check of the general path, list by list (one huge argument tuple costs more), in
-        # int32, into a writable buffer (the kernel-block expand reads it without a copy)
-        ids = np.frombuffer(bytearray().join(itertools.starmap(pack, lists)), dtype=np.int32)
+        pack = bt.packers[count] = struct.Struct(f"{count}I").pack
+    try:  # the type check of the general path, list by list (one huge argument tuple costs more), as
+        # uint32: struct refuses what is not an integer, negative or beyond 2**32 (beyond any pool)
+        buf = bytearray().join(itertools.starmap(pack, lists))
     except (struct.error, TypeError, OverflowError):
-        return False  # not integers, or beyond int32 (beyond any pool): the general path names it
+        return False  # the general path names the id
+    ids = np.frombuffer(buf, dtype=np.uint32)
     # Range and bool checks by argmax / argmin, not max / min reductions: their code path is much
     # shorter, which counts when other work ran since the last step and the caches are cold.
-    as_uint = ids.view(np.uint32)  # a negative id is huge as uint32
-    if int(as_uint[as_uint.argmax()]) >= bt.num_blocks:
+    if int(ids[ids.argmax()]) >= bt.num_blocks:
         return False
-    if int(ids[ids.argmin()]) <= 1 and any(type(lists[i // count][i % count]) is not int  # a 0 or 1 may be a bool
-                                   for i in np.flatnonzero(ids <= 1).tolist()):
+    low = int(ids[ids.argmin()])
+    if low <= 1 and _bool_among(buf, ids, lists, count, low):
         return False
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
@@ -151,9 +152,24 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
     return True
 
 
+def _bool_among(buf: bytearray, ids: np.ndarray, lists: list[Any], count: int, low: int) -> bool:
+    """Whether an id equal to 0 or 1 was given as a bool (``low``, the smallest of ``ids``, is 0 or 1)."""
+    if low == 0:  # the null page, rare: every id <= 1 by two array passes
+        where = np.flatnonzero(ids <= 1).tolist()
+    else:  # only page 1: its uint32 pattern found in the packed bytes (a byte search, no array passes)
+        where = []
+        at = buf.find(_ONE)
+        while at >= 0:
+            if not at & 3:  # (a match across two ids is no id)
+                where.append(at >> 2)
+            at = buf.find(_ONE, at + 1)
+    return any(type(lists[i // count][i % count]) is not int for i in where)
+
+
 def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],
                   held: list[int], same: bool, ids: np.ndarray, count: int, shown: bool) -> None:
-    """A constant number of numpy calls: one row-slice write when every row holds the same pages (``same``)."""
+    """A constant number of numpy calls: one row-slice write when every row holds the same pages (``same``).
+    ``ids`` are uint32 (checked to be in the pool), cast to int32 as they are written."""
     start = held[0]
     if same:
         block = ids.reshape(len(row_list), count)

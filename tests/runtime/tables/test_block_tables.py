@@ -189,6 +189,23 @@ def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, hel
     assert _device_matches_host(tables)
 
 
+@pytest.mark.parametrize("one", [1, True])
+def test_append_batch_array_path_tells_page_1_from_true_across_byte_lookalikes(one, kernels):
+    """Above the page-by-page size, page 1 is found in the packed ids by its bytes; ids 256 then 512 hold
+    the same bytes across their boundary, which must neither hide a ``True`` nor refuse an int 1."""
+    plan = attention_plan(num_blocks=600, max_num_seqs=4, max_model_len=16 * 48)
+    tables = BlockTables(plan, kernels=kernels)
+    pages = [[256, 512] + [10 + r * 30 + j for j in range(28)] for r in range(3)]
+    pages[0][5], pages[2][29] = 1, one
+    if one is True:
+        with pytest.raises(SpecError, match="True"):
+            tables.append_batch([0, 1, 2], [(row,) for row in pages])
+        assert tables.num_pages_np[0, :3].tolist() == [0, 0, 0] and not tables.pages_flat.any()
+    else:
+        tables.append_batch([0, 1, 2], [(row,) for row in pages])
+        assert [tables.pages_np[0][r, :30].tolist() for r in range(3)] == pages
+
+
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
     tables = BlockTables(widths_plan(), kernels=kernels)
