@@ -197,7 +197,8 @@ class HostSync:
         int32``; ``nulls``: may hold the null page 0) in kernel blocks."""
         cols = slice(lo, lo + pages.shape[1])
         if isinstance(step_rows, slice):
-            self._expand_into(self._inputs3[g][step_rows, cols], self._inputs3_np[g][step_rows, cols], pages, g, nulls)
+            out_np = self._inputs3_np[g][step_rows, cols]
+            self._expand_into(torch.from_numpy(out_np), out_np, pages, g, nulls)  # (numpy slices cost less)
             return
         out = np.empty(pages.shape + (self._mirror.bpks[g],), dtype=np.int32)
         self._expand_into(torch.from_numpy(out), out, pages, g, nulls)
