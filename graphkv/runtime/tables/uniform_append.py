@@ -2,19 +2,23 @@
 
 One KV-cache group, every row gaining the same number of pages (a decode step in which requests
 cross into a new page, a uniform prefill). Small appends cost less in plain Python than in numpy
-calls, whose fixed cost dominates below a few hundred pages (measured with
-``benchmarks/block_tables.py``, where other work runs between steps and caches are cold):
+calls, whose fixed cost dominates below a few hundred pages, and every numpy call counts double
+when other work ran since the last step and the caches are cold (measured with
+``benchmarks/block_tables.py``, where the peers run between graphkv's steps):
 
 - up to :data:`TINY_PAGES` pages, one Python loop stores every page through memoryviews of the
   mirror and (on a CPU, when batch row ``i`` shows request row ``i``, with one kernel block per
   page) of the step tables. A memoryview of int32 refuses floats, strings, ``None`` and ints out
-  of range as it stores, so the loop is its own type check; on a refusal what it stored is undone;
-- above that, ``struct.pack`` checks the ids (as on the general path) and a constant handful of
-  numpy calls write them: one row-slice write when every row holds the same number of pages,
-  else one scatter.
+  of range as it stores, so the loop is its own type check; on a refusal what it stored is undone.
+  With several kernel blocks per page the step rows are expanded afterwards, by one broadcast add
+  when the rows are consecutive and hold the same number of pages;
+- above that, ``struct.pack`` checks the ids as uint32 (integers, not negative; as on the general
+  path), ``argmax`` / ``argmin`` check the range and find a 0 or 1 (a bool may hide there; page 1 is
+  then looked up by its bytes in the packed ids), and a constant handful of numpy calls write them:
+  one row-slice write when every row holds the same number of pages, else one scatter.
 
 Anything else (several groups, ragged counts, an id that is not an integer in ``[0, num_blocks)``
-or may be a bool, a full row) returns False with nothing changed, and the general path checks,
+or is a bool, a full row) returns False with nothing changed, and the general path checks,
 raises or appends.
 """
 
