@@ -43,7 +43,7 @@ from graphkv.runtime.tables.host_sync import HostSync
 from graphkv.runtime.tables.mirror import PageMirror
 from graphkv.runtime.tables.page_ids import PageEntries, flatten_new_pages, int_array
 from graphkv.runtime.tables.staged_sync import StagedSync
-from graphkv.runtime.tables.uniform_append import append_uniform
+from graphkv.runtime.tables.lean_append import append_one_group
 
 __all__ = ["BlockTables"]
 
@@ -188,8 +188,8 @@ class BlockTables:
                                     limit=f"need one distinct row in [0, max_num_seqs={self.max_num_seqs}) per entry "
                                           f"of new_pages ({len(new_pages)})",
                                     fix="pass the persistent rows of the requests, once each"))
-        if self.num_groups == 1 and append_uniform(self.mirror, self._sync, rows if typed else None, row_list,
-                                                   top_row, new_pages):
+        if self.num_groups == 1 and append_one_group(self.mirror, self._sync, rows if typed else None, row_list,
+                                                     top_row, new_pages):
             return
         entries = flatten_new_pages(new_pages, self.num_groups, row_list)
         if entries is None:

@@ -89,7 +89,7 @@ class HostSync:
 
     def step_view(self) -> tuple[memoryview, int] | None:
         """The one group's step tables as a flat memoryview of kernel blocks, and its bpk (for the
-        page-by-page path of :mod:`~graphkv.runtime.tables.uniform_append`)."""
+        page-by-page path of :mod:`~graphkv.runtime.tables.lean_append`)."""
         return self._step_view
 
     def write_rows(self, rows: "np.ndarray | slice", start: int, block: np.ndarray) -> bool:

@@ -163,19 +163,20 @@ def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row,
 
 
 @pytest.mark.parametrize("bpk", [1, 17])
-@pytest.mark.parametrize("count", [1, 3, 30])
+@pytest.mark.parametrize("count", [(1, 1, 1), (3, 3, 3), (30, 30, 30), (1, 3, 0), (2, 0, 4), (1, 0, 2), (30, 5, 22),
+                                   (36, 5, 30)])
 @pytest.mark.parametrize("held", [(2, 2, 2), (1, 3, 2)])
 @pytest.mark.parametrize("batch", [(0, 1, 2), (2, 0, 1)])
 def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, held, batch, kernels):
     """Every one-group path (page by page, row slices, scatter; rows shown in order or not; rows holding
-    the same pages or not) leaves mirror and step rows equal to the reference expansion of the pages."""
+    and gaining the same pages or not) leaves mirror and step rows equal to the reference expansion."""
     plan = attention_plan(bpk=bpk, num_blocks=200, max_num_seqs=4, max_model_len=(16 if bpk == 1 else 32 * bpk) * 40)
     tables = BlockTables(plan, kernels=kernels)
     rows = list(batch)
-    model = {r: [100 + 10 * r + j for j in range(held[r])] for r in range(3)}
+    model = {r: [150 + 10 * r + j for j in range(held[r])] for r in range(3)}
     tables.append_batch(rows, [(model[r],) for r in rows])
     tables.sync(np.array(rows), 4)
-    new = {r: [2 + r * count + j for j in range(count)] for r in range(3)}
+    new = {r: [2 + 40 * r + j for j in range(count[r])] for r in range(3)}  # (36, 5, 30): 71 pages
     tables.append_batch(np.array(rows), [(new[r],) for r in rows])
     tables.sync(np.array(rows), 4, same_rows=True)
     for i, r in enumerate(rows):
@@ -189,21 +190,59 @@ def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, hel
     assert _device_matches_host(tables)
 
 
-@pytest.mark.parametrize("one", [1, True])
-def test_append_batch_array_path_tells_page_1_from_true_across_byte_lookalikes(one, kernels):
-    """Above the page-by-page size, page 1 is found in the packed ids by its bytes; ids 256 then 512 hold
-    the same bytes across their boundary, which must neither hide a ``True`` nor refuse an int 1."""
+@pytest.mark.parametrize("bad", [2.5, None, True, -1, 200])
+@pytest.mark.parametrize("lengths", [(1, 4, 2), (30, 12, 25)])
+def test_append_batch_ragged_refuses_a_bad_id_and_changes_nothing(bad, lengths, kernels):
+    """Rows gaining different numbers of pages (below and above the page-by-page size): a bad id in the
+    last row is a SpecError and mirror, counts and step rows are as before."""
+    plan = attention_plan(num_blocks=200, max_num_seqs=4, max_model_len=16 * 48)
+    tables = BlockTables(plan, kernels=kernels)
+    tables.append_batch([0, 1, 2], [([5],), ([6],), ([7],)])
+    tables.sync(np.arange(3), 3)
+    pages = [[10 + 60 * r + j for j in range(n)] for r, n in enumerate(lengths)]
+    pages[2][-1] = bad
+    host, counts = tables.pages_flat.copy(), tables.num_pages_np.copy()
+    step = [t.clone() for t in tables.input_tables]
+    with pytest.raises(SpecError):
+        tables.append_batch([0, 1, 2], [(row,) for row in pages])
+    assert np.array_equal(tables.pages_flat, host) and np.array_equal(tables.num_pages_np, counts)
+    tables.sync(np.arange(3), 3)
+    assert all(torch.equal(a, b) for a, b in zip(step, tables.input_tables))
+
+
+def test_append_batch_ragged_beyond_a_row_capacity_is_a_capacity_error(kernels):
+    """One row of a ragged batch overflowing its pages per request: CapacityError, nothing changed."""
+    plan = attention_plan(num_blocks=400, max_num_seqs=4, max_model_len=16 * 48)
+    tables = BlockTables(plan, kernels=kernels)
+    tables.append_batch([0, 1], [(list(range(2, 42)),), (list(range(50, 52)),)])
+    host, counts = tables.pages_flat.copy(), tables.num_pages_np.copy()
+    with pytest.raises(CapacityError, match="request row 0"):
+        tables.append_batch([1, 0], [(list(range(100, 130)),), (list(range(200, 210)),)])
+    assert np.array_equal(tables.pages_flat, host) and np.array_equal(tables.num_pages_np, counts)
+
+
+@pytest.mark.parametrize("values", [(1,), (0, 1), (1, 0)])
+@pytest.mark.parametrize("ones", [1, 3, 12])
+@pytest.mark.parametrize("bad", [None, True, False])
+@pytest.mark.parametrize("where", [(2, 29), (0, 29)])
+def test_append_batch_array_path_finds_a_bool_among_ids_0_and_1(values, ones, bad, where, kernels):
+    """Above the page-by-page size, ids equal to 0 or 1 are looked at one by one (a few 1s) or by one
+    array pass (many, or a 0 among them): a True or False among ``ones`` int 0s / 1s (last, or
+    before later ones) is refused, ints alone are taken."""
     plan = attention_plan(num_blocks=600, max_num_seqs=4, max_model_len=16 * 48)
     tables = BlockTables(plan, kernels=kernels)
-    pages = [[256, 512] + [10 + r * 30 + j for j in range(28)] for r in range(3)]
-    pages[0][5], pages[2][29] = 1, one
-    if one is True:
-        with pytest.raises(SpecError, match="True"):
-            tables.append_batch([0, 1, 2], [(row,) for row in pages])
-        assert tables.num_pages_np[0, :3].tolist() == [0, 0, 0] and not tables.pages_flat.any()
-    else:
+    pages = [[10 + r * 30 + j for j in range(30)] for r in range(3)]
+    for k in range(ones):
+        pages[k % 3][k // 3] = values[k % len(values)]  # int 0s / 1s spread over the rows
+    if bad is not None:
+        pages[where[0]][where[1]] = bad
+    if bad is None:
         tables.append_batch([0, 1, 2], [(row,) for row in pages])
         assert [tables.pages_np[0][r, :30].tolist() for r in range(3)] == pages
+    else:
+        with pytest.raises(SpecError, match=str(bad)):
+            tables.append_batch([0, 1, 2], [(row,) for row in pages])
+        assert tables.num_pages_np[0, :3].tolist() == [0, 0, 0] and not tables.pages_flat.any()
 
 
 def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):

@@ -1,25 +1,27 @@
-"""The lean path of :meth:`BlockTables.append_batch` for the commonest step shape.
+"""The lean path of :meth:`BlockTables.append_batch` for one KV-cache group.
 
-One KV-cache group, every row gaining the same number of pages (a decode step in which requests
-cross into a new page, a uniform prefill). Small appends cost less in plain Python than in numpy
-calls, whose fixed cost dominates below a few hundred pages, and every numpy call counts double
-when other work ran since the last step and the caches are cold (measured with
+One group, every row given one list of pages: a decode step in which requests cross into a new
+page, a uniform prefill, or any small append. Small appends cost less in plain Python than in
+numpy calls, whose fixed cost dominates below a few hundred pages, and every numpy call counts
+double when other work ran since the last step and the caches are cold (measured with
 ``benchmarks/block_tables.py``, where the peers run between graphkv's steps):
 
-- up to :data:`TINY_PAGES` pages, one Python loop stores every page through memoryviews of the
-  mirror and (on a CPU, when batch row ``i`` shows request row ``i``, with one kernel block per
-  page) of the step tables. A memoryview of int32 refuses floats, strings, ``None`` and ints out
-  of range as it stores, so the loop is its own type check; on a refusal what it stored is undone.
-  With several kernel blocks per page the step rows are expanded afterwards, by one broadcast add
-  when the rows are consecutive and hold the same number of pages;
-- above that, ``struct.pack`` checks the ids as uint32 (integers, not negative; as on the general
-  path), ``argmax`` / ``argmin`` check the range and find a 0 or 1 (a bool may hide there; page 1 is
-  then looked up by its bytes in the packed ids), and a constant handful of numpy calls write them:
-  one row-slice write when every row holds the same number of pages, else one scatter.
+- up to :data:`TINY_PAGES` pages, rows gaining any numbers of pages: one Python loop stores every
+  page through memoryviews of the mirror and (on a CPU, when batch row ``i`` shows request row
+  ``i``, with one kernel block per page) of the step tables. A memoryview of int32 refuses floats,
+  strings, ``None`` and ints out of range as it stores, so the loop is its own type check; on a
+  refusal what it stored is undone. With several kernel blocks per page the step rows are expanded
+  afterwards, by one broadcast add when the rows are consecutive and gain as many pages from the
+  same column;
+- above that, every row gaining the same number of pages: ``struct.pack`` checks the ids as uint32
+  (integers, not negative; as on the general path), ``argmax`` / ``argmin`` check the range and
+  find a 0 or 1 (a bool may hide there; the next one is found by ``argmin`` of the rest),
+  and a constant handful of numpy calls write them: one row-slice write when every row holds the
+  same number of pages, else one scatter.
 
-Anything else (several groups, ragged counts, an id that is not an integer in ``[0, num_blocks)``
-or is a bool, a full row) returns False with nothing changed, and the general path checks,
-raises or appends.
+Anything else (``None`` for a row, not exactly one list per row, more pages in uneven rows, an id
+that is not an integer in ``[0, num_blocks)`` or is a bool, a row that would overflow) returns
+False with nothing changed, and the general path checks, raises or appends.
 """
 
 from __future__ import annotations
@@ -34,30 +36,29 @@ from graphkv.runtime.tables.host_sync import HostSync, as_slice
 from graphkv.runtime.tables.mirror import PageMirror
 from graphkv.runtime.tables.staged_sync import StagedSync
 
-__all__ = ["TINY_PAGES", "append_uniform"]
+__all__ = ["TINY_PAGES", "append_one_group"]
 
 TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
 _chain = itertools.chain.from_iterable
-_ONE = struct.pack("I", 1)  # page 1 as packed uint32
+_FEW = 8  # ids of 0 or 1 looked at one by one before one array pass finds the rest
 
 
-def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
-                   top_row: int, new_pages: Sequence[Any]) -> bool:
+def append_one_group(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
+                     top_row: int, new_pages: Sequence[Any]) -> bool:
     """Append ``new_pages[i][0]`` to row ``row_list[i]`` of the mirror's only group (telling ``sync``,
-    the device side) when every row gains the same number of pages; returns False (nothing changed)
-    when this path does not apply. ``top_row`` is ``max(row_list)``."""
+    the device side); returns False (nothing changed) when this path does not apply. ``top_row`` is
+    ``max(row_list)``."""
     try:
         lists = [p for (p,) in new_pages]
         count = len(lists[0]) if lists else 0
-        if count and count * len(lists) <= TINY_PAGES:
+        if count * len(lists) <= TINY_PAGES:
             flat = list(_chain(lists))
-            lo, hi = (min(flat), max(flat)) if flat else (0, 0)
-            if len(flat) != count * len(lists) or lo < 0 or hi >= bt.num_blocks or (
-                    lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
-                return False  # ragged, out of the pool, or a 0 / 1 that may be a bool: the general path looks
-            return _store_pages(bt, sync, row_list, top_row, lists, count)  # checks each row's count as it goes
-        if not count:
-            return False  # (a list of another length fails the fixed-count pack below)
+            if not flat or len(flat) > TINY_PAGES:
+                return False  # nothing to append, or uneven rows with many pages: the general path
+            lo, hi = min(flat), max(flat)
+            if lo < 0 or hi >= bt.num_blocks or (lo <= 1 and any(type(x) is not int for x in flat if x <= 1)):
+                return False  # out of the pool, or a 0 / 1 that may be a bool: the general path looks
+            return _store_pages(bt, sync, row_list, top_row, lists, count if len(flat) == count * len(lists) else 0)
     except (TypeError, ValueError):  # not one group, not sequences, or ids that do not compare with ints
         return False
     pack = bt.packers.get(count)
@@ -73,8 +74,8 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
     # shorter, which counts when other work ran since the last step and the caches are cold.
     if int(ids[ids.argmax()]) >= bt.num_blocks:
         return False
-    low = int(ids[ids.argmin()])
-    if low <= 1 and _bool_among(buf, ids, lists, count, low):
+    first = int(ids.argmin())
+    if ids[first] <= 1 and _bool_among(ids, first, lists, count):
         return False
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
@@ -97,18 +98,20 @@ def append_uniform(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndar
 def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[int], top_row: int,
                  lists: list[Any], count: int) -> bool:
     """One loop over the rows: capacity, mirror, step tables (when they show these rows with one
-    kernel block per page), page counts. Undoes itself and returns False on anything unexpected."""
+    kernel block per page), page counts. ``count``: the pages of the first row when all rows together
+    gain as many as if each gained that many (0 otherwise); each row's own length is what is stored.
+    Undoes itself and returns False on anything unexpected."""
     pages, mirror, counts = bt.max_pages[0], bt.pages_mv, bt.num_pages_mv
     step = sync.step_view() if bt.identity_rows > top_row else None
     kernel_blocks = step[0] if step is not None and step[1] == 1 else None
-    done: list[tuple[int, int]] = []  # (row, pages held before)
+    done: list[tuple[int, int, int]] = []  # (row, pages held before, pages added)
     try:
         if count == 1 and kernel_blocks is not None:  # a decode step crossing into new pages: one store each
-            for r, (page,) in zip(row_list, lists):  # unpacking refuses a list of another length
+            for r, (page,) in zip(row_list, lists):
                 h = counts[r]
                 if h >= pages:
                     raise ValueError("not this path")
-                done.append((r, h))
+                done.append((r, h, 1))
                 base = r * pages + h
                 mirror[base] = kernel_blocks[base] = page
                 counts[r] = h + 1
@@ -117,15 +120,15 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
                 h = counts[r]
                 if h >= pages:
                     raise ValueError("not this path")
-                done.append((r, h))
+                done.append((r, h, 1))
                 mirror[r * pages + h] = page
                 counts[r] = h + 1
         else:
             for r, ids in zip(row_list, lists):
-                h = counts[r]
-                if len(ids) != count or h + count > pages:
+                h, n = counts[r], len(ids)
+                if h + n > pages:
                     raise ValueError("not this path")
-                done.append((r, h))
+                done.append((r, h, n))
                 base = r * pages + h
                 if kernel_blocks is None:
                     for j, page in enumerate(ids):
@@ -133,41 +136,48 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
                 else:
                     for j, page in enumerate(ids):
                         mirror[base + j] = kernel_blocks[base + j] = page
-                counts[r] = h + count
+                counts[r] = h + n
     except (TypeError, ValueError, OverflowError):
-        for r, h in done:  # undo: the stored pages back to the null page, the counts as they were
-            for j in range(h, min(h + count, pages)):
+        for r, h, n in done:  # undo: the stored pages back to the null page, the counts as they were
+            for j in range(h, min(h + n, pages)):
                 mirror[r * pages + j] = 0
                 if kernel_blocks is not None:
                     kernel_blocks[r * pages + j] = 0
             counts[r] = h
         return False
     if step is None:
-        held = np.array([h for _, h in done])
-        sync.appended_one_group(np.array(row_list, dtype=np.int64), held, int(held.max()) + count)
+        held = np.array([h for _, h, _ in done])
+        sync.appended_one_group(np.array(row_list, dtype=np.int64), held, max(h + n for _, h, n in done))
     elif kernel_blocks is None:  # kernel blocks per page > 1: the step rows expanded from the mirror
         start = done[0][1]
-        block_rows = as_slice(row_list)
-        if isinstance(block_rows, slice) and all(h == start for _, h in done):  # one rectangle: one add
+        block_rows = as_slice(row_list) if count else None
+        if isinstance(block_rows, slice) and all(h == start and n == count for _, h, n in done):  # one add
             sync.expand_rows(block_rows, start, start + count)
         else:
-            lines = [r * pages + h + j for r, h in done for j in range(count)]
+            lines = [r * pages + h + j for r, h, n in done for j in range(n)]
             sync.write_lines(lines, list(_chain(lists)))
     return True
 
 
-def _bool_among(buf: bytearray, ids: np.ndarray, lists: list[Any], count: int, low: int) -> bool:
-    """Whether an id equal to 0 or 1 was given as a bool (``low``, the smallest of ``ids``, is 0 or 1)."""
-    if low == 0:  # the null page, rare: every id <= 1 by two array passes
-        where = np.flatnonzero(ids <= 1).tolist()
-    else:  # only page 1: its uint32 pattern found in the packed bytes (a byte search, no array passes)
-        where = []
-        at = buf.find(_ONE)
-        while at >= 0:
-            if not at & 3:  # (a match across two ids is no id)
-                where.append(at >> 2)
-            at = buf.find(_ONE, at + 1)
-    return any(type(lists[i // count][i % count]) is not int for i in where)
+def _bool_among(ids: np.ndarray, first: int, lists: list[Any], count: int) -> bool:
+    """Whether an id equal to 0 or 1 was given as a bool; ``first`` is the index of the first
+    smallest id, which is 0 or 1. When it is 1 (no id is 0) the 1s are found in order one ``argmin``
+    of the rest at a time (page ids are distinct in practice: one or two calls), and by one array
+    pass beyond a handful; a 0 (the null page, rare) sends every id <= 1 to the array pass."""
+    at = 0
+    if ids[first] == 1:  # no 0 anywhere: the 1s in order from the first
+        at = first
+        for _ in range(_FEW):
+            if type(lists[at // count][at % count]) is not int:
+                return True
+            rest = ids[at + 1:]
+            if not rest.shape[0]:
+                return False
+            j = int(rest.argmin())
+            if rest[j] > 1:
+                return False
+            at += 1 + j
+    return any(type(lists[i // count][i % count]) is not int for i in (at + np.flatnonzero(ids[at:] <= 1)).tolist())
 
 
 def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],
