@@ -58,7 +58,6 @@ class HostSync:
             t.copy_(torch.arange(t.shape[0], dtype=torch.int32))  # 0 .. bpk - 1
         self._offsets_np = tuple(t.numpy() for t in self._offsets)
         self._touched: list[list[np.ndarray]] = [[] for _ in range(mirror.num_groups)]  # changed rows
-        self._noted = False  # whether any group has touched rows
         self._band = [[pages[g], 0] for g in range(mirror.num_groups)]  # their changed columns [lo, hi)
 
     def persistent_tables(self) -> tuple[torch.Tensor, ...]:
@@ -136,7 +135,6 @@ class HostSync:
 
     def _note(self, g: int, rows: np.ndarray, lo: int, hi: int) -> None:
         self._touched[g].append(rows)
-        self._noted = True
         band = self._band[g]
         band[0], band[1] = min(band[0], lo), max(band[1], hi)
 
@@ -155,7 +153,7 @@ class HostSync:
                 self._inputs3_np[g][n:num_reqs_padded] = 0
             self._forget()
             return
-        if self._noted:  # (a step whose edits all wrote the step rows too has nothing to copy)
+        if any(self._touched):  # (a step whose edits all wrote the step rows too has nothing to copy)
             for g, touched in enumerate(self._touched):
                 if touched:
                     self._copy_band(g, touched[0] if len(touched) == 1 else np.concatenate(touched))
@@ -178,7 +176,6 @@ class HostSync:
         self._expand(g, self._mirror.pages_np[g][rows, lo:hi], as_slice(pos), lo)
 
     def _forget(self) -> None:
-        self._noted = False
         for g in range(len(self._touched)):
             self._touched[g] = []
             self._band[g] = [self._mirror.max_pages[g], 0]

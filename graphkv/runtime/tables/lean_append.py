@@ -15,7 +15,7 @@ double when other work ran since the last step and the caches are cold (measured
   same column;
 - above that, every row gaining the same number of pages: ``struct.pack`` checks the ids as uint32
   (integers, not negative; as on the general path), ``argmax`` / ``argmin`` check the range and
-  find a 0 or 1 (a bool may hide there; the next one is found by ``argmin`` of the rest),
+  find a 0 or 1 (a bool may hide there: :func:`~graphkv.runtime.tables.page_ids.bool_among`),
   and a constant handful of numpy calls write them: one row-slice write when every row holds the
   same number of pages, else one scatter.
 
@@ -34,13 +34,13 @@ import numpy as np
 
 from graphkv.runtime.tables.host_sync import HostSync, as_slice
 from graphkv.runtime.tables.mirror import PageMirror
+from graphkv.runtime.tables.page_ids import bool_among
 from graphkv.runtime.tables.staged_sync import StagedSync
 
 __all__ = ["TINY_PAGES", "append_one_group"]
 
 TINY_PAGES = 64  # up to this many pages an append is stored page by page in Python
 _chain = itertools.chain.from_iterable
-_FEW = 8  # ids of 0 or 1 looked at one by one before one array pass finds the rest
 
 
 def append_one_group(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.ndarray | None", row_list: list[int],
@@ -75,8 +75,8 @@ def append_one_group(bt: PageMirror, sync: "HostSync | StagedSync", rows: "np.nd
     if int(ids[ids.argmax()]) >= bt.num_blocks:
         return False
     first = int(ids.argmin())
-    if ids[first] <= 1 and _bool_among(ids, first, lists, count):
-        return False
+    if ids[first] <= 1 and bool_among(ids, lambda i: lists[i // count][i % count], first=first, suspect=_not_int):
+        return False  # a 0 / 1 that may be a bool (or another int type): the general path looks
     counts = bt.num_pages_mv
     held = [counts[r] for r in row_list]
     same = held.count(held[0]) == len(held)  # every row holds as many pages (the commonest case)
@@ -106,22 +106,16 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
     kernel_blocks = step[0] if step is not None and step[1] == 1 else None
     done: list[tuple[int, int, int]] = []  # (row, pages held before, pages added)
     try:
-        if count == 1 and kernel_blocks is not None:  # a decode step crossing into new pages: one store each
+        if count == 1:  # a decode step crossing into new pages: one store each (split pages: expanded after)
             for r, (page,) in zip(row_list, lists):
                 h = counts[r]
                 if h >= pages:
                     raise ValueError("not this path")
                 done.append((r, h, 1))
                 base = r * pages + h
-                mirror[base] = kernel_blocks[base] = page
-                counts[r] = h + 1
-        elif count == 1:  # the same with pages split into kernel blocks: the mirror now, the step rows after
-            for r, (page,) in zip(row_list, lists):
-                h = counts[r]
-                if h >= pages:
-                    raise ValueError("not this path")
-                done.append((r, h, 1))
-                mirror[r * pages + h] = page
+                mirror[base] = page
+                if kernel_blocks is not None:
+                    kernel_blocks[base] = page
                 counts[r] = h + 1
         else:
             for r, ids in zip(row_list, lists):
@@ -159,25 +153,8 @@ def _store_pages(bt: PageMirror, sync: "HostSync | StagedSync", row_list: list[i
     return True
 
 
-def _bool_among(ids: np.ndarray, first: int, lists: list[Any], count: int) -> bool:
-    """Whether an id equal to 0 or 1 was given as a bool; ``first`` is the index of the first
-    smallest id, which is 0 or 1. When it is 1 (no id is 0) the 1s are found in order one ``argmin``
-    of the rest at a time (page ids are distinct in practice: one or two calls), and by one array
-    pass beyond a handful; a 0 (the null page, rare) sends every id <= 1 to the array pass."""
-    at = 0
-    if ids[first] == 1:  # no 0 anywhere: the 1s in order from the first
-        at = first
-        for _ in range(_FEW):
-            if type(lists[at // count][at % count]) is not int:
-                return True
-            rest = ids[at + 1:]
-            if not rest.shape[0]:
-                return False
-            j = int(rest.argmin())
-            if rest[j] > 1:
-                return False
-            at += 1 + j
-    return any(type(lists[i // count][i % count]) is not int for i in (at + np.flatnonzero(ids[at:] <= 1)).tolist())
+def _not_int(x: Any) -> bool:
+    return type(x) is not int
 
 
 def _write_arrays(bt: PageMirror, sync: "HostSync | StagedSync", rows: np.ndarray, row_list: list[int],

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import itertools
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["PageEntries", "flatten_new_pages", "int_array"]
+__all__ = ["PageEntries", "bool_among", "flatten_new_pages", "int_array"]
 
 _chain = itertools.chain.from_iterable
 _SMALL = 256  # page ids up to this many are range-checked with Python builtins
+_FEW = 8  # ids equal to 1 looked at one by one before one array pass finds the rest
 _ZEROS = np.zeros(4096, dtype=np.int64)
 _ZEROS.flags.writeable = False  # a shared constant: the group of every segment of a one-group plan
 
@@ -85,10 +86,35 @@ def _iterable(values: Any) -> bool:
 
 
 def check_no_bools(converted: np.ndarray, values: Sequence[Any], field: str, what: str) -> None:
-    """Raise :class:`SpecError` if one of ``values`` (converted to ``converted``) is a bool; only the
-    entries that converted to 0 or 1 are looked at."""
-    if any(_is_bool(values[i]) for i in np.flatnonzero((converted == 0) | (converted == 1)).tolist()):
+    """Raise :class:`SpecError` if one of ``values`` (converted to ``converted``, whose smallest is at
+    most 1) is a bool."""
+    if bool_among(converted, values.__getitem__):
         raise _not_integers(field, values, what)
+
+
+def bool_among(ids: np.ndarray, value_of: Callable[[int], Any], *, first: int | None = None,
+               suspect: Callable[[Any], bool] = _is_bool) -> bool:
+    """Whether an id equal to 0 or 1 among ``ids`` (whose smallest is at most 1; ``first``: its index
+    when known) was given as a bool: ``suspect(value_of(i))`` for such an ``i``. When the smallest is
+    1 (no id is 0 or below; page ids are distinct in practice) the 1s are visited in order, one
+    ``argmin`` of the rest each, up to :data:`_FEW` of them: one or two short calls, where an array
+    pass over every id costs more when the caches are cold. Otherwise one pass finds every id <= 1."""
+    if first is None:
+        first = int(ids.argmin())
+    at = 0
+    if ids[first] == 1:
+        at = first
+        for _ in range(_FEW):
+            if suspect(value_of(at)):
+                return True
+            rest = ids[at + 1:]
+            if not rest.shape[0]:
+                return False
+            j = int(rest.argmin())
+            if rest[j] > 1:
+                return False
+            at += 1 + j
+    return any(suspect(value_of(i)) for i in (at + np.flatnonzero(ids[at:] <= 1)).tolist())
 
 
 class PageEntries:
@@ -156,7 +182,7 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
             lo, hi = int(ids.min()), int(ids.max())
     except (struct.error, TypeError, OverflowError, ValueError):
         ids, lo, hi = None, 0, 0
-    if ids is None or (lo <= 1 and _holds_bool(lists, ids)):
+    if ids is None or (lo <= 1 and bool_among(ids, list(_chain(lists)).__getitem__)):
         raise _bad_id_error(lists, given, num_groups, req_ids)
     counts = np.array(lengths, dtype=np.int64)
     uniform = lengths[0] if lengths and lengths.count(lengths[0]) == len(lengths) else 0
@@ -171,12 +197,6 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
             req = np.asarray(given, dtype=np.int64)[req]
     return PageEntries(req=req, group=group, count=counts, ids=ids, id_range=(int(lo), int(hi)),
                        uniform_count=uniform)
-
-
-def _holds_bool(lists: Sequence[Any], ids: np.ndarray) -> bool:
-    """Whether a 0 or 1 among ``ids`` (``lists`` flattened) came from a bool."""
-    flat = list(_chain(lists))
-    return any(map(_is_bool, (flat[i] for i in np.flatnonzero(ids <= 1).tolist())))
 
 
 def _request_of(s: int, given: list[int] | None) -> int:
