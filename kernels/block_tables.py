@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
+from graphkv.kernels.launch import device_kernel
 
 __all__ = ["PackedTables", "check_gather_rows", "check_write_pages", "gather_rows", "write_pages"]
 
@@ -65,7 +66,7 @@ class PackedTables:
         return len(self.tables)
 
 
-@triton.jit
+@device_kernel
 def _write_pages_kernel(
     flat_ptr,  # [total] int32, packed tables (kernel blocks)
     staged_ptr,  # [3 * num_entries] int64: destination offsets | first kernel block (-1: null page) | bpk
@@ -116,7 +117,7 @@ def write_pages(flat: torch.Tensor, staged: torch.Tensor, num_entries: int, max_
                                                            MAX_BPK=triton.next_power_of_2(max(max_bpk, 1)))
 
 
-@triton.jit
+@device_kernel
 def _gather_rows_kernel(
     src_ptr,  # [total] int32, packed persistent tables
     dst_ptr,  # [total] int32, packed per-step input tables (same packing)

@@ -14,12 +14,13 @@ import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
 from graphkv.kernels.cache_layout import cache_strides
+from graphkv.kernels.launch import device_kernel
 from graphkv.spec.backends import CacheOrder, KVLayout
 
 __all__ = ["paged_decode_attention"]
 
 
-@triton.jit
+@device_kernel
 def _paged_decode_attention_kernel(
     query_ptr,  # [num_seqs, num_q_heads, D]
     cache_ptr,  # paged cache view; addressed through the strides below

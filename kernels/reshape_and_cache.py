@@ -15,12 +15,13 @@ import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
 from graphkv.kernels.cache_layout import CacheStrides, cache_strides
+from graphkv.kernels.launch import device_kernel
 from graphkv.spec.backends import CacheOrder, KVLayout
 
 __all__ = ["KVWriteArgs", "check_reshape_and_cache", "reshape_and_cache"]
 
 
-@triton.jit
+@device_kernel
 def _reshape_and_cache_kernel(
     key_ptr,  # [num_tokens, H, D] (any strides)
     value_ptr,  # [num_tokens, H, D] (any strides; unused when HAS_VALUE is False)

@@ -1,9 +1,10 @@
-"""Test-session setup: run Triton kernels under the interpreter when no GPU is present.
+"""Test-session setup: the ``device`` fixture that runs a test on every device present.
 
-TRITON_INTERPRET must be set before any module defining ``@triton.jit`` kernels is imported.
+The Triton kernels need no environment variable: each launch runs compiled on CUDA tensors and in
+Triton's interpreter on CPU tensors (:mod:`graphkv.kernels.launch`).
 """
 
-import os
+import pytest
 
 
 def _has_cuda() -> bool:
@@ -14,5 +15,11 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-if not _has_cuda():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# CUDA params exist only where there is a GPU: no skipped "cuda" copies on a CPU machine.
+DEVICES = ("cpu", "cuda") if _has_cuda() else ("cpu",)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """A device present here: "cpu" always (Triton in its interpreter), "cuda" when there is a GPU."""
+    return request.param

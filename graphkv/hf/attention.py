@@ -11,10 +11,11 @@ interface, so those are swapped (:mod:`graphkv.hf.mixers`).
 
 The function receives the step through the ``graphkv`` keyword (a :class:`PagedStep`) that
 :class:`graphkv.hf.model.PagedModel` passes to the model's forward and transformers hands down to
-every attention call. It writes the layer's new K/V into its pages (the step's slot mapping) and
-attends through :func:`graphkv.runtime.flex.attention.paged_flex_attention` with the step's block
-mask, both in :func:`graphkv.runtime.flex.write_attend.write_and_attend` (one compiled call per
-layer when the model is compiled). Attention sinks (gpt-oss) rescale the output by
+every attention call. It writes the layer's new K/V into its pages at the step's slot mapping
+with the K/V write op (:func:`graphkv.runtime.ops.kv_write_op.write_kv_op`: a mutating custom op,
+so a compiled forward writes only the step's slots) and attends through the model's
+:class:`~graphkv.runtime.flex.region.FlexRegions` (one compiled region per group and phase, K/V
+read through flat views built once). Attention sinks (gpt-oss) rescale the output by
 ``sigmoid(lse - sink)``: the softmax with one more logit ``sink`` per head, whose value vector is
 zero. Attention-logit soft-capping (Gemma-2's ``softcap=``) is refused: no family graphkv.hf runs
 passes it (Gemma-3 soft-caps only its output logits, in its own head). transformers builds no
@@ -23,15 +24,19 @@ mask for an implementation name it does not know; graphkv's block masks replace 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import attrs
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.errors import CaptureError, Problem
+from graphkv.hf.layer_ops import attention_op
+from graphkv.runtime.flex.region import FlexRegions
+from graphkv.runtime.ops.kv_write_op import write_kv_op
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import StepContext
+from graphkv.spec.backends import KVLayout
 
 __all__ = ["ATTN_IMPLEMENTATION", "AttentionBinding", "PagedStep", "paged_attention_forward", "register"]
 
@@ -42,25 +47,35 @@ ATTN_IMPLEMENTATION = "graphkv_paged"
 @attrs.frozen(kw_only=True, eq=False)
 class AttentionBinding:
     """One attention layer's place in the pool: its plan name and group, its cache view (kv-first
-    ``(2, num_kernel_blocks, kbs, Hkv, D)``) and the write-and-attend call
-    (:func:`~graphkv.runtime.flex.write_attend.write_and_attend`, eager or compiled)."""
+    ``(2, num_kernel_blocks, kbs, Hkv, D)``) and layout (where the K/V write puts the step's
+    tokens), and the flat K / V views flex attention reads (``[1, Hkv, kv_tokens, D]``,
+    :func:`~graphkv.runtime.flex.views.paged_kv_views`, built once)."""
 
     name: str
     group: int
     cache: torch.Tensor
-    attend: Callable[..., Any]
+    layout: KVLayout
+    key: torch.Tensor
+    value: torch.Tensor
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class PagedStep:
     """What one forward's layers read: the step context, the block mask of each flex group (built
-    once per forward), the packing of state-layer tokens (``None`` without state layers) and every
-    attention layer's binding by its transformers ``layer_idx``."""
+    once per forward into the group's builder), the packing of state-layer tokens (``None`` without
+    state layers), every attention layer's binding and every recurrent mixer
+    (:class:`~graphkv.hf.mixers.base.PagedMixer`) by its transformers ``layer_idx``, the model's
+    flex regions, the K/V write's kernels and the step's phase (``"decode"`` for a uniform decode
+    step, which has its own compiled regions, else ``"mixed"``)."""
 
     context: StepContext
     masks: Mapping[int, BlockMask]
     rows: PackedRows | None
     attention: Mapping[int, AttentionBinding]
+    mixers: Mapping[int, Any]
+    regions: FlexRegions
+    kernels: str
+    phase: str
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -75,24 +90,37 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
                                    limit="graphkv's paged attention ran without a step (no graphkv= argument)",
                                    fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-    binding = graphkv.attention[module.layer_idx]
     if softcap is not None:
-        raise CaptureError(Problem(field=f"{binding.name}.softcap", value=softcap,
+        raise CaptureError(Problem(field=f"layer {module.layer_idx}.softcap", value=softcap,
                                    limit="attention-logit soft-capping is not supported by graphkv.hf",
                                    fix="run the model with transformers' eager attention"))
-    # The query as a fresh [T, H, D] tensor: `.contiguous()` keeps a one-token view's odd strides,
-    # on which compiled CPU flex (torch 2.13) drops its own query copy and then fails. K and V are
-    # written through their strides.
-    q = query[0].transpose(0, 1).clone(memory_format=torch.contiguous_format)
-    k, v = key[0].transpose(0, 1), value[0].transpose(0, 1)
-    slots, mask = graphkv.context.slot_mappings[binding.group], graphkv.masks[binding.group]
-    if s_aux is None:
-        out = binding.attend(q, k, v, binding.cache, slots, mask, scale=scaling)
+    # [T, H, D] views: the write reads K and V through their strides, the region copies the query
+    # into its own dense buffer.
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if torch.compiler.is_compiling():  # the model compiled whole: the pool stays out of its graph
+        out = attention_op(q, k, v, s_aux, module.layer_idx, scaling)
     else:
-        out, lse = binding.attend(q, k, v, binding.cache, slots, mask, scale=scaling, return_lse=True)
-        keep = torch.sigmoid(lse.float() - s_aux.float()[None, :])  # [T, Hq]: e^lse / (e^lse + e^sink)
-        out = (out.float() * keep[..., None]).to(query.dtype)
+        out = attend(graphkv, module.layer_idx, q, k, v, scale=scaling, sinks=s_aux)
     return out[None], None
+
+
+def attend(step: PagedStep, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+           scale: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention layer ``layer`` of ``step``: write the step's ``key`` / ``value`` ``[T, Hkv, D]``
+    into its pages, then flex attention of ``query`` ``[T, Hq, D]`` over them through the model's
+    regions; with ``sinks`` (``[Hq]`` logits) the output is rescaled by ``sigmoid(lse - sink)``.
+    Returns ``[T, Hq, D]``. Capture-safe."""
+    binding = step.attention[layer]
+    ctx = step.context
+    write_kv_op(key, value, binding.cache, ctx.slot_mappings[binding.group], layout=binding.layout,
+                kernels=step.kernels)
+    builder = ctx.mask_builders[binding.group]
+    if sinks is None:
+        return step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale)
+    out, lse = step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale,
+                                   return_lse=True)
+    keep = torch.sigmoid(lse.float() - sinks.float()[None, :])  # [T, Hq]: e^lse / (e^lse + e^sink)
+    return (out.float() * keep[..., None]).to(query.dtype)
 
 
 def register() -> None:

@@ -114,10 +114,11 @@ def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
 def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         limits: Limits | None = None, budget: Budget | None = None,
                         device: "str | torch.device | None" = None, compile: bool | str | None = None,  # noqa: A002
-                        record: bool = False) -> GenerateResult:
+                        record: bool = False, kernels: str = "auto") -> GenerateResult:
     """:func:`generate`, returning the engine's counters, timings and serving loop too (the
     benchmark and ``graphkv demo --hf`` read them). ``record=True`` keeps each step's logits rows
-    (``result.engine.records``, see :class:`DemoEngine`)."""
+    (``result.engine.records``, see :class:`DemoEngine`); ``compile`` and ``kernels`` are
+    :class:`ServingLoop`'s."""
     family_of(model)  # refuse what graphkv.hf does not run before reading anything else
     vocab = getattr(model.config, "vocab_size", None)
     prompts = _check_prompts(prompts, max_new_tokens, vocab if isinstance(vocab, int) else None)
@@ -126,7 +127,7 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     limits = limits if limits is not None else default_limits(prompts, max_new_tokens, declared)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
-    loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile)
+    loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile, kernels=kernels)
     engine = loop.engine(record=record)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     stop = frozenset([eos] if isinstance(eos, int) else (eos or ()))

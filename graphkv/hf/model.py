@@ -16,10 +16,15 @@ import torch
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
+from graphkv.hf.layer_ops import paged_step_context
 from graphkv.hf.mixers import MIXERS
+from graphkv.hf.mixers.base import PagedMixer
 from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
-from graphkv.runtime.flex.write_attend import write_and_attend
+from graphkv.runtime.capture.shape import current_shape
+from graphkv.runtime.flex.region import FlexRegions
+from graphkv.runtime.flex.views import paged_kv_views
+from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import current_context
@@ -55,19 +60,25 @@ class PagedModel(torch.nn.Module):
     ``logits="last"`` (default) computes the output head only for the last token of each batch
     row — ``[min(T, max_num_seqs), vocab]``, row ``i`` for batch row ``i`` (rows past the step are
     unused) — as a server samples; ``"all"``: ``[T, vocab]``, every packed token. ``compile``:
-    compile each layer's K/V write and flex attention as one ``torch.compile`` call (default: on a
-    CUDA pool; on a CPU it costs ~5-25 s once, then ~0.1-0.4 ms per call instead of ~15-30 ms
-    eager); ``compile="model"``: compile the model's whole forward (embeddings, norms, MLPs,
-    rotary, the paged attention and the head) as ``torch.compile`` of the module, with automatic
-    dynamic shapes (a CPU spends about a minute compiling a tiny model's few graphs). Attention sinks (gpt-oss) need
-    the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: ``compile=True`` on a CPU is
-    refused for them. On a GPU the MoE experts run transformers' ``batched_mm`` implementation
-    (routing on the device, so a decode step can be captured; not yet run on a GPU here). The
-    model's weights are used in place (no copy) and the model is not changed.
+    compile each attention group's flex attention once per phase (decode, mixed) as its own region
+    (:class:`~graphkv.runtime.flex.region.FlexRegions`: the query's token count dynamic from the
+    first call, no recompilation while serving; default: on a CUDA pool; on a CPU each region costs
+    seconds once, then ~0.1-0.4 ms per call instead of ~15-30 ms eager); ``compile="model"``:
+    compile the model's whole forward (embeddings, norms, MLPs, rotary, the paged attention and
+    the head) as ``torch.compile`` of the module, with automatic dynamic shapes (a CPU spends about
+    a minute compiling a tiny model's few graphs). Either way the K/V write writes only the step's
+    slots and a step's cost does not grow with the pool. ``kernels``: the K/V write's implementation (``"auto"``:
+    Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's
+    interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
+    CPU flex lacks: on a CPU their layers' regions run eager flex. Under ``compile="model"`` the
+    attention layers and recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the
+    pool never enters the compiled graph and the attention runs the same compiled regions. On a GPU (and with ``kernels="triton"``) the MoE experts
+    run transformers' ``batched_mm`` implementation (routing on the device, so a decode step can be
+    captured). The model's weights are used in place (no copy) and the model is not changed.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
-                 compile: bool | str | None = None) -> None:  # noqa: A002 - the torch verb
+                 compile: bool | str | None = None, kernels: str = "auto") -> None:  # noqa: A002 - the torch verb
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -86,18 +97,11 @@ class PagedModel(torch.nn.Module):
             raise SpecError(Problem(field="compile", value=compile, limit="must be True, False, None or 'model'",
                                     fix="True compiles each layer's attention, 'model' the whole forward, None "
                                         "picks True on a GPU"))
+        self.kernels = resolve_kernels(kernels, pool.device)
         modules = _layer_modules(model, family)
-        has_sinks = any(getattr(m, "sinks", None) is not None for kind, m in modules.values() if kind == "attention")
-        if compile and has_sinks and pool.device.type == "cpu":
-            raise SpecError(Problem(field="compile", value=True,
-                                    limit=f"{family.model_type}'s attention sinks need flex attention's log-sum-exp, "
-                                          "which torch 2.13's compiled flex does not return on a CPU",
-                                    fix="use compile=False on a CPU (eager flex), or run on a GPU"))
-        # Automatic dynamic shapes: the first step compiles for its token count, the next one with
-        # the token count symbolic (dynamic=True would also make the block table's rows symbolic,
-        # which torch 2.13's CPU flex template miscompiles when max_num_seqs is 1).
-        attend: Callable[..., Any] = torch.compile(write_and_attend, fullgraph=True) if compile is True \
-            else write_and_attend  # under compile="model" the module's compile traces it with the rest
+        # One compiled region per group and phase, under compile="model" too: there the attention layers
+        # are opaque ops (graphkv::attention) that run the regions.
+        self.regions = FlexRegions(compile=bool(compile), name=f"{family.model_type}_flex")
         self.attention: dict[int, AttentionBinding] = {}
         replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}
         for decl in plan.layers:
@@ -106,12 +110,14 @@ class PagedModel(torch.nn.Module):
             if kind == "attention":
                 self._check_attention(decl, module, family)
                 assert pool.layout(decl.name).order is CacheOrder.KV_FIRST, "the flex backend's layout is kv-first"
-                self.attention[decl.index] = AttentionBinding(name=decl.name, group=group,
-                                                              cache=pool.kv_cache(decl.name), attend=attend)
+                cache = pool.kv_cache(decl.name)
+                key, value = paged_kv_views(cache)
+                self.attention[decl.index] = AttentionBinding(name=decl.name, group=group, cache=cache,
+                                                              layout=pool.layout(decl.name), key=key, value=value)
             else:
                 states = pool.mamba_states(decl.name)
-                replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group:
-                                   cls(twin, name=name, states=states, group=group))
+                replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group,
+                                   layer=decl.index: cls(twin, name=name, states=states, group=group, layer=layer))
         unplanned = sorted(set(modules) - {decl.index for decl in plan.layers})
         if unplanned:
             raise PlanError(Problem(field="pool.plan", value=plan.model_name,
@@ -121,8 +127,10 @@ class PagedModel(torch.nn.Module):
         register()
         # transformers' default MoE loop picks the experts a step hits on the host (a sync no CUDA
         # graph can hold); its batched_mm implementation routes on the device.
+        gpu_path = pool.device.type == "cuda" or self.kernels == "triton"
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
-                               experts_implementation="batched_mm" if pool.device.type == "cuda" else None)
+                               experts_implementation="batched_mm" if gpu_path else None)
+        self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
         if compile == "model":
             self.view = torch.compile(self.view)
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
@@ -160,12 +168,17 @@ class PagedModel(torch.nn.Module):
         rebuilds them). Capture-safe."""
         ctx = current_context()
         num_tokens = input_ids.shape[0]
+        shape = current_shape()
         step = PagedStep(context=ctx, masks=ctx.build_masks(num_tokens), attention=self.attention,
-                         rows=PackedRows.from_context(ctx, num_tokens) if self.has_state_layers else None)
+                         mixers=self.mixers,
+                         rows=PackedRows.from_context(ctx, num_tokens) if self.has_state_layers else None,
+                         regions=self.regions, kernels=self.kernels,
+                         phase="decode" if shape is not None and shape.uniform else "mixed")
         keep: int | torch.Tensor = 0
         if self.logits == "last":
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
             keep = (ctx.query_start_loc[1:rows + 1].long() - 1).clamp(min=0)
-        out = self.view(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None], use_cache=False,
-                        logits_to_keep=keep, graphkv=step)
+        with paged_step_context(step):
+            out = self.view(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None],
+                            use_cache=False, logits_to_keep=keep, graphkv=step)
         return out.logits[0]

@@ -13,6 +13,7 @@ from graphkv.memory.available import check_pool_fits
 from graphkv.plan.compile import compile_plan
 from graphkv.runtime.capture.graphs import CaptureReport, capture
 from graphkv.runtime.device import resolve_device
+from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.pool.allocate import allocate
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
@@ -30,9 +31,12 @@ class ServingLoop:
     :data:`~graphkv.hf.declare.CPU_FLEX_Q_TILE`), the plan is compiled for ``limits`` and ``budget``
     before anything is allocated, the pool and the :class:`~graphkv.runtime.step.Step` buffers
     are allocated on ``device`` (default: where the weights are), and the model's forward
-    (:class:`~graphkv.hf.model.PagedModel`) is wrapped by ``graphkv.capture``. ``capture=True``
+    (:class:`~graphkv.hf.model.PagedModel`) is wrapped by ``graphkv.capture``. ``capture_graphs``
     captures CUDA graphs on a GPU (steps the plan allows replay, others run eagerly); on a CPU
     nothing is captured and :attr:`capture_report` says so — every step runs eagerly.
+    ``kernels="triton"`` runs the GPU path on a CPU: the Triton kernels (in Triton's interpreter),
+    the staged table sync, the GPU's flex query tile and, instead of a capture, a rehearsal (every
+    capture key warmed up, every step dispatched and padded as a replay would be, run eagerly).
 
     Attributes: :attr:`plan`, :attr:`pool`, :attr:`step` (the Step: :class:`Batch` in, buffers
     filled, ownership checked), :attr:`model` (the paged model), :attr:`forward` (the captured
@@ -50,20 +54,27 @@ class ServingLoop:
 
     def __init__(self, model: torch.nn.Module, *, limits: Limits, budget: Budget | None,
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
-                 capture_graphs: bool = True, mamba_ssm_dtype: str | None = None) -> None:  # noqa: A002
+                 capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
+                 kernels: str = "auto") -> None:  # noqa: A002
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
+        self.kernels = resolve_kernels(kernels, self.device)
+        # The GPU path (Triton kernels) on a CPU keeps the GPU's flex query tile too.
+        gpu_path = self.device.type == "cuda" or self.kernels == "triton"
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
-                                 flex_q_tile_tokens=CPU_FLEX_Q_TILE if self.device.type == "cpu" else None)
+                                 flex_q_tile_tokens=None if gpu_path else CPU_FLEX_Q_TILE)
         self.plan = compile_plan(self.model_kv, limits, budget)
         check_pool_fits(self.plan, self.device, field="budget", value=format_bytes(self.plan.pool_bytes),
                         fix=" (or pass limits.num_blocks_override)")  # before anything is allocated
         self.pool = allocate(self.plan, self.device)
-        self.step = Step(self.plan, self.device)
-        self.model = PagedModel(model, self.pool, logits=logits, compile=compile)
+        self.step = Step(self.plan, self.device, kernels=self.kernels)
+        self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels)
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:
-            self.capture_report = self.forward.capture(progress=False, prepare=self.step.capture_context)
+            # Without CUDA the GPU path is rehearsed: every key warmed up, every step padded as a replay.
+            rehearse = self.device.type != "cuda" and self.kernels == "triton"
+            self.capture_report = self.forward.capture(progress=False, prepare=self.step.capture_context,
+                                                       rehearse=rehearse)
 
     @property
     def graphs(self) -> str:

@@ -4,8 +4,10 @@ Same weights and maths as :func:`graphkv.models.tiny_hybrid.dense_forward`, but 
 batch of many requests at once, reading everything per-step from the forward context
 (:class:`graphkv.runtime.step.StepContext`) and keeping all state in the shared pool:
 
-- attention layers write the step's K/V into their paged cache with the KV-write kernel (at the
-  step's slot mapping) and attend through :func:`paged_flex_attention` with the step's mask;
+- attention layers write the step's K/V into their paged cache with the K/V write op (at the
+  step's slot mapping; Triton or torch, as ``kernels`` says) and attend through the model's
+  :class:`~graphkv.runtime.flex.region.FlexRegions` (compiled once per group and phase) with the
+  step's mask;
 - recurrence layers read each request's conv and recurrent state from its state page (zero for
   a request's first chunk), process the packed tokens and write the new states back.
 
@@ -18,14 +20,16 @@ whose steps are a few hundred tokens.
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.models.tiny_hybrid import TinyHybridWeights, rms_norm, split_qkv
-from graphkv.runtime.flex.attention import paged_flex_attention
-from graphkv.runtime.ops.choice import write_kv
+from graphkv.runtime.capture.shape import current_shape
+from graphkv.runtime.flex.region import FlexRegions
+from graphkv.runtime.flex.views import paged_kv_views
+from graphkv.runtime.ops.choice import resolve_kernels
+from graphkv.runtime.ops.kv_write_op import write_kv_op
 from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.conv import packed_causal_conv
 from graphkv.runtime.state.rows import PackedRows
@@ -40,22 +44,28 @@ class PagedTinyHybrid(torch.nn.Module):
     :func:`graphkv.models.tiny_hybrid.model_kv` with the flex backend).
 
     ``forward(input_ids [T] int64) -> logits [T, vocab]`` runs inside a step's forward context.
-    ``compile_attention``: wrap :func:`paged_flex_attention` in ``torch.compile`` (default: on a
-    GPU pool).
+    ``compile_attention``: compile the flex attention regions (default: on a GPU pool; on a CPU
+    each region costs seconds to compile once). ``kernels``: the K/V write's implementation
+    (``"auto"``: Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU too,
+    in Triton's interpreter).
     """
 
-    def __init__(self, weights: TinyHybridWeights, pool: KVPool, *, compile_attention: bool | None = None) -> None:
+    def __init__(self, weights: TinyHybridWeights, pool: KVPool, *, compile_attention: bool | None = None,
+                 kernels: str = "auto") -> None:
         super().__init__()
         self.weights = weights
         self.config = weights.config
         self.pool = pool
+        self.kernels = resolve_kernels(kernels, pool.device)
         self.layer_names = [f"layers.{i}" for i in range(len(self.config.pattern))]
         # Compiled flex reads only the blocks the mask lists and runs the fused Triton kernel;
         # the default compiles on a GPU and stays eager on a CPU (compiling takes seconds there).
         if compile_attention is None:
             compile_attention = pool.device.type == "cuda"
-        self._attend: Callable[..., torch.Tensor] = (torch.compile(paged_flex_attention, fullgraph=True)
-                                                     if compile_attention else paged_flex_attention)
+        self.regions = FlexRegions(compile=bool(compile_attention), name="tiny_hybrid_flex")
+        # K and V of each attention layer as flat views of its cache, built once (outside any compiled region).
+        self._flat = {name: paged_kv_views(pool.kv_cache(name))
+                      for name, kind in zip(self.layer_names, self.config.pattern) if kind == "A"}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of every packed token of the step (padding tokens give unused rows)."""
@@ -73,11 +83,16 @@ class PagedTinyHybrid(torch.nn.Module):
         return rms_norm(x) @ w["lm_head"]
 
     def _attention(self, ctx: StepContext, name: str, h: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+        """One attention layer: write the step's K/V, attend through the region (``mask`` was built
+        for this step into the group's builder, whose persistent buffers the region reads)."""
         q, k, v = split_qkv(self.weights, name + ".", h)
         g = ctx.group(name)
-        cache = self.pool.kv_cache(name)
-        write_kv(k.contiguous(), v.contiguous(), cache, ctx.slot_mappings[g], layout=self.pool.layout(name))
-        out = self._attend(q.contiguous(), cache, mask, scale=self.config.head_size ** -0.5)
+        write_kv_op(k, v, self.pool.kv_cache(name), ctx.slot_mappings[g], layout=self.pool.layout(name),
+                    kernels=self.kernels)
+        shape = current_shape()
+        key, value = self._flat[name]
+        out = self.regions.attend(q, key, value, ctx.mask_builders[g], scale=self.config.head_size ** -0.5,
+                                  phase="decode" if shape is not None and shape.uniform else "mixed")
         return out.reshape(h.shape[0], -1) @ self.weights[name + ".wo"]
 
     def _recurrence(self, ctx: StepContext, name: str, h: torch.Tensor, rows: PackedRows) -> torch.Tensor:

@@ -27,7 +27,7 @@ from graphkv.extras import require
 
 require("runtime", "torch", needed_by="graphkv.runtime")
 
-__all__ = ["PAD_SLOT_ID", "Batch", "BlockTables", "KVPool", "Step", "StepContext", "allocate"]
+__all__ = ["PAD_SLOT_ID", "Batch", "BlockTables", "KVPool", "Step", "StepContext", "StepShape", "allocate"]
 
 _LAZY = {
     "KVPool": "graphkv.runtime.pool.allocate",
@@ -36,6 +36,7 @@ _LAZY = {
     "Batch": "graphkv.runtime.step.batch",
     "Step": "graphkv.runtime.step.step",
     "StepContext": "graphkv.runtime.step.context",
+    "StepShape": "graphkv.runtime.capture.shape",
     "PAD_SLOT_ID": "graphkv.runtime.padding",
 }
 

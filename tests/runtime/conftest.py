@@ -13,5 +13,5 @@ def pytest_configure(config):
 
 @pytest.fixture(params=["triton", "torch"])
 def kernels(request) -> str:
-    """The runtime kernel implementation under test: Triton (in its interpreter on CPU) and torch."""
+    """The runtime kernel implementation under test: Triton (compiled on CUDA, interpreted on CPU) and torch."""
     return request.param

@@ -1,7 +1,9 @@
-"""allocate, Step and BlockTables refuse the same devices with the same SpecError messages."""
+"""allocate, Step and BlockTables run on every device present and refuse the same devices with the same SpecError
+messages."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from runtime_plans import attention_plan
@@ -27,3 +29,20 @@ def test_unknown_devices_are_spec_errors(build, device, text):
     """A device torch does not know, one the runtime does not run on, a non-device and CUDA without CUDA: SpecError."""
     with pytest.raises(SpecError, match=text):
         CONSTRUCTORS[build](attention_plan(), device)
+
+
+@pytest.mark.parametrize("build", list(CONSTRUCTORS))
+def test_every_device_present_is_accepted(build, device):
+    """allocate, Step and BlockTables build on each device present ("cpu", and "cuda" with a GPU) and keep it."""
+    built = CONSTRUCTORS[build](attention_plan(), device)
+    assert built.device.type == device
+
+
+def test_block_tables_run_their_kernels_on_every_device_present(kernels, device):
+    """BlockTables commits and gathers on each device present with torch or Triton (compiled or interpreted)."""
+    tables = BlockTables(attention_plan(num_blocks=8, max_model_len=64), device=device, kernels=kernels)
+    tables.append(1, [[7, 3]])
+    tables.sync(np.array([1, 0]), 2)
+    tables.commit()
+    assert tables.tables[0].device.type == device and tables.input_tables[0].device.type == device
+    assert tables.input_tables[0][:2].tolist() == [[7, 3, 0, 0], [0, 0, 0, 0]]

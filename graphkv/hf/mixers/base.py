@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from graphkv.errors import CaptureError, Problem
+from graphkv.hf.layer_ops import state_mixer_op
 from graphkv.runtime.state.rows import PackedRows
 
 __all__ = ["PagedMixer"]
@@ -18,15 +19,20 @@ class PagedMixer(torch.nn.Module):
     ``mixer``: the paged view's copy of the transformers mixer (its parameters are the model's);
     ``states``: the layer's state views from ``KVPool.mamba_states`` (conv, then recurrent);
     ``group``: the layer's KV-cache group (its state page per batch row is
-    ``ctx.state_indices[group]``). Subclasses implement :meth:`mix`.
+    ``ctx.state_indices[group]``); ``layer``: its transformers ``layer_idx``. Subclasses implement
+    :meth:`mix`. Under ``torch.compile`` (a model compiled whole) the step runs as the opaque op
+    ``graphkv::state_mixer`` (:mod:`graphkv.hf.layer_ops`), so the state pages never become graph
+    inputs (a compiled in-place state write would copy every state of the layer each step).
     """
 
-    def __init__(self, mixer: torch.nn.Module, *, name: str, states: tuple[torch.Tensor, ...], group: int) -> None:
+    def __init__(self, mixer: torch.nn.Module, *, name: str, states: tuple[torch.Tensor, ...], group: int,
+                 layer: int) -> None:
         super().__init__()
         self.mixer = mixer
         self.name = name
         self.conv_state, self.ssm_state = states
         self.group = group
+        self.layer = layer
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, graphkv: Any = None, **kwargs: Any) -> torch.Tensor:
         """``[1, T, hidden] -> [1, T, hidden]`` for the step in ``graphkv`` (other arguments — the
@@ -35,6 +41,8 @@ class PagedMixer(torch.nn.Module):
             raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
                                        limit="a paged mixer ran without a step (no graphkv= argument)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
+        if torch.compiler.is_compiling():
+            return state_mixer_op(hidden_states[0], self.layer)[None]
         pages = graphkv.context.state_indices[self.group]
         return self.mix(hidden_states[0], pages, graphkv.rows)[None]
 

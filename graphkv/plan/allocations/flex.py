@@ -36,6 +36,7 @@ class FlexSizes:
     num_q_tiles: int
     num_kernel_blocks: int
     kv_indices_width: int  # columns of kv_indices on the device kind (a CPU: the whole flat view)
+    searched_width: int | None = None  # columns the build fills when fewer (a CPU: the plan's width); None: all
 
 
 def kv_block_stride(group: GroupPlan, slots: Sequence[SlotPlan], layers: Sequence[LayerDecl], num_blocks: int) -> int:
@@ -64,17 +65,21 @@ def flex_sizes(kind: str, group: GroupPlan, *, q_tile_tokens: int, kv_indices: B
     view (torch's compiled CPU flex kernel needs it), elsewhere the plan's width."""
     tiles, width = kv_indices.shape
     nkb = num_blocks * group.bpk
-    if kind == "cpu":
-        width = max(width, (nkb - 1) * stride + 1)
+    searched = None
+    if kind == "cpu" and (nkb - 1) * stride + 1 > width:
+        # The kernel reads at most `width` columns of a tile; only those are searched each step, so a
+        # step's mask build does not grow with the pool on a CPU either.
+        searched, width = width, (nkb - 1) * stride + 1
     return FlexSizes(max_num_seqs=max_num_seqs, max_padded_tokens=tiles * q_tile_tokens,
                      block_table_width=group.block_table_width, num_q_tiles=tiles, num_kernel_blocks=nkb,
-                     kv_indices_width=width)
+                     kv_indices_width=width, searched_width=searched)
 
 
 def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
     """Every tensor of one mask builder (all on the device), named ``{prefix}.{what}``."""
     s, t, w = sizes.max_num_seqs, sizes.max_padded_tokens, sizes.block_table_width
     q, n, k = sizes.num_q_tiles, sizes.num_kernel_blocks, sizes.kv_indices_width
+    searched = k if sizes.searched_width is None else sizes.searched_width
     rows = [
         ("kv_num_blocks", (q,), _I32, f"kernel blocks each of the {q} query tiles attends"),
         ("kv_indices", (q, k), _I32, f"the kernel blocks of each query tile, {k} columns"),
@@ -97,10 +102,15 @@ def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
         ("row_ids", (s,), _I32, "constant 0 .. max_num_seqs - 1"),
         ("token_ids", (t,), _I32, "constant 0 .. max_padded_tokens - 1"),
         ("logical_ids", (2, w), _I32, "constants: logical index and first token of each table column"),
-        ("ranks", (q, k), _I32, "constant 1 .. kv_indices columns per tile (the batched binary search's targets)"),
+        ("ranks", (q, searched), _I32, "constant 1 .. searched kv_indices columns per tile (the batched binary "
+                                       "search's targets)"),
         ("dump_index", (q + 2,), _I32, "constant: first (tile, kernel block) index of each tile's dump row"),
         ("scalars", (4,), _I32, "0-d values: the step's request count, +1, -1 and INT32_MAX"),
     ]
+    if searched < k:
+        rows.append(("kv_indices_searched", (q, searched), _I32,
+                     f"scratch: the {searched} columns a tile may use, searched each step (kv_indices is wider "
+                     "for the CPU kernel)"))
     return [Allocation(name=f"{prefix}.{name}", shape=shape, dtype=dtype, placement=Placement.DEVICE, reason=why,
                        parts=_parts(name, shape))
             for name, shape, dtype, why in rows]

@@ -6,12 +6,16 @@ tuple / list / dict of tensors whose dim 0 is tokens. Per-request metadata (bloc
 start locations, sequence lengths) lives in persistent buffers the step fills in place and the
 layers read through :func:`graphkv.runtime.step.context.forward_context`.
 
-Per step the wrapper picks the smallest captured key that holds the step
-(:func:`graphkv.runtime.capture.keys.dispatch`), copies the given inputs into the first
-``num_tokens`` rows of its static buffers, pads rows ``num_tokens .. key.num_tokens`` with each
+Per step the wrapper decides the step's :class:`~graphkv.runtime.capture.shape.StepShape` once
+(:meth:`CapturedForward.shape_of`: the smallest captured key that holds it, see
+:func:`graphkv.runtime.capture.keys.dispatch`), copies the given inputs into the first
+``num_tokens`` rows of its static buffers, pads rows ``num_tokens .. num_tokens_padded`` with each
 input's pad value, replays, and returns the outputs sliced to ``num_tokens``. Steps outside the
 captured range, or whose key the plan's support does not allow, run eagerly on the caller's
-tensors, logged once per reason. Without CUDA every step runs eagerly.
+tensors, logged once per reason. Without CUDA every step runs eagerly — unless the forward was
+*rehearsed* (``capture(rehearse=True)``): then every key is warmed up and every step dispatched and
+padded exactly as replay would, and the forward runs eagerly on the padded static buffers. That is
+the GPU path on a CPU, so a CPU run catches its padding and dispatch bugs.
 
 Example (a serving step)::
 
@@ -20,10 +24,11 @@ Example (a serving step)::
     fwd.capture(prepare=step.capture_context)         # dummy steps of each key's size
     logits = step.run(fwd, batch, input_ids=ids)     # prepare + forward_context + replay or eager
 
-or, driving the call yourself after ``step.prepare(batch, padded_tokens=fwd.padded_tokens)``::
+or, driving the call yourself::
 
-    with forward_context(step.context):
-        logits = fwd(num_tokens=n, num_reqs=r, uniform=is_decode, input_ids=ids)
+    shape = step.prepare(batch, forward=fwd)         # buffers filled for the padded shape
+    with forward_context(step.context, shape):
+        logits = fwd.run(shape, inputs={"input_ids": ids})
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from graphkv.errors import CaptureError, Problem
 from graphkv.plan.plan import Plan
 from graphkv.runtime.capture import piecewise
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
+from graphkv.runtime.capture.shape import StepShape, shape_context, step_shape
 from graphkv.runtime.capture.static_inputs import StaticInputs
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode
@@ -51,30 +57,38 @@ __all__ = ["CPU_UNAVAILABLE", "CaptureReport", "CapturedForward", "capture"]
 logger = logging.getLogger(__name__)
 
 CPU_UNAVAILABLE = "CUDA graphs unavailable: torch.cuda.is_available() is False (CPU build / no GPU); running eagerly"
+_NOT_CAPTURED = "running eagerly: graphs not captured yet (call .capture() first)"
 _FULL_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
 
 
 @attrs.frozen(kw_only=True)
 class CaptureReport:
-    """What :meth:`CapturedForward.capture` did: keys captured (largest first), seconds taken, and
-    why nothing or not everything was captured."""
+    """What :meth:`CapturedForward.capture` did: keys captured (largest first) — or, with
+    ``rehearsed``, warmed up and replayed eagerly on padded buffers — seconds taken, and why
+    nothing or not everything was captured."""
 
     keys: tuple[GraphKey, ...]
     seconds: float
     unavailable_reason: str | None = None
     skipped: tuple[str, ...] = ()
+    rehearsed: bool = False
 
     def __str__(self) -> str:
         if self.unavailable_reason is not None:
             return self.unavailable_reason
-        text = f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s"
+        if self.rehearsed:
+            text = (f"rehearsed {len(self.keys)} graph keys in {self.seconds:.1f} s (no CUDA graphs: every step is "
+                    "dispatched and padded as a replay would be, and runs eagerly)")
+        else:
+            text = f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s"
         return "; ".join((text, *self.skipped))
 
 
 @attrs.define
 class _Captured:
-    graph: Any  # torch.cuda.CUDAGraph for FULL keys; None for PIECEWISE keys (runners hold the pieces)
+    graph: Any  # torch.cuda.CUDAGraph for FULL keys; None for PIECEWISE keys (runners hold the pieces) and rehearsals
     outputs: Any  # static outputs of the FULL graph
+    rehearsed: bool = False  # no graph: the forward runs eagerly on the key's padded static buffers
 
 
 def _tree_map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
@@ -105,6 +119,8 @@ class CapturedForward:
         self.pool = pool
         self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
         self._graphs: dict[GraphKey, _Captured] = {}
+        self._shapes: dict[int, StepShape] = {}  # decode steps' shapes by request count (cleared by capture)
+        self._rehearsed = False
         self._dispatch = Dispatcher(plan.cudagraph, plan.limits)
         self._logged: set[str] = set()
         self._piecewise_missing: str | None = None
@@ -128,25 +144,48 @@ class CapturedForward:
 
     @property
     def keys(self) -> tuple[GraphKey, ...]:
-        """Keys captured, largest first (empty before :meth:`capture` and without CUDA)."""
+        """Keys captured (or rehearsed), largest first (empty before :meth:`capture`, and without
+        CUDA unless rehearsed)."""
         return tuple(self._graphs)
+
+    @property
+    def rehearsed(self) -> bool:
+        """Whether :meth:`capture` rehearsed the keys (no CUDA graphs; padded eager steps)."""
+        return self._rehearsed
 
     @property
     def static_inputs(self) -> Mapping[str, torch.Tensor]:
         """The persistent input buffers graphs read, by name (a step may fill them in place)."""
         return dict(self.inputs.buffers)
 
-    def padded_tokens(self, num_tokens: int, num_reqs: int, uniform: bool) -> int:
-        """Tokens a call with these sizes runs on: the graph key's size when a captured graph
-        replays it, ``num_tokens`` when it runs eagerly. A step fills its metadata (e.g. the flex
-        mask) for this size before the call."""
-        return self.step_size(self._dispatch(num_tokens, num_reqs, uniform), num_tokens)
+    def shape_of(self, dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> StepShape:
+        """The :class:`StepShape` of a step the plan dispatches to ``dispatch`` (``Step.prepare`` and
+        :meth:`__call__` ask once per step): padded to ``dispatch.key`` when this forward holds a
+        graph of it (or its rehearsal), else eager on the step's own sizes, with the reason."""
+        if uniform:
+            found = self._shapes.get(num_reqs)
+            if found is not None:
+                return found
+        captured = dispatch.key is not None and dispatch.key in self._graphs
+        if self.unavailable_reason is not None and not self._rehearsed:
+            reason = self.unavailable_reason  # (one reason for every step: no graphs at all here)
+        elif dispatch.key is None:
+            reason = f"running eagerly: {dispatch.eager_reason}"
+        else:
+            reason = None if captured else self._missing_reason(dispatch)
+        shape = step_shape(dispatch, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform,
+                           max_num_seqs=self.plan.limits.max_num_seqs, replayed=captured, eager_reason=reason)
+        if uniform:
+            self._shapes[num_reqs] = shape
+        return shape
 
-    def step_size(self, step: StepDispatch, num_tokens: int) -> int:
-        """:meth:`padded_tokens` for a step already dispatched (one dispatch per step)."""
-        if self.unavailable_reason is not None or step.key is None or step.key not in self._graphs:
-            return num_tokens
-        return step.key.num_tokens
+    def _missing_reason(self, dispatch: StepDispatch) -> str:
+        """Why a step of a plan key this forward holds no graph of runs eagerly."""
+        if self.unavailable_reason is not None and not self._rehearsed:
+            return self.unavailable_reason
+        if self._piecewise_missing and dispatch.mode is CudaGraphMode.PIECEWISE:
+            return self._piecewise_missing
+        return _NOT_CAPTURED
 
     def _refuse_never_groups(self) -> None:
         if self.mode not in _FULL_MODES:
@@ -174,37 +213,47 @@ class CapturedForward:
     @torch.no_grad()
     def capture(self, progress: bool = True, *, prepare: Callable[[GraphKey], ContextManager[Any]] | None = None,
                 example_inputs: Mapping[str, torch.Tensor] | None = None,
-                on_key: Callable[[str, GraphKey], None] | None = None) -> CaptureReport:
+                on_key: Callable[[str, GraphKey], None] | None = None, rehearse: bool = False) -> CaptureReport:
         """Warm up and capture every key of the plan, largest first, into one memory pool.
 
-        ``prepare(key)`` returns a context entered around each key's warm-up and capture (e.g. a
-        forward context holding dummy metadata for ``key``); the metadata tensors must be the
-        persistent buffers serving steps fill, since a replay reads the captured addresses.
-        ``example_inputs`` allocates the static buffers (shape of each tensor with the token dim set
-        to the largest key) when no ``static_inputs`` were given. Capture fills every static input with its pad value.
-        ``progress`` writes a progress line to stderr. ``on_key(phase, key)`` is called after each
-        key's warm-up (``phase="warm-up"``) and capture (``"capture"``), e.g. to measure each
-        graph's memory (``graphkv bench memory``).
+        ``prepare(key)`` returns a context entered around each key's warm-up and capture (e.g.
+        ``Step.capture_context``: a forward context holding a dummy step of ``key``'s shape); the
+        metadata tensors must be the persistent buffers serving steps fill, since a replay reads the
+        captured addresses. ``example_inputs`` allocates the static buffers (shape of each tensor
+        with the token dim set to the largest key) when no ``static_inputs`` were given. Capture
+        fills every static input with its pad value. ``progress`` writes a progress line to stderr.
+        ``on_key(phase, key)`` is called after each key's warm-up (``phase="warm-up"``) and capture
+        (``"capture"``), e.g. to measure each graph's memory (``graphkv bench memory``).
+
+        ``rehearse=True`` captures no CUDA graph (on any device): every key is warmed up and
+        "captured" by running the forward eagerly on its padded static buffers, and every later step
+        is dispatched, padded and run on those buffers exactly as a replay would — the GPU path on a
+        CPU (PIECEWISE keys count only where the forward has piecewise runners, as on a GPU).
 
         Raises :class:`CaptureError` when the plan asks for FULL graphs and a group's backend
-        support is NEVER (on CPU too). Without CUDA it captures nothing, logs and returns
-        :data:`CPU_UNAVAILABLE` as ``unavailable_reason``; every call then runs eagerly.
+        support is NEVER (on CPU too). Without CUDA and without ``rehearse`` it captures nothing,
+        logs and returns :data:`CPU_UNAVAILABLE` as ``unavailable_reason``; every call then runs
+        eagerly on its own sizes.
         """
         self._refuse_never_groups()
-        if self.unavailable_reason is not None:
+        if self.unavailable_reason is not None and not (rehearse and self.mode is not CudaGraphMode.NONE):
             self._log_once(self.unavailable_reason, logging.WARNING)
             return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
         keys = capture_keys(self.plan.cudagraph, self.plan.limits)
         if not keys:
             return CaptureReport(keys=(), seconds=0.0, skipped=(f"the plan's cudagraph support {self.support.name} "
-                                                                f"allows no key of mode {self.mode.value}",))
+                                                                f"allows no key of mode {self.mode.value}",),
+                                 rehearsed=rehearse)
         self.inputs.ensure(example_inputs, keys[0].num_tokens)
-        if self.pool is None:
+        self._rehearsed = rehearse
+        self._shapes.clear()
+        if self.pool is None and not rehearse:
             self.pool = torch.cuda.graph_pool_handle()
         start = time.perf_counter()
         # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
         # while warming up, and a graph must be captured on the compiled entry that serving will use.
-        for phase, step in (("warming up", self._warm_up), ("capturing CUDA graphs", self._capture_key)):
+        what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
+        for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
             for i, key in enumerate(keys):
                 if progress:
                     sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
@@ -213,9 +262,12 @@ class CapturedForward:
                     step(key)
                 if on_key is not None:
                     on_key("warm-up" if step == self._warm_up else "capture", key)
-        torch.cuda.synchronize()
+        if not rehearse:
+            torch.cuda.synchronize()
+        self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
-                               skipped=(self._piecewise_missing,) if self._piecewise_missing else ())
+                               skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
+                               rehearsed=rehearse)
         if progress:
             sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
         logger.info("%s", report)
@@ -228,6 +280,12 @@ class CapturedForward:
 
     def _warm_up(self, key: GraphKey) -> None:
         views = self.inputs.pad_all(key.num_tokens)
+        if self._rehearsed:
+            try:
+                self.fn(**views)
+            except RuntimeError as e:
+                raise self._failed(key, "warm-up", e) from e
+            return
         side = torch.cuda.Stream()  # torch's recipe: warm up on a side stream before capture
         side.wait_stream(torch.cuda.current_stream())
         try:
@@ -244,15 +302,19 @@ class CapturedForward:
         views = self.inputs.pad_all(key.num_tokens)
         try:
             if mode is CudaGraphMode.FULL:
+                if self._rehearsed:
+                    self.fn(**views)
+                    self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
+                    return
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool)
                 self._graphs[key] = _Captured(graph=graph, outputs=outputs)
                 return
-            with piecewise.piecewise_capture(self.pool) as scope:
+            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed) as scope:
                 self.fn(**views)
         except RuntimeError as e:
             raise self._failed(key, f"{mode.value} capture", e) from e
-        if scope.num_captured or scope.num_replayed:
-            self._graphs[key] = _Captured(graph=None, outputs=None)
+        if scope.num_captured or scope.num_replayed or scope.num_rehearsed:
+            self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=self._rehearsed)
         else:
             self._piecewise_missing = (
                 "PIECEWISE mixed graphs not captured: the forward has no graphkv piecewise runners (compile it with "
@@ -267,39 +329,44 @@ class CapturedForward:
     @torch.no_grad()
     def __call__(self, *, num_tokens: int, num_reqs: int, uniform: bool, **inputs: torch.Tensor) -> Any:
         """Run one step of ``num_tokens`` tokens from ``num_reqs`` requests (``uniform``: every
-        request has ``1 + num_speculative_tokens`` query tokens).
+        request has ``1 + num_speculative_tokens`` query tokens), shaped by :meth:`shape_of`.
 
         ``inputs`` are the forward's named tensors with ``num_tokens`` entries on their token dim;
         an input left out is read from its static buffer as the caller filled it. Returns the
         forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs alias static
-        buffers (overwritten by the next replay) unless ``copy_outputs``.
+        buffers (overwritten by the next replay) unless ``copy_outputs``. The step's metadata must
+        have been filled for that shape (``Step.prepare(batch, forward=self)`` does).
         """
-        return self.run(self._dispatch(num_tokens, num_reqs, uniform), num_tokens=num_tokens, num_reqs=num_reqs,
-                        uniform=uniform, inputs=inputs)
+        shape = self.shape_of(self._dispatch(num_tokens, num_reqs, uniform), num_tokens, num_reqs, uniform)
+        with shape_context(shape):
+            return self.run(shape, inputs=inputs)
 
     @torch.no_grad()
-    def run(self, step: StepDispatch, *, num_tokens: int, num_reqs: int, uniform: bool,
-            inputs: Mapping[str, torch.Tensor]) -> Any:
-        """:meth:`__call__` for a step already dispatched (``step``: the plan's
-        :class:`~graphkv.runtime.capture.keys.StepDispatch` of these sizes), so a serving step
-        dispatches once."""
+    def run(self, shape: StepShape, *, inputs: Mapping[str, torch.Tensor]) -> Any:
+        """:meth:`__call__` for a step whose :class:`StepShape` is decided (``Step.run`` and
+        ``Step.prepare(batch, forward=self)`` decide it once, from :meth:`shape_of`). A replayed
+        (or rehearsed) shape must be a key of this forward: :class:`CaptureError` otherwise."""
         self.inputs.check_names(inputs)
-        detail = f" (first at num_tokens={num_tokens}, num_reqs={num_reqs}, uniform={uniform})"
-        if self.unavailable_reason is not None:
-            return self._eager(self.unavailable_reason, logging.WARNING, num_tokens, inputs, detail)
-        if step.key is None:
-            return self._eager(f"running eagerly: {step.eager_reason}", logging.INFO, num_tokens, inputs, detail)
-        captured = self._graphs.get(step.key)
+        num_tokens = shape.num_tokens
+        if shape.key is None:
+            detail = f" (first at num_tokens={num_tokens}, num_reqs={shape.num_reqs}, uniform={shape.uniform})"
+            reason = shape.eager_reason or "running eagerly"
+            # The plan's own reasons (a size above the ladder, a mode without such keys) are expected;
+            # graphs that could exist but do not are worth a warning.
+            warn = reason in (self.unavailable_reason, self._piecewise_missing, _NOT_CAPTURED)
+            return self._eager(reason, logging.WARNING if warn else logging.INFO, num_tokens, inputs, detail)
+        captured = self._graphs.get(shape.key)
         if captured is None:
-            reason = (self._piecewise_missing if self._piecewise_missing and step.mode is CudaGraphMode.PIECEWISE
-                      else "running eagerly: graphs not captured yet (call .capture() first)")
-            return self._eager(reason, logging.WARNING, num_tokens, inputs, detail)
-        self.inputs.stage(inputs, num_tokens, step.key.num_tokens)
+            raise CaptureError(Problem(field="shape.key", value=str(shape.key),
+                                       limit=f"this forward holds no graph of that key (it holds {len(self._graphs)})",
+                                       fix="decide the shape with this forward: Step.prepare(batch, forward=fwd) or "
+                                           "fwd.shape_of(...)"))
+        self.inputs.stage(inputs, num_tokens, shape.num_tokens_padded)
         if captured.graph is not None:
             captured.graph.replay()
             outputs = captured.outputs
-        else:  # PIECEWISE: the compiled forward's runners replay their pieces
-            outputs = self.fn(**self.inputs.views(step.key.num_tokens))
+        else:  # PIECEWISE (the compiled forward's runners replay their pieces) or a rehearsal (eager, padded)
+            outputs = self.fn(**self.inputs.views(shape.num_tokens_padded))
         outputs = _tree_map(lambda t: t.narrow(0, 0, num_tokens) if t.dim() else t, outputs)
         return _tree_map(torch.clone, outputs) if self.copy_outputs else outputs
 

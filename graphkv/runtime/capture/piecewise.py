@@ -119,11 +119,14 @@ def split_at_attention(gm: torch.fx.GraphModule, splitting_ops: Iterable[Any] = 
 @attrs.define(kw_only=True)
 class PiecewiseCaptureScope:
     """An open :func:`piecewise_capture` block: the pool graphs go into, how many pieces were captured in
-    it and how many replayed a graph captured earlier (e.g. by another wrapper of the same forward)."""
+    it, how many replayed a graph captured earlier (e.g. by another wrapper of the same forward) and, in
+    a rehearsal (``rehearse``: no CUDA graph is captured), how many pieces ran where a capture would."""
 
     pool: Any
+    rehearse: bool = False
     num_captured: int = 0
     num_replayed: int = 0
+    num_rehearsed: int = 0
 
 
 _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.ContextVar("graphkv_piecewise_capture",
@@ -131,10 +134,12 @@ _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.Conte
 
 
 @contextlib.contextmanager
-def piecewise_capture(pool: Any = None) -> Iterator[PiecewiseCaptureScope]:
+def piecewise_capture(pool: Any = None, *, rehearse: bool = False) -> Iterator[PiecewiseCaptureScope]:
     """Inside this block, :class:`PiecewiseRunner` s capture a graph for each new input signature
-    into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use)."""
-    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool))
+    into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use). With
+    ``rehearse`` they capture nothing and only count the pieces that would be captured (on any
+    device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would."""
+    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse))
     try:
         yield _SCOPE.get()
     finally:
@@ -190,12 +195,15 @@ class PiecewiseRunner(torch.nn.Module):
         return len(self._graphs)
 
     def forward(self, *args: Any) -> Any:
+        scope = _SCOPE.get()
+        if scope is not None and scope.rehearse:
+            scope.num_rehearsed += 1  # a rehearsal: the piece runs eagerly where it would be captured
+            return self.piece(*args)
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         if first is None or not _cuda_graphs_apply(first):
             return self.piece(*args)  # CPU, or part of an enclosing FULL capture
         signature = _signature(args)
         entry = self._graphs.get(signature)
-        scope = _SCOPE.get()
         if entry is None:
             if scope is None:
                 return self.piece(*args)

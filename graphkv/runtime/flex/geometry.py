@@ -42,6 +42,7 @@ class FlexMaskGeometry:
     kv_indices_width: int
     window: int | None = None
     kv_block_stride: int = attrs.field(default=1, validator=_positive)
+    searched_width: int | None = None  # columns of kv_indices a build fills, when fewer than kv_indices_width
 
     @property
     def num_q_tiles(self) -> int:
@@ -67,11 +68,13 @@ class FlexMaskGeometry:
     def for_device(self, device: object) -> "FlexMaskGeometry":
         """This geometry for buffers on ``device``: on CPU ``kv_indices`` spans the whole flat view
         (``num_kv_blocks`` columns), because torch 2.13's compiled CPU flex kernel asserts
-        ``kv_indices.shape[-1] * kernel_block_size >= key length``; elsewhere the plan's width."""
+        ``kv_indices.shape[-1] * kernel_block_size >= key length``, of which a build fills the plan's
+        width (``searched_width``); elsewhere the plan's width."""
         import torch
 
-        if torch.device(device).type == "cpu":
-            return attrs.evolve(self, kv_indices_width=max(self.kv_indices_width, self.num_kv_blocks))
+        if torch.device(device).type == "cpu" and self.num_kv_blocks > self.kv_indices_width:
+            # A tile still uses at most the plan's width: only those columns are searched per step.
+            return attrs.evolve(self, kv_indices_width=self.num_kv_blocks, searched_width=self.kv_indices_width)
         return self
 
     @classmethod

@@ -147,7 +147,7 @@ class FlexMaskBuilder:
         # Every tensor is one of flex_allocations' entries — the same list the plan's ledger holds as
         # flex.{g}.* — so what the builder allocates is what the plan says.
         sizes = FlexSizes(max_num_seqs=seqs, max_padded_tokens=tokens, block_table_width=width, num_q_tiles=tiles,
-                          num_kernel_blocks=nkb, kv_indices_width=g.kv_indices_width)
+                          num_kernel_blocks=nkb, kv_indices_width=g.kv_indices_width, searched_width=g.searched_width)
         given = {"kv_num_blocks": kv_num_blocks, "kv_indices": kv_indices}
         prefix = f"flex.{g.group_index}"
         b = LedgerBuffers((a for a in flex_allocations(prefix, sizes) if given.get(a.name.rsplit(".", 1)[1]) is None),
@@ -184,7 +184,11 @@ class FlexMaskBuilder:
         self._logical_ids.copy_(torch.arange(width, dtype=torch.int32))
         self._logical_start.copy_(torch.arange(width, dtype=torch.int32) * g.kernel_block_size)
         self._ranks = new("ranks")
-        self._ranks.copy_(torch.arange(1, g.kv_indices_width + 1, dtype=torch.int32).expand(tiles, -1))
+        searched = g.kv_indices_width if g.searched_width is None else g.searched_width
+        self._ranks.copy_(torch.arange(1, searched + 1, dtype=torch.int32).expand(tiles, -1))
+        # Where the search writes: kv_indices itself, or (a CPU's wider kv_indices) a scratch copied into
+        # its first columns.
+        self._searched = new("kv_indices_searched") if g.searched_width is not None else self.kv_indices
         # The dump row of a step over t tiles is row t + 1: its first (tile, kernel block) index, per t.
         self._dump_index = new("dump_index")
         self._dump_index.copy_(torch.arange(tiles + 2, dtype=torch.int32) * nkb)
@@ -318,11 +322,13 @@ class FlexMaskBuilder:
         # (ascending ids) is the first b whose rank reaches k + 1: one batched binary search
         # writes kv_indices; columns past kv_num_blocks are clamped into range and never read.
         # Kernel block b is flex kv block b * r of the flat K/V view.
-        kv_num_blocks, kv_indices = self.kv_num_blocks[:tiles], self.kv_indices[:tiles]
+        kv_num_blocks, kv_indices = self.kv_num_blocks[:tiles], self._searched[:tiles]
         kv_num_blocks.copy_(ranks[:, -1])
         torch.searchsorted(ranks, self._ranks[:tiles], out_int32=True, out=kv_indices).clamp_(max=nkb - 1)
         if g.kv_block_stride != 1:
             kv_indices.mul_(g.kv_block_stride)
+        if self._searched is not self.kv_indices:
+            self.kv_indices[:tiles, :kv_indices.shape[1]].copy_(kv_indices)
 
         return BlockMask.from_kv_blocks(
             self.kv_num_blocks[None, None, :tiles], self.kv_indices[None, None, :tiles],

@@ -1,9 +1,11 @@
 """Which implementation runs the runtime kernels: Triton on CUDA devices, torch elsewhere.
 
-The Triton kernels (``graphkv.kernels``) are the fast, capture-safe path on a GPU; on a CPU they
-can only run in Triton's interpreter, so ``"auto"`` picks the vectorized torch implementations
-(:mod:`graphkv.runtime.ops.torch_ops`) there. Both have the same semantics and are checked
-against the same reference.
+The Triton kernels (``graphkv.kernels``) are the fast, capture-safe path on a GPU. ``"triton"``
+also runs them on CPU tensors, in Triton's interpreter (chosen per launch by the tensors' device,
+no environment variable needed; :mod:`graphkv.kernels.launch`): the exact GPU code path, as a
+correctness check, and slow (milliseconds per launch and more). So ``"auto"`` picks Triton on CUDA
+devices and the vectorized torch implementations (:mod:`graphkv.runtime.ops.torch_ops`)
+everywhere else. Both have the same semantics and are checked against the same reference.
 
 Example::
 
@@ -28,7 +30,8 @@ KERNEL_CHOICES = ("auto", "triton", "torch")
 
 def resolve_kernels(kernels: str, device: "str | torch.device") -> str:
     """The implementation ``kernels`` selects on ``device``: ``"triton"`` or ``"torch"``
-    (``"auto"`` is ``"triton"`` on CUDA devices and ``"torch"`` on any other). Raises
+    (``"auto"`` is ``"triton"`` on CUDA devices and ``"torch"`` on any other; ``"triton"`` on a CPU
+    runs the kernels in Triton's interpreter, a slow correctness check). Raises
     :class:`SpecError` for any other value. Pure; no tensors are touched."""
     if not isinstance(kernels, str) or kernels not in KERNEL_CHOICES:
         raise SpecError(Problem(field="kernels", value=kernels, limit=f"must be one of {', '.join(KERNEL_CHOICES)}",
@@ -44,7 +47,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tens
     """``reshape_and_cache`` with the implementation ``kernels`` picks for ``kv_cache``'s device:
     write ``key`` / ``value`` ``[num_tokens, H, D]`` (latent: ``key`` ``[num_tokens, D]``,
     ``value=None``) into the cache view at ``slot_mapping`` ``[>= num_tokens] int64``, skipping
-    negative and out-of-range slots. Capture-safe on the Triton path (``"auto"`` on CUDA).
+    negative and out-of-range slots. Capture-safe on the Triton path (``"auto"`` on CUDA);
+    ``"triton"`` on a CPU cache runs the same kernel in Triton's interpreter (slow; for checking).
 
     >>> write_kv(k, v, pool.kv_cache(name), ctx.slot_mappings[g], layout=pool.layout(name))
     """

@@ -1,5 +1,5 @@
-"""What a serving loop says about one step (:class:`Batch`), and what :meth:`Step.prepare` made of it
-(:class:`PreparedStep`)."""
+"""What a serving loop says about one step: :class:`Batch` (what :meth:`Step.prepare` makes of it is a
+:class:`~graphkv.runtime.capture.shape.StepShape`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any, Hashable, Sequence
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.runtime.capture.keys import GraphKey
 
-__all__ = ["Batch", "PreparedStep"]
+__all__ = ["Batch"]
 
 
 def _tuple_of(field: str) -> Any:
@@ -51,13 +50,3 @@ class Batch:
         """Requests in the step."""
         return len(self.req_ids)
 
-
-@attrs.frozen(kw_only=True)
-class PreparedStep:
-    """A step whose buffers are filled: its size, its padded size and how it runs."""
-
-    num_tokens: int
-    num_reqs: int
-    num_tokens_padded: int
-    uniform: bool
-    key: GraphKey | None

@@ -1,9 +1,11 @@
 """An explicit, scoped forward context: how per-step metadata reaches attention layers.
 
-A serving step enters ``with forward_context(ctx):`` around the model call; attention and state
-layers read it with :func:`current_context`. The value lives in a :class:`contextvars.ContextVar`,
-so it is scoped to the ``with`` block (and to the thread / task), never a mutable module global,
-and nesting restores the outer context on exit.
+A serving step enters ``with forward_context(ctx, shape):`` around the model call; attention and
+state layers read the step's persistent buffers with :func:`current_context` and its
+:class:`~graphkv.runtime.capture.shape.StepShape` (sizes, padding, graph key) with
+:func:`current_shape`. The values live in :class:`contextvars.ContextVar` s, so they are scoped to
+the ``with`` block (and to the thread / task), never a mutable module global, and nesting restores
+the outer values on exit.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.plan.plan import Plan
+from graphkv.runtime.capture.shape import StepShape, current_shape, shape_context
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 
-__all__ = ["StepContext", "current_context", "forward_context"]
+__all__ = ["StepContext", "current_context", "current_shape", "forward_context"]
 
 _CONTEXT: contextvars.ContextVar[Any] = contextvars.ContextVar("graphkv_forward_context")
 
 
 @contextlib.contextmanager
-def forward_context(ctx: Any) -> Iterator[Any]:
-    """Make ``ctx`` the current forward context inside the ``with`` block. Capture-safe (host only)."""
+def forward_context(ctx: Any, shape: StepShape | None = None) -> Iterator[Any]:
+    """Make ``ctx`` the current forward context and ``shape`` the current step shape inside the
+    ``with`` block (``shape=None`` keeps the enclosing one). Capture-safe (host only)."""
     token = _CONTEXT.set(ctx)
     try:
-        yield ctx
+        with shape_context(shape) if shape is not None else contextlib.nullcontext():
+            yield ctx
     finally:
         _CONTEXT.reset(token)
 

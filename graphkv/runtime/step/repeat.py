@@ -1,8 +1,8 @@
 """The step that repeats the last one: the same requests with the same query lengths, no new pages.
 
 That is a serving loop's commonest step (decode: every request one token longer). Everything
-but the lengths is unchanged: rows, query layout, state pages, padded size, graph key, block
-tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
+but the lengths is unchanged: rows, query layout, state pages, the step's shape (padded sizes,
+graph key), block tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
 checks and writes only what changes, with the same checks as the full path: integer sequence
 lengths, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and a context
 (``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_TOKENS`
@@ -22,7 +22,8 @@ import numpy as np
 
 from graphkv.plan.plan import Plan
 from graphkv.runtime.capture.keys import StepDispatch
-from graphkv.runtime.step.batch import Batch, PreparedStep
+from graphkv.runtime.capture.shape import StepShape
+from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.ownership import PageOwnership
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
@@ -48,13 +49,13 @@ class Parts:
 
 
 class RepeatStep:
-    """What the last full step derived (its requests, rows, padded size, result and dispatch), to
-    repeat it cheaply on ``parts`` (see the module docstring)."""
+    """What the last full step derived (its requests, rows, shape and dispatch), to repeat it
+    cheaply on ``parts`` (see the module docstring)."""
 
-    def __init__(self, parts: Parts, req_ids: tuple, query_lens: tuple, rows: np.ndarray, padded: int,
-                 prepared: PreparedStep, dispatch: StepDispatch) -> None:
+    def __init__(self, parts: Parts, req_ids: tuple, query_lens: tuple, rows: np.ndarray, shape: StepShape,
+                 dispatch: StepDispatch) -> None:
         self.parts = parts
-        self.req_ids, self.query_lens, self.padded, self.prepared = req_ids, query_lens, padded, prepared
+        self.req_ids, self.query_lens, self.shape = req_ids, query_lens, shape
         self.dispatch = dispatch
         self.rows = rows
         self.row_list = rows.tolist()
@@ -63,7 +64,7 @@ class RepeatStep:
         held = tables.num_pages_np[:, rows].astype(np.int64)
         self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
-        self.num_tokens = prepared.num_tokens
+        self.num_tokens = shape.num_tokens
         st = parts.staging
         self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
         if self.python:
@@ -76,20 +77,21 @@ class RepeatStep:
         """Whether ``batch`` repeats the last step (same requests and query lengths, no new pages)."""
         return not batch.new_pages and batch.req_ids == self.req_ids and batch.query_lens == self.query_lens
 
-    def prepare(self, batch: Batch, padded: int) -> PreparedStep | None:
-        """Fill the buffers for ``batch`` (which :meth:`matches`) run on ``padded`` tokens, or return
-        ``None`` with nothing changed."""
+    def prepare(self, batch: Batch, shape: StepShape) -> bool:
+        """Fill the buffers for ``batch`` (which :meth:`matches`) of ``shape`` and return True, or
+        return False with nothing changed (another shape than the last step's, a shared page, a
+        length the full path must check)."""
         parts = self.parts
-        if parts.ownership.num_shared or padded != self.padded:  # a shared page: the full path checks writes
-            return None
+        if parts.ownership.num_shared or not (shape is self.shape or shape == self.shape):
+            return False  # (a shared page: the full path checks writes)
         parts.staging.wait_until_read()
         old = self._python(batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
         if old is None:
-            return None
+            return False
         parts.remember_undo(self.rows, old)
-        parts.tables.sync(self.rows, self.padded, same_rows=True)
+        parts.tables.sync(self.rows, shape.num_reqs_padded, same_rows=True)
         parts.staging.copy_to_device()
-        return self.prepared
+        return True
 
     def _python(self, seq_lens: tuple) -> list[int] | None:
         """The few-token update; returns the requests' written tokens before it (for an undo)."""

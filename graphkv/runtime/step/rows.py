@@ -24,7 +24,7 @@ class RequestRows:
         self.max_num_seqs = max_num_seqs
         self.rows: dict[Hashable, int] = {}
         self.free = list(range(max_num_seqs - 1, -1, -1))  # pop() hands out row 0 first
-        self.last: tuple | None = None  # (req_ids, query_lens, padded) the staging arrays hold
+        self.last: tuple | None = None  # (req_ids, query_lens, StepShape) the staging arrays hold
         self.last_rows = np.zeros(0, dtype=np.int64)  # the rows of the last step's requests
         self.last_full: tuple | None = None  # what the last full step derived, for a repeat of it
 

@@ -35,17 +35,20 @@ class StepStaging:
     """Host staging arrays of a plan's step metadata, their device twins and named views of both.
 
     The arrays are the plan's ``staging.*`` ledger entries and their views the entries' parts: the
-    ledger decides the layout, this class names it."""
+    ledger decides the layout, this class names it. ``layout``: the device kind whose layout to
+    use (default ``device``'s; ``"cuda"`` on a CPU stages through host twins and copies them, as a
+    GPU does)."""
 
-    def __init__(self, plan: Plan, device: torch.device) -> None:
+    def __init__(self, plan: Plan, device: torch.device, *, layout: str | None = None) -> None:
         seqs, tokens = plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens
         self.max_num_seqs, self.max_num_tokens = seqs, tokens
         self.device = device
         groups = plan.groups
         self.ssm_groups = tuple(g.index for g in groups if g.is_ssm)
-        b = LedgerBuffers.of_plan(plan, device, ("staging.",))
+        layout = device.type if layout is None else layout
+        b = LedgerBuffers.of_plan(plan, device, ("staging.",), layout=layout)
         self.dev32, self.dev64 = b.tensor("staging.int32"), b.tensor("staging.int64")
-        if device.type == "cpu":  # the buffers the forward reads are the host arrays
+        if layout == "cpu":  # the buffers the forward reads are the host arrays
             self.host32, self.host64, host = self.dev32, self.dev64, ("staging.int32", "staging.int64")
         else:
             self.host32, self.host64 = b.tensor("staging.int32_host"), b.tensor("staging.int64_host")

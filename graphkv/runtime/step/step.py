@@ -42,11 +42,13 @@ import torch
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
-from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch
+from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, graph_mode
+from graphkv.runtime.capture.shape import StepShape, key_shape, step_shape
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
+from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.padding import PAD_SLOT_ID
-from graphkv.runtime.step.batch import Batch, PreparedStep
+from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.checks import BatchChecker, CheckedBatch, check_input_ids
 from graphkv.runtime.step.context import StepContext, forward_context
 from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
@@ -60,9 +62,13 @@ __all__ = ["Step"]
 _I64 = np.int64
 
 
-def _eager_size(dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> int:
-    """An eager forward runs on the step's own tokens."""
-    return num_tokens
+ShapeOf = Callable[[StepDispatch, int, int, bool], StepShape]  # (dispatch, num_tokens, num_reqs, uniform) -> shape
+_PLAIN_FORWARD = "the forward is a plain callable (not a graphkv.capture wrapper): every step runs eagerly"
+
+
+def _is_captured(forward: Any) -> bool:
+    """Whether ``forward`` is a captured forward (it decides shapes and runs them)."""
+    return hasattr(forward, "shape_of") and hasattr(forward, "run")
 
 
 class _Undo:
@@ -84,10 +90,13 @@ class Step:
     and the map from request ids to table rows. The forward's own inputs live in
     :attr:`input_ids` (``[max_num_batched_tokens] int64``), which :meth:`run` fills and a captured
     forward can take as its static input buffer. ``device``: ``"cpu"`` or an existing CUDA device
-    (anything else is a :class:`SpecError`).
+    (anything else is a :class:`SpecError`). ``kernels``: ``"auto"`` (Triton on CUDA, numpy / torch
+    on a CPU), ``"triton"`` or ``"torch"``; ``Step(plan, "cpu", kernels="triton")`` runs exactly the
+    GPU path on a CPU — the staged table sync with its Triton kernels (in Triton's interpreter) and
+    the metadata staged through host twins and copied — so a CPU run catches its bugs.
     """
 
-    def __init__(self, plan: Plan, device: "str | torch.device" = "cpu") -> None:
+    def __init__(self, plan: Plan, device: "str | torch.device" = "cpu", *, kernels: str = "auto") -> None:
         if not isinstance(plan, Plan):
             raise SpecError(Problem(field="plan", value=type(plan).__name__, limit="must be a graphkv Plan",
                                     fix="build it with graphkv.compile(model, limits, budget)"))
@@ -98,13 +107,16 @@ class Step:
         self.decode_query_len = 1 + limits.num_speculative_tokens
         # Every tensor and array below is one of the plan's ledger entries for this device
         # (plan.ledger.allocations(device)), allocated from it by its owner.
-        self.tables = BlockTables(plan, self.device)
+        self.kernels = resolve_kernels(kernels, self.device)
+        # The GPU path (Triton kernels) stages everything as a GPU does, on a CPU too.
+        layout = "cuda" if self.kernels == "triton" else self.device.type
+        self.tables = BlockTables(plan, self.device, kernels=self.kernels)
         self.ownership = PageOwnership(plan)
-        self._staging = st = StepStaging(plan, self.device)
-        buffers = LedgerBuffers.of_plan(plan, self.device, ("step.",))
+        self._staging = st = StepStaging(plan, self.device, layout=layout)
+        buffers = LedgerBuffers.of_plan(plan, self.device, ("step.",), layout=layout)
         self.input_ids = buffers.tensor("step.input_ids")
-        self._input_ids_np = self.input_ids.numpy() if self.device.type == "cpu" else None
-        self._ids_host = buffers.tensor("step.input_ids_host") if self.device.type == "cuda" else None
+        self._input_ids_np = self.input_ids.numpy() if layout == "cpu" else None
+        self._ids_host = buffers.tensor("step.input_ids_host") if layout == "cuda" else None
         self.mask_builders = {
             g.index: FlexMaskBuilder.from_plan(plan, g.index, block_table=self.tables.input_tables[g.index],
                                                query_start_loc=st.query_start_loc_dev, seq_lens=st.seq_lens_dev)
@@ -125,6 +137,7 @@ class Step:
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
         self._repeat: RepeatStep | None = None
+        self._eager_shapes: dict[int, StepShape] = {}  # a plain callable's decode shapes, by request count
 
     # ---- the persistent buffers ----------------------------------------------------------------
 
@@ -133,6 +146,13 @@ class Step:
         """The forward context: the persistent buffers, which :meth:`prepare` fills for each step
         (one object for the Step's life)."""
         return self._context
+
+    @property
+    def shape(self) -> StepShape | None:
+        """The :class:`StepShape` the persistent buffers were last filled for (``None`` before the
+        first step and after :meth:`finish` / :meth:`undo`)."""
+        last = self._requests.last
+        return None if last is None else last[2]
 
     @property
     def query_start_loc(self) -> torch.Tensor:
@@ -205,53 +225,38 @@ class Step:
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def prepare(self, batch: Batch, *, padded_tokens: Callable[[int, int, bool], int] | None = None) -> PreparedStep:
-        """Fill every persistent buffer for ``batch`` and return its sizes.
+    def prepare(self, batch: Batch, *, forward: Any = None) -> StepShape:
+        """Fill every persistent buffer for ``batch`` and return its :class:`StepShape`.
 
-        ``padded_tokens(num_tokens, num_reqs, uniform)`` says how many tokens the forward will run
-        (a captured forward's :meth:`~graphkv.runtime.capture.graphs.CapturedForward.padded_tokens`);
-        by default ``num_tokens`` (an eager forward). ``PreparedStep.key`` is the plan's graph key
-        for the step either way. Raises :class:`SpecError` / :class:`CapacityError` for a batch
-        that is inconsistent or would corrupt another request's pages; nothing has changed then.
-        :meth:`undo` takes the step back (e.g. when your forward raised). Not capture-safe (host
-        work); call it before the forward.
+        ``forward``: the :class:`~graphkv.runtime.capture.graphs.CapturedForward` that will run the
+        step; its graphs (captured, or rehearsed on a CPU) decide the padded sizes, which every
+        buffer is filled for. Without one (an eager forward) nothing is padded. Raises
+        :class:`SpecError` / :class:`CapacityError` for a batch that is inconsistent or would corrupt
+        another request's pages; nothing has changed then. :meth:`undo` takes the step back (e.g.
+        when your forward raised). Not capture-safe (host work); call it before the forward, inside
+        ``with forward_context(step.context, shape):``.
         """
-        if padded_tokens is None:
-            return self._prepare(batch, _eager_size)[0]
-
-        def size_of(dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> int:
-            padded = padded_tokens(num_tokens, num_reqs, uniform)
-            if isinstance(padded, bool) or not isinstance(padded, (int, np.integer)) \
-                    or not num_tokens <= padded <= self.max_num_tokens:
-                raise SpecError(Problem(field="padded_tokens", value=padded,
-                                        limit=f"must be an int in [num_tokens={num_tokens}, "
-                                              f"max_num_batched_tokens={self.max_num_tokens}]",
-                                        fix="return the graph key's token count, or num_tokens for an eager step"))
-            return int(padded)
-
-        return self._prepare(batch, size_of)[0]
+        return self._prepare(batch, self._shape_of(forward))[0]
 
     def run(self, forward: Callable[..., Any], batch: Batch, *, input_ids: torch.Tensor | Sequence[int]) -> Any:
         """Prepare ``batch``, then call ``forward`` inside the step's forward context.
 
-        ``forward`` is a :class:`~graphkv.runtime.capture.graphs.CapturedForward` (it replays a graph
-        or runs eagerly; the step is dispatched once for both) or a plain callable taking
-        ``input_ids``. ``input_ids``: ``[num_tokens]`` integer token ids, packed in batch order, on
-        the CPU or the step's device. Returns the forward's output for the step's ``num_tokens``
-        tokens. Raises as :meth:`prepare` does, and :class:`SpecError` for ``input_ids`` of another
-        length, dtype or device, before changing anything. When ``forward`` raises, the step is
-        undone (:meth:`undo`) and the exception propagates: K/V the forward wrote lie past every
-        request's written tokens and are overwritten by the retry, but a state (Mamba) layer that
-        updated a request's state in place before the error has advanced it — finish such requests
-        or prefill them again.
+        ``forward`` is a :class:`~graphkv.runtime.capture.graphs.CapturedForward` (it replays a graph,
+        a CPU rehearsal of one, or runs eagerly; the step's :class:`StepShape` is decided once for
+        all of them) or a plain callable taking ``input_ids``. ``input_ids``: ``[num_tokens]`` integer
+        token ids, packed in batch order, on the CPU or the step's device. Returns the forward's
+        output for the step's ``num_tokens`` tokens. Raises as :meth:`prepare` does, and
+        :class:`SpecError` for ``input_ids`` of another length, dtype or device, before changing
+        anything. When ``forward`` raises, the step is undone (:meth:`undo`) and the exception
+        propagates: K/V the forward wrote lie past every request's written tokens and are
+        overwritten by the retry, but a state (Mamba) layer that updated a request's state in place
+        before the error has advanced it — finish such requests or prefill them again.
         """
-        captured = hasattr(forward, "step_size") and hasattr(forward, "run")
-        size_of = (lambda d, num_tokens, num_reqs, uniform: forward.step_size(d, num_tokens)) if captured \
-            else _eager_size
-        prepared, dispatch, ids = self._prepare(batch, size_of,
-                                                lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device))
+        captured = _is_captured(forward)
+        shape, ids = self._prepare(batch, self._shape_of(forward if captured else None),
+                                   lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device))
         try:
-            n = prepared.num_tokens
+            n = shape.num_tokens
             dst = self.input_ids[:n]
             if self._ids_host is not None and (isinstance(ids, np.ndarray) or ids.device.type == "cpu"):
                 # Through pinned memory, so the copy does not wait for the previous step's forward;
@@ -267,10 +272,9 @@ class Step:
                 self._input_ids_np[:n] = ids  # a CPU step: the buffer is host memory
             else:
                 dst.copy_(ids)
-            with forward_context(self.context):
+            with forward_context(self.context, shape):
                 if captured:
-                    return forward.run(dispatch, num_tokens=prepared.num_tokens, num_reqs=prepared.num_reqs,
-                                       uniform=prepared.uniform, inputs={"input_ids": dst})
+                    return forward.run(shape, inputs={"input_ids": dst})
                 return forward(input_ids=dst)
         except BaseException:
             self.undo()
@@ -304,45 +308,70 @@ class Step:
 
     @contextlib.contextmanager
     def capture_context(self, key: GraphKey) -> Iterator[StepContext]:
-        """A dummy step of ``key``'s size for warm-up and capture (pass as ``capture(prepare=...)``).
+        """A dummy step of ``key``'s size for warm-up, capture and rehearsal (pass as
+        ``capture(prepare=...)``); the forward context holds the key's own :class:`StepShape`.
 
         Its requests hold no pages (every table row is the null page, every slot ``PAD_SLOT_ID``),
         so capture writes nothing into live requests' pages and leaves their rows untouched."""
-        num_reqs = key.num_reqs if key.num_reqs is not None else min(self.max_num_seqs, key.num_tokens)
+        shape = key_shape(key, graph_mode(self.plan.cudagraph, key), max_num_seqs=self.max_num_seqs)
+        num_reqs = shape.num_reqs
         qlens = np.full(num_reqs, key.num_tokens // num_reqs, dtype=_I64)
         qlens[: key.num_tokens - int(qlens.sum())] += 1
-        self._stage_metadata(num_reqs, key.num_tokens, key.num_tokens, qlens, qlens.copy(), np.zeros(num_reqs, _I64),
-                             rows=None, same=False)
-        self.tables.show_null_rows(num_reqs)
+        self._stage_metadata(shape, qlens, qlens.copy(), np.zeros(num_reqs, _I64), rows=None, same=False)
+        self.tables.show_null_rows(shape.num_reqs_padded)
         self._staging.copy_to_device()
         self._forget_last()
         self._undo = None
-        with forward_context(self.context) as ctx:
+        with forward_context(self.context, shape) as ctx:
             yield ctx
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _prepare(self, batch: Batch, size_of: Callable[[StepDispatch, int, int, bool], int],
-                 check: Callable[[int], Any] | None = None) -> tuple[PreparedStep, StepDispatch, Any]:
+    def _shape_of(self, forward: Any) -> ShapeOf:
+        """How a step's shape is decided: by ``forward``'s graphs (a captured forward), else eagerly."""
+        if forward is None:
+            return self._eager_shape
+        if not _is_captured(forward):
+            raise SpecError(Problem(field="forward", value=type(forward).__name__,
+                                    limit="must be a graphkv CapturedForward (its graphs decide the padding) or None",
+                                    fix="pass the graphkv.capture(...) wrapper, or nothing for an eager forward"))
+        return forward.shape_of
+
+    def _eager_shape(self, dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> StepShape:
+        """The shape of a step a plain callable runs: its own sizes (memoized for decode steps)."""
+        if uniform:
+            found = self._eager_shapes.get(num_reqs)
+            if found is not None:
+                return found
+        shape = step_shape(dispatch, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform,
+                           max_num_seqs=self.max_num_seqs, replayed=False, eager_reason=_PLAIN_FORWARD)
+        if uniform:
+            self._eager_shapes[num_reqs] = shape
+        return shape
+
+    def _prepare(self, batch: Batch, shape_of: ShapeOf,
+                 check: Callable[[int], Any] | None = None) -> tuple[StepShape, Any]:
         """Fill the buffers for ``batch`` (the repeat path when it repeats the last step, else the
-        checked full path); ``size_of(dispatch, num_tokens, num_reqs, uniform)`` gives the tokens the
-        forward runs. ``check(num_tokens)`` (before anything changes) vets what else the step takes;
-        returns the prepared step, its dispatch and ``check``'s result."""
+        checked full path), shaped by ``shape_of(dispatch, num_tokens, num_reqs, uniform)``.
+        ``check(num_tokens)`` (before anything changes) vets what else the step takes; returns the
+        step's shape and ``check``'s result."""
         checked_input = None
         repeat = self._repeat_of(batch)
         if repeat is not None:
             if check is not None:
-                checked_input = check(repeat.num_tokens)
-            prepared = repeat.prepare(batch, size_of(repeat.dispatch, repeat.num_tokens, len(repeat.row_list),
-                                                     repeat.prepared.uniform))
-            if prepared is not None:
-                return prepared, repeat.dispatch, checked_input
+                checked_input = check(repeat.shape.num_tokens)
+            prev = repeat.shape
+            shape = shape_of(repeat.dispatch, prev.num_tokens, prev.num_reqs, prev.uniform)
+            if repeat.prepare(batch, shape):
+                return shape, checked_input
         c = self._checker.check(batch)
         if check is not None and repeat is None:  # a repeat checked it already (same query lengths)
             checked_input = check(c.num_tokens)
-        return self._apply(c, size_of(c.dispatch, c.num_tokens, c.num_reqs, c.uniform)), c.dispatch, checked_input
+        shape = shape_of(c.dispatch, c.num_tokens, c.num_reqs, c.uniform)
+        self._apply(c, shape)
+        return shape, checked_input
 
-    def _apply(self, c: CheckedBatch, padded: int) -> PreparedStep:
+    def _apply(self, c: CheckedBatch, shape: StepShape) -> None:
         """Change the state for a checked batch (rows, pages, holders, staging, device), all or nothing."""
         rows = c.rows
         new: list[tuple[Hashable, int]] = []
@@ -357,28 +386,24 @@ class Step:
                 self.tables.append_pages(rows, c.entries)
                 undo.hold = own.hold(c.entries, c.columns, rows, c.new, c.ctx, c.shared)
             last = self._requests.last
-            same = last is not None and last == (c.req_ids, c.query_lens, padded) and not c.num_new
-            written_pages = self._stage_metadata(c.num_reqs, c.num_tokens, padded, c.qlens, c.slens, c.ctx, rows,
-                                                 same=same)
+            same = last is not None and last == (c.req_ids, c.query_lens, shape) and not c.num_new
+            written_pages = self._stage_metadata(shape, c.qlens, c.slens, c.ctx, rows, same=same)
             if own.num_shared:
                 token_req = self._arange[:c.num_tokens] if c.num_tokens == c.num_reqs else \
                     self._staging.token_row[:c.num_tokens]
                 for g, pages in written_pages:
                     own.check_writes(c.req_ids, pages, token_req, g)
             own.written[rows] = c.slens
-            self.tables.sync(rows, padded, same_rows=last is not None and last[0] == c.req_ids)
+            self.tables.sync(rows, shape.num_reqs_padded, same_rows=last is not None and last[0] == c.req_ids)
             self._staging.copy_to_device()
         except BaseException:
             self.undo()
             raise
         requests = self._requests
-        requests.last = (c.req_ids, c.query_lens, padded)
+        requests.last = (c.req_ids, c.query_lens, shape)
         requests.last_rows = rows
-        prepared = PreparedStep(num_tokens=c.num_tokens, num_reqs=c.num_reqs, num_tokens_padded=padded,
-                                uniform=c.uniform, key=c.dispatch.key)
-        requests.last_full = (c.req_ids, c.query_lens, rows, padded, prepared, c.dispatch)
+        requests.last_full = (c.req_ids, c.query_lens, rows, shape, c.dispatch)
         self._repeat = None
-        return prepared
 
     def _repeat_of(self, batch: Batch) -> RepeatStep | None:
         """The cheap path for ``batch`` when it repeats the last full step (built on first use)."""
@@ -400,12 +425,13 @@ class Step:
         """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
         self._undo = _Undo(rows, [], None, None, written)
 
-    def _stage_metadata(self, n: int, num_tokens: int, padded: int, qlens: np.ndarray, slens: np.ndarray,
-                        ctx: np.ndarray, rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
-        """Write the step's metadata and slot mappings into the staging arrays (numpy only; ``rows``
-        ``None``: a dummy step whose requests hold no pages). With ``same`` (the last step had these
-        requests, query lengths and padded size) only lengths, positions and slots are rewritten.
-        Returns, per attention group, the page each token is written into."""
+    def _stage_metadata(self, shape: StepShape, qlens: np.ndarray, slens: np.ndarray, ctx: np.ndarray,
+                        rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
+        """Write the step's metadata and slot mappings into the staging arrays for ``shape`` (numpy
+        only; ``rows`` ``None``: a dummy step whose requests hold no pages). With ``same`` (the last
+        step had these requests, query lengths and shape) only lengths, positions and slots are
+        rewritten. Returns, per attention group, the page each token is written into."""
+        n, num_tokens, padded = shape.num_reqs, shape.num_tokens, shape.num_tokens_padded
         st = self._staging
         st.wait_until_read()
         decode = num_tokens == n

@@ -285,9 +285,18 @@ class BlockTables:
         num_reqs_padded)`` the null page. When the batch shows the same rows as the last sync
         (``same_rows``; compared when ``None``), only what changed is written (on a GPU in the same
         launch as the persistent rows); otherwise the step's rows are copied again (one gather on a
-        GPU). Not capture-safe (reads host state)."""
+        GPU). Raises :class:`SpecError` unless ``len(rows) <= num_reqs_padded <= max_num_seqs`` (the
+        same check for the host and the staged sync: a padded token count passed as a request count
+        is refused on a CPU as on a GPU). Not capture-safe (reads host state)."""
         m = self.mirror
         n = rows.shape[0]
+        if not ((type(num_reqs_padded) is int or isinstance(num_reqs_padded, np.integer))
+                and n <= num_reqs_padded <= self.max_num_seqs):
+            raise SpecError(Problem(field="num_reqs_padded", value=num_reqs_padded,
+                                    limit=f"must be an int with num_reqs={n} <= num_reqs_padded <= "
+                                          f"max_num_seqs={self.max_num_seqs}",
+                                    fix="pass the step's StepShape.num_reqs_padded (a request count, never a token "
+                                        "count)"))
         if not m.shown_valid:
             same_rows = False
         elif same_rows is None:
@@ -300,6 +309,7 @@ class BlockTables:
 
     def show_null_rows(self, num_reqs_padded: int) -> None:
         """Per-step rows ``[0, num_reqs_padded)`` := the null page (a dummy step, e.g. for capture)."""
+        assert 0 <= num_reqs_padded <= self.max_num_seqs, (num_reqs_padded, self.max_num_seqs)
         self._sync.show_null(num_reqs_padded)
         self.mirror.show(self.mirror.shown_rows[:0], num_reqs_padded)
 

@@ -144,6 +144,7 @@ class HostSync:
         """Step rows ``[0, len(rows))`` show ``rows``, ``[len(rows), num_reqs_padded)`` the null page."""
         n = rows.shape[0]
         bt = self._mirror
+        assert n <= num_reqs_padded <= self._mirror.max_num_seqs, (n, num_reqs_padded)  # BlockTables.sync checks
         if not same_rows:
             for g, mirror in enumerate(bt.pages_np):
                 if self.aliased:

@@ -141,6 +141,7 @@ class StagedSync:
         num_reqs_padded)`` the null page (one gather unless the batch kept its rows)."""
         self.commit(mirror=same_rows)
         n = rows.shape[0]
+        assert n <= num_reqs_padded <= self._mirror.max_num_seqs, (n, num_reqs_padded)  # BlockTables.sync checks
         if not same_rows:
             self._wait_for_last_copy()
             self._idx_host[:n].copy_(torch.from_numpy(rows.astype(np.int32, copy=False)))

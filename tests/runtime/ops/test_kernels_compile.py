@@ -1,6 +1,8 @@
 """Every runtime kernel compiles to an sm_90 cubin with no GPU: the interpreter never type-checks
-a kernel, so this catches what only a real compile would (run in a subprocess without
-TRITON_INTERPRET)."""
+a kernel, so this catches what only a real compile would. Compiles run in a fresh process (with
+TRITON_INTERPRET=1 in its environment Triton builds triton.language for the interpreter and
+nothing compiles), and also after interpreted launches in that process, as on a GPU machine whose
+tests run CPU and CUDA launches side by side."""
 
 from __future__ import annotations
 
@@ -47,12 +49,28 @@ CASES = {
 }
 
 
+def interpret_each_kernel() -> None:
+    """Launch the kernels once each on CPU tensors (Triton's interpreter; paged decode calls tl.zeros,
+    tl.sum and tl.max, the interpreted @triton.jit functions whose patches used to outlive a launch)."""
+    import torch
+
+    from graphkv import CacheOrder, KVLayout
+
+    block_tables.write_pages(torch.zeros(8, dtype=torch.int32), torch.tensor([0, 2, 2]), 1, 2)
+    layout = KVLayout(order=CacheOrder.BLOCKS_FIRST)
+    cache = torch.ones(2, 2, 16, 1, 8)
+    reshape_and_cache.reshape_and_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), cache, torch.tensor([3]),
+                                        layout=layout)
+    paged_attention.paged_decode_attention(torch.ones(1, 2, 8), cache, torch.tensor([[1]], dtype=torch.int32),
+                                           torch.tensor([5], dtype=torch.int32), layout=layout)
+
+
 def compile_all() -> dict[str, str]:
-    """Compile every case; ``{name: "ok" | error text}``. Run without TRITON_INTERPRET (the
-    interpreter patches triton.language while it runs, which breaks compilation in-process)."""
+    """Compile every case; ``{name: "ok" | error text}``. Run without TRITON_INTERPRET (with it,
+    triton.language is built for the interpreter and cannot compile)."""
     results = {}
     for name, (kernel, types, constexprs) in sorted(CASES.items()):
-        fn = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+        fn = kernel if isinstance(kernel, JITFunction) else kernel.compiled
         signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
         src = ASTSource(fn=fn, signature=signature,
                         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
@@ -63,12 +81,14 @@ def compile_all() -> dict[str, str]:
     return results
 
 
-def test_every_kernel_compiles_for_sm90():
-    """Each kernel lowers through Triton, LLVM and ptxas for an H100 (sm_90) without a device."""
+@pytest.mark.parametrize("interpret_first", [False, True])
+def test_every_kernel_compiles_for_sm90(interpret_first, tmp_path):
+    """Each kernel lowers through Triton, LLVM and ptxas for sm_90 without a device, also after interpreted launches."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(__file__))
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # an empty cache: every case really compiles
+    argv = [sys.executable, __file__, *(["--interpret-first"] if interpret_first else [])]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(results) == set(CASES)
@@ -77,4 +97,6 @@ def test_every_kernel_compiles_for_sm90():
 
 
 if __name__ == "__main__":
+    if "--interpret-first" in sys.argv:
+        interpret_each_kernel()
     print(json.dumps(compile_all()))

@@ -1,46 +1,23 @@
-"""The runtime kernels compiled on a real GPU: results vs the references, and replay inside a CUDA graph."""
+"""What only a real GPU can check: a compiled kernel replayed inside a CUDA graph.
+
+The kernels' results against the references run on every device present through the ``device``
+fixture (test_reshape_and_cache.py, test_paged_attention.py, tables/test_block_tables.py), CUDA
+included, so this file keeps only the capture and replay.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from runtime_plans import attention_plan, widths_plan
+from runtime_plans import widths_plan
 
-from graphkv.kernels.paged_attention import paged_decode_attention
-from graphkv.kernels.reshape_and_cache import reshape_and_cache
-from graphkv.runtime import BlockTables, allocate
 from graphkv.kernels.block_tables import gather_rows
-from graphkv.runtime.ops.reference import gather_ref, paged_decode_attention_ref, reshape_and_cache_ref
+from graphkv.runtime import BlockTables
+from graphkv.runtime.ops.reference import gather_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (CPU runs check the same kernels under TRITON_INTERPRET)")
-
-
-@pytest.mark.parametrize("order,stride", [("blocks_first", "NHD"), ("kv_first", "HND")])
-@pytest.mark.parametrize("bpk", [1, 17])
-def test_write_and_decode_match_reference_on_gpu(order, stride, bpk):
-    """Compiled KV write and paged decode attention match the references for lengths 1, 54, 97, 232."""
-    pool = allocate(attention_plan(order=order, stride=stride, bpk=bpk, num_blocks=3 if bpk == 17 else 64,
-                                   head_size=16, max_model_len=256, dtype="bfloat16"), device="cuda")
-    cache, layout = pool.kv_cache(0), pool.layout(0)
-    cache.copy_(torch.randn(cache.shape, device="cuda"))
-    kbs = cache.shape[2]
-    slots = torch.randperm(cache.shape[layout.block_dim] * kbs, device="cuda")[:64]
-    slots[::5] = -1
-    kv = torch.randn(2, 64, 2, 16, device="cuda", dtype=torch.bfloat16)
-    want = cache.cpu().clone()
-    reshape_and_cache_ref(kv[0].cpu(), kv[1].cpu(), want, slots.cpu(), layout=layout)
-    reshape_and_cache(kv[0], kv[1], cache, slots, layout=layout)
-    assert torch.equal(cache.cpu(), want)
-    seq_lens = torch.tensor([1, 54, 97, 232], dtype=torch.int32, device="cuda")
-    width = -(-232 // kbs)
-    table = torch.randperm(cache.shape[layout.block_dim], device="cuda")[:4 * width].view(4, width).int()
-    query = torch.randn(4, 8, 16, device="cuda", dtype=torch.bfloat16)
-    out = paged_decode_attention(query, cache, table, seq_lens, layout=layout, sliding_window=100)
-    ref = paged_decode_attention_ref(query.cpu(), cache.cpu(), table.cpu(), seq_lens.cpu(), layout=layout,
-                                     sliding_window=100)
-    torch.testing.assert_close(out.cpu().double(), ref, atol=2e-2, rtol=2e-2)
+                                reason="needs a CUDA GPU to capture and replay a CUDA graph")
 
 
 def test_page_writes_and_gather_on_gpu_and_gather_replays_in_a_cuda_graph():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import graphkv
+from graphkv.runtime.capture.graphs import capture
 from graphkv.runtime import Batch, Step, allocate
 from graphkv.runtime.ops.reference import causal_conv_ref, gated_delta_ref, ssd_ref
 from graphkv.runtime.state.conv import packed_causal_conv
@@ -129,13 +130,17 @@ def test_packed_ssd_continues_each_request_from_its_state() -> None:
         torch.testing.assert_close(states[1][pages[r]].double(), final, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 7])
-def test_rows_mark_padding_tokens_and_empty_rows(num_tokens: int) -> None:
-    """PackedRows of a step padded to num_tokens: padding has row -1, in no row; later rows have no state."""
+@pytest.mark.parametrize("num_reqs", [1, 3])
+def test_rows_mark_padding_tokens_and_empty_rows(num_reqs: int) -> None:
+    """PackedRows of a decode step padded to its graph key: padding has row -1, in no row; later rows have no state."""
     step, _ = state_pool()
-    step.prepare(Batch(req_ids=("x",), query_lens=(1,), seq_lens=(1,), new_pages=(((1,),),)),
-                 padded_tokens=lambda tokens, reqs, uniform: num_tokens)
-    rows = PackedRows.from_context(step.context, num_tokens)
-    assert rows.row.tolist() == [0] + [-1] * (num_tokens - 1)
-    assert rows.member.sum().item() == 1 and rows.causal.sum().item() == 1
-    assert rows.has_state.tolist() == [False] * 4 and rows.query_lens.tolist() == [1, 0, 0, 0]
+    fwd = capture(step.plan, static_inputs={"input_ids": step.input_ids})(lambda input_ids: input_ids)
+    fwd.capture(progress=False, prepare=step.capture_context, rehearse=True)
+    shape = step.prepare(Batch(req_ids=tuple(range(num_reqs)), query_lens=(1,) * num_reqs, seq_lens=(1,) * num_reqs,
+                               new_pages=tuple(((1 + i,),) for i in range(num_reqs))), forward=fwd)
+    padded = shape.num_tokens_padded
+    assert (num_reqs, padded) in ((1, 1), (3, 4))  # decode keys 1, 2, 4: three requests run on four rows
+    rows = PackedRows.from_context(step.context, padded)
+    assert rows.row.tolist() == list(range(num_reqs)) + [-1] * (padded - num_reqs)
+    assert rows.member.sum().item() == num_reqs and rows.causal.sum().item() == num_reqs
+    assert rows.has_state.tolist() == [False] * 4 and rows.query_lens.tolist() == [1] * num_reqs + [0] * (4 - num_reqs)

@@ -28,6 +28,14 @@ def _groups(plan):
     return attn, ssm
 
 
+def _rehearsed(plan, step):
+    """A captured forward rehearsed on the CPU: its graph keys decide every step's padding."""
+    fwd = capture(plan, static_inputs={"input_ids": step.input_ids})(lambda input_ids: input_ids * 2)
+    report = fwd.capture(progress=False, prepare=step.capture_context, rehearse=True)
+    assert report.rehearsed and report.keys
+    return fwd
+
+
 def _pages(plan, attn_pages, state_page):
     out = [()] * len(plan.groups)
     attn, ssm = _groups(plan)
@@ -48,8 +56,9 @@ def test_metadata_of_a_mixed_step():
     batch = Batch(req_ids=("a", "b"), query_lens=(20, 3), seq_lens=(20, 33),
                   new_pages=(_pages(plan, [5, 6], 9), _pages(plan, [13], None)))
     prep = step.prepare(batch)
-    assert (prep.num_tokens, prep.num_reqs, prep.num_tokens_padded, prep.uniform) == (23, 2, 23, False)
-    assert prep.key == GraphKey(num_tokens=24, num_reqs=None, uniform=False)  # the plan's key, for a graph
+    assert (prep.num_tokens, prep.num_reqs, prep.num_tokens_padded, prep.num_reqs_padded, prep.uniform) == \
+        (23, 2, 23, 2, False)
+    assert prep.key is None and "plain callable" in prep.eager_reason  # no forward: nothing padded
     assert step.query_start_loc.tolist()[:3] == [0, 20, 23] and set(step.query_start_loc.tolist()[3:]) == {23}
     assert step.seq_lens.tolist() == [20, 33, 0, 0]
     assert step.context_lens.tolist() == [0, 30, 0, 0]
@@ -117,9 +126,10 @@ def test_uniform_decode_keys_and_padding_for_every_batch_size(n):
     sizes = plan.cudagraph.capture_sizes.decode
     padded = min(s for s in sizes if s >= n)
     prep = step.prepare(Batch(req_ids=tuple(range(n)), query_lens=(1,) * n, seq_lens=(6,) * n),
-                        padded_tokens=lambda t, r, u: padded)
+                        forward=_rehearsed(plan, step))
     assert prep.uniform and prep.key == GraphKey(num_tokens=padded, num_reqs=padded, uniform=True)
-    assert prep.num_tokens_padded == padded
+    assert (prep.num_tokens, prep.num_reqs, prep.num_tokens_padded, prep.num_reqs_padded) == (n, n, padded, padded)
+    assert step.tables.input_tables[0][n:padded].abs().sum() == 0  # padded rows: the null page
     assert step.token_row[:padded].tolist() == list(range(n)) + [-1] * (padded - n)
     assert step.positions[:n].tolist() == [5] * n
     for g, mask in step.context.build_masks(padded).items():
@@ -143,6 +153,24 @@ def test_cpu_captured_forward_runs_the_step_eagerly_and_says_why():
     out = step.run(fwd, Batch(req_ids=("a",), query_lens=(3,), seq_lens=(3,), new_pages=(pages,)),
                    input_ids=[4, 5, 6])
     assert out.tolist() == [8, 10, 12] and calls == [3]
+
+
+def test_a_prefill_on_a_mixed_key_pads_tokens_and_requests_each_in_its_own_unit():
+    """A 5-request prefill on a mixed key pads its tokens to the key and its requests to max_num_seqs,
+    never to the token count (the sync refuses a token count passed as a request count)."""
+    plan = _plan("AAA", max_num_seqs=8, max_num_batched_tokens=256, cudagraph_mode=graphkv.CudaGraphMode.FULL)
+    assert plan.cudagraph.mode is graphkv.CudaGraphMode.FULL  # mixed steps replay FULL graphs
+    step = Step(plan)
+    fwd = _rehearsed(plan, step)
+    n = 5
+    batch = Batch(req_ids=tuple(range(n)), query_lens=(7,) * n, seq_lens=(7,) * n,
+                  new_pages=tuple(tuple((1 + i,) for _ in plan.groups) for i in range(n)))
+    shape = step.prepare(batch, forward=fwd)
+    key = min(k for k in plan.cudagraph.capture_sizes.mixed if k >= 35)
+    assert (shape.num_tokens, shape.num_tokens_padded, shape.num_reqs, shape.num_reqs_padded) == (35, key, 5, 8)
+    assert shape.key == GraphKey(num_tokens=key, num_reqs=None, uniform=False)
+    with pytest.raises(SpecError, match=f"num_reqs_padded={key}"):
+        step.tables.sync(np.arange(n), key)  # the GPU bug: a padded token count handed to the table sync
 
 
 def test_bad_batches_raise_and_change_nothing():
@@ -245,7 +273,6 @@ def test_missing_pages_and_bad_padding_are_refused_before_anything_changes():
             step.prepare(batch)
         assert step.active_requests == () and int(step.tables.num_pages_np.sum()) == 0
     ok = Batch(req_ids=("x",), query_lens=(3,), seq_lens=(3,), new_pages=(_pages(plan, [3], 4),))
-    for padded in (2, 65):
-        with pytest.raises(SpecError, match="padded_tokens"):
-            step.prepare(ok, padded_tokens=lambda t, r, u, p=padded: p)
+    with pytest.raises(SpecError, match="forward"):
+        step.prepare(ok, forward=lambda input_ids: input_ids)  # not a captured forward: it cannot decide padding
     assert step.active_requests == ()

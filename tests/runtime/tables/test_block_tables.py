@@ -1,4 +1,5 @@
-"""Block tables: host mirror in pages, stale columns written as page entries, per-step rows without gathers."""
+"""Block tables on every device present: host mirror in pages, stale columns written as page entries, per-step
+rows without gathers."""
 
 from __future__ import annotations
 
@@ -33,25 +34,25 @@ def _device_matches_host(tables: BlockTables) -> bool:
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_write_pages_matches_the_reference_for_every_implementation(impl):
+def test_write_pages_matches_the_reference_for_every_implementation(impl, device):
     """Page entries of bpk 1, 2 and 17 (and null entries) write the reference's kernel blocks, nothing else."""
     flat = torch.full((400,), -7, dtype=torch.int32)
     dst = [0, 5, 9, 40, 100, 150, 399]
     first = [3, 8 * 2, -1, 5 * 17, -1, 1, 11]
     bpk = [1, 2, 2, 17, 17, 1, 1]
     want = write_pages_ref(flat, dst, first, bpk)
-    got = flat.clone()
-    staged = torch.tensor(dst + first + bpk, dtype=torch.int64)
+    got = flat.to(device, copy=True)
+    staged = torch.tensor(dst + first + bpk, dtype=torch.int64, device=device)
     (write_pages if impl == "triton" else torch_ops.write_pages)(got, staged, len(dst), max(bpk))
-    assert torch.equal(got, want)
+    assert torch.equal(got.cpu(), want)
     assert got[40:57].tolist() == list(range(85, 102)) and (got[100:117] == 0).all()
 
 
 @pytest.mark.parametrize("bpk", [1, 2, 17])
-def test_append_expands_pages_to_kernel_blocks(bpk, kernels):
+def test_append_expands_pages_to_kernel_blocks(bpk, kernels, device):
     """Appended pages become kernel blocks b*bpk .. b*bpk+bpk-1 on the device after commit."""
     plan = attention_plan(bpk=bpk, num_blocks=40, max_model_len=bpk * 32 * 4 if bpk > 1 else 64)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     tables.append(1, [[7, 3]])
     tables.append(1, [[39]])
     assert tables.pages_np[0][1, :3].tolist() == [7, 3, 39] and tables.num_pages_np[0, 1] == 3
@@ -61,9 +62,9 @@ def test_append_expands_pages_to_kernel_blocks(bpk, kernels):
     assert (tables.tables[0][1, len(want):] == 0).all() and (tables.tables[0][0] == 0).all()
 
 
-def test_staged_commit_writes_only_the_stale_columns():
+def test_staged_commit_writes_only_the_stale_columns(device):
     """GPU path: after a commit, columns of unchanged rows and columns before a row's first change are not written."""
-    tables = BlockTables(widths_plan(), kernels="triton")
+    tables = BlockTables(widths_plan(), device, kernels="triton")
     tables.append(0, [[1, 2, 3, 4, 5], [6], [7]])
     tables.append(3, [[8], None, [9]])
     tables.commit()
@@ -79,9 +80,9 @@ def test_staged_commit_writes_only_the_stale_columns():
     assert tables.tables[0][3, :4].tolist() == [24, 25, 0, 0] and tables.tables[1][3, :2].tolist() == [26, 27]
 
 
-def test_commit_is_one_launch_off_the_host(monkeypatch):
+def test_commit_is_one_launch_off_the_host(monkeypatch, device):
     """On the staged (kernel) path every stale column of every group reaches the device in one write."""
-    tables = BlockTables(widths_plan(), kernels="triton")
+    tables = BlockTables(widths_plan(), device, kernels="triton")
     calls = []
     real = staged_module.StagedSync._write
     monkeypatch.setattr(staged_module.StagedSync, "_write", lambda self, *a: calls.append(a) or real(self, *a))
@@ -91,9 +92,9 @@ def test_commit_is_one_launch_off_the_host(monkeypatch):
     assert len(calls) == 1 and calls[0][0].shape == (7,) and _device_matches_host(tables)  # 7 page entries
 
 
-def test_append_batch_appends_a_whole_step_and_checks_rows_and_ids(kernels):
+def test_append_batch_appends_a_whole_step_and_checks_rows_and_ids(kernels, device):
     """append_batch gives several rows pages in several groups at once; bad rows or ids change nothing."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append_batch([2, 0], [([1, 2], [3], [4]), None])
     tables.append_batch(np.array([0, 2]), [([5], (), [6]), ([7], [8], ())])
     assert tables.num_pages_np[:, [0, 2]].tolist() == [[1, 3], [0, 2], [1, 1]]
@@ -114,10 +115,10 @@ def test_append_batch_appends_a_whole_step_and_checks_rows_and_ids(kernels):
     assert np.array_equal(tables.num_pages_np, before)
 
 
-def test_append_batch_fills_every_row_of_every_group_in_one_step(kernels):
+def test_append_batch_fills_every_row_of_every_group_in_one_step(kernels, device):
     """One step may give every row its full pages in every group (more entries than any one group holds)."""
     plan = widths_plan()
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     caps = [g.pages_per_request for g in plan.groups]
     rows = list(range(plan.limits.max_num_seqs))
     ids = iter(range(1, 64))
@@ -132,11 +133,11 @@ def test_append_batch_fills_every_row_of_every_group_in_one_step(kernels):
 
 @pytest.mark.parametrize("bad", [2.5, "9", None, True, 2**40, -1, 64])
 @pytest.mark.parametrize("lengths", [(1, 1, 1), (40, 40, 40), (1, 4, 2), (30, 12, 25)])
-def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothing(bad, lengths, kernels):
+def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothing(bad, lengths, kernels, device):
     """The one-group paths (page by page, array, general; rows gaining as many pages or not) undo what
     they stored when the 3rd row's last id is bad."""
     plan = attention_plan(num_blocks=64, max_num_seqs=4, max_model_len=16 * 48)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     tables.append_batch([0, 1, 2], [([1],), ([2],), ([3],)])
     tables.sync(np.arange(3), 3)
     pages = [[(10 + 40 * i + j) % 60 + 2 for j in range(n)] for i, n in enumerate(lengths)]
@@ -151,10 +152,10 @@ def test_append_batch_one_group_refuses_a_bad_id_in_a_late_row_and_changes_nothi
 
 
 @pytest.mark.parametrize("pages_per_row", [1, 40])
-def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row, kernels):
+def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row, kernels, device):
     """Ints 0 and 1 (which a bool would equal) pass the one-group fast paths' bool check, in any row."""
     plan = attention_plan(num_blocks=64, max_num_seqs=4, max_model_len=16 * 48)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     pages = [[(r * 7 + j) % 60 + 2 for j in range(pages_per_row)] for r in range(3)]
     pages[1][-1], pages[2][0] = 1, 0
     tables.append_batch([0, 1, 2], [(row,) for row in pages])
@@ -167,11 +168,11 @@ def test_append_batch_one_group_takes_pages_0_and_1_given_as_ints(pages_per_row,
                                    (36, 5, 30)])
 @pytest.mark.parametrize("held", [(2, 2, 2), (1, 3, 2)])
 @pytest.mark.parametrize("batch", [(0, 1, 2), (2, 0, 1)])
-def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, held, batch, kernels):
+def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, held, batch, kernels, device):
     """Every one-group path (page by page, row slices, scatter; rows shown in order or not; rows holding
     and gaining the same pages or not) leaves mirror and step rows equal to the reference expansion."""
     plan = attention_plan(bpk=bpk, num_blocks=200, max_num_seqs=4, max_model_len=(16 if bpk == 1 else 32 * bpk) * 40)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     rows = list(batch)
     model = {r: [150 + 10 * r + j for j in range(held[r])] for r in range(3)}
     tables.append_batch(rows, [(model[r],) for r in rows])
@@ -190,10 +191,10 @@ def test_append_batch_one_group_paths_write_the_reference_tables(bpk, count, hel
     assert _device_matches_host(tables)
 
 
-def test_append_batch_ragged_beyond_a_row_capacity_is_a_capacity_error(kernels):
+def test_append_batch_ragged_beyond_a_row_capacity_is_a_capacity_error(kernels, device):
     """One row of a ragged batch overflowing its pages per request: CapacityError, nothing changed."""
     plan = attention_plan(num_blocks=400, max_num_seqs=4, max_model_len=16 * 48)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     tables.append_batch([0, 1], [(list(range(2, 42)),), (list(range(50, 52)),)])
     host, counts = tables.pages_flat.copy(), tables.num_pages_np.copy()
     with pytest.raises(CapacityError, match="request row 0"):
@@ -205,12 +206,12 @@ def test_append_batch_ragged_beyond_a_row_capacity_is_a_capacity_error(kernels):
 @pytest.mark.parametrize("ones", [1, 3, 12])
 @pytest.mark.parametrize("bad", [None, True, False])
 @pytest.mark.parametrize("where", [(2, 29), (0, 29)])
-def test_append_batch_array_path_finds_a_bool_among_ids_0_and_1(values, ones, bad, where, kernels):
+def test_append_batch_array_path_finds_a_bool_among_ids_0_and_1(values, ones, bad, where, kernels, device):
     """Above the page-by-page size, ids equal to 0 or 1 are looked at one by one (a few 1s) or by one
     array pass (many, or a 0 among them): a True or False among ``ones`` int 0s / 1s (last, or
     before later ones) is refused, ints alone are taken."""
     plan = attention_plan(num_blocks=600, max_num_seqs=4, max_model_len=16 * 48)
-    tables = BlockTables(plan, kernels=kernels)
+    tables = BlockTables(plan, device, kernels=kernels)
     pages = [[10 + r * 30 + j for j in range(30)] for r in range(3)]
     for k in range(ones):
         pages[k % 3][k // 3] = values[k % len(values)]  # int 0s / 1s spread over the rows
@@ -225,9 +226,9 @@ def test_append_batch_array_path_finds_a_bool_among_ids_0_and_1(values, ones, ba
         assert tables.num_pages_np[0, :3].tolist() == [0, 0, 0] and not tables.pages_flat.any()
 
 
-def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
+def test_overwrite_remove_move_keep_the_null_page_invariant(kernels, device):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append(0, [[1, 2, 3], [4, 5], [6]])
     tables.append(1, [[7], [8], [9]])
     tables.commit()
@@ -245,9 +246,9 @@ def test_overwrite_remove_move_keep_the_null_page_invariant(kernels):
     assert not tables.pages_flat.any() and _device_matches_host(tables)
 
 
-def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kernels):
+def test_truncate_undoes_an_append_and_rejects_counts_above_the_pages_held(kernels, device):
     """truncate keeps the first pages of each group (the rest become the null page 0) and checks its counts."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append(0, [[1, 2], [3], [4]])
     tables.commit()
     before = [t.clone() for t in tables.tables]
@@ -308,10 +309,10 @@ def test_bad_rows_and_group_counts_are_errors():
     assert not tables.num_pages_np.any() and not tables.pages_flat.any()
 
 
-def test_sync_copies_the_step_rows_only_when_the_batch_rows_change(kernels):
+def test_sync_copies_the_step_rows_only_when_the_batch_rows_change(kernels, device):
     """Per-step rows show the batch's rows, padded with the null page; a step with the same rows rewrites
     only what changed (a poisoned entry past the pages survives), a reordered batch copies its rows again."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     for row in range(4):
         tables.append(row, [[row + 1] * (row + 1), [row + 10], [row + 20]])
     for g in range(3):
@@ -320,7 +321,7 @@ def test_sync_copies_the_step_rows_only_when_the_batch_rows_change(kernels):
     tables.sync(rows, num_reqs_padded=4)
     tables.commit()
     for got, want in zip(tables.input_tables, gather_ref(tables.tables, torch.from_numpy(rows).int(), 4)):
-        assert torch.equal(got[:4], want)
+        assert torch.equal(got[:4].cpu(), want)
     assert (tables.input_tables[0][4:] == 99).all()  # rows past the padding are not touched
     tables.input_tables[0][2, 15] = -7  # past batch row 2's pages: only a full copy would rewrite it
     tables.append(0, [[30], None, None])  # a new page for batch row 1: written into it directly
@@ -332,9 +333,9 @@ def test_sync_copies_the_step_rows_only_when_the_batch_rows_change(kernels):
     assert _device_matches_host(tables)
 
 
-def test_sync_pads_more_rows_with_the_null_page(kernels):
+def test_sync_pads_more_rows_with_the_null_page(kernels, device):
     """Growing the padded batch with the same rows nulls the new padding rows (stale values from a larger batch)."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     for row in range(4):
         tables.append(row, [[row + 1], [row + 10], [row + 20]])
     tables.sync(np.arange(4), num_reqs_padded=4)
@@ -343,9 +344,9 @@ def test_sync_pads_more_rows_with_the_null_page(kernels):
     assert [t[:3, 0].tolist() for t in tables.input_tables] == [[4, 0, 0], [22, 0, 0], [21, 0, 0]]
 
 
-def test_sync_after_remove_and_reuse_of_a_row_shows_the_new_pages(kernels):
+def test_sync_after_remove_and_reuse_of_a_row_shows_the_new_pages(kernels, device):
     """A row freed and given to a new request at the same batch row shows only the new request's pages."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append(0, [[1, 2, 3], [4], [5]])
     tables.sync(np.array([0]), 1)
     tables.remove(0)
@@ -373,11 +374,11 @@ def test_unknown_kernels_and_plans_are_spec_errors():
         BlockTables("plan")
 
 
-def test_per_step_buffers_keep_their_address(kernels):
+def test_per_step_buffers_keep_their_address(kernels, device):
     """Persistent and per-step tables keep data_ptr() across appends, syncs and gathers (a CPU with bpk 2
-    keeps no persistent kernel-block tables: only the mirror and the step's rows)."""
-    tables = BlockTables(widths_plan(), kernels=kernels)
-    kept = tables.tables if kernels == "triton" else ()
+    and torch kernels keeps no persistent kernel-block tables: only the mirror and the step's rows)."""
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
+    kept = () if (device, kernels) == ("cpu", "torch") else tables.tables
     ptrs = None
     for step in range(3):
         tables.append(step, [[step + 1], [step + 1], [step + 1]])

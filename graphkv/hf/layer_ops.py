@@ -1,0 +1,93 @@
+"""The paged layers as opaque torch custom ops, for a model compiled whole (``compile="model"``).
+
+A compiled forward that reads the pool's caches and states as graph inputs and writes them in
+place gets functionalized: every step copies whole layer caches (a tiny Qwen3's decode step cost
+3 ms over a 4 MiB pool and 214 ms over a 512 MiB one on a CPU). So under ``torch.compile`` the two
+layer kinds that touch the pool are custom ops the compiler cannot see into, taking only the
+step's activations and the layer's index:
+
+- ``graphkv::attention(query, key, value, sinks, layer, scale)``: the K/V write and the flex
+  attention of one attention layer (through the model's compiled flex regions);
+- ``graphkv::state_mixer(hidden, layer)``: one recurrent mixer's step (its projections, the packed
+  state ops and their state-page writes).
+
+The ops find the step (its buffers, masks, the layer's binding or mixer) in a scoped context that
+:class:`~graphkv.hf.model.PagedModel` enters around the forward (:func:`paged_step_context`).
+``graphkv::attention`` is the name PIECEWISE capture splits at
+(:data:`graphkv.runtime.capture.piecewise.SPLITTING_OPS`). Outside a compiled region the layers
+call the same implementations directly (no op dispatch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator
+
+import torch
+
+from graphkv.errors import CaptureError, Problem
+
+__all__ = ["current_paged_step", "paged_step_context"]
+
+_STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("graphkv_paged_step", default=None)
+
+
+@contextlib.contextmanager
+def paged_step_context(step: Any) -> Iterator[Any]:
+    """Make ``step`` (a :class:`~graphkv.hf.attention.PagedStep`) the one the layer ops read inside
+    the ``with`` block. Host only; capture-safe."""
+    token = _STEP.set(step)
+    try:
+        yield step
+    finally:
+        _STEP.reset(token)
+
+
+def current_paged_step() -> Any:
+    """The :class:`~graphkv.hf.attention.PagedStep` of the forward being run; :class:`CaptureError`
+    outside :meth:`PagedModel.forward`."""
+    step = _STEP.get()
+    if step is None:
+        raise CaptureError(Problem(field="graphkv::attention", value=None,
+                                   limit="a paged layer op ran outside a PagedModel forward",
+                                   fix="run the model through graphkv.hf.PagedModel inside Step.run"))
+    return step
+
+
+@torch.library.custom_op("graphkv::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,
+                  layer: int, scale: float | None) -> torch.Tensor:
+    from graphkv.hf.attention import attend
+
+    return attend(current_paged_step(), layer, query, key, value, scale=scale, sinks=sinks).contiguous()
+
+
+@_attention_op.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, layer: int,
+      scale: float | None) -> torch.Tensor:
+    return query.new_empty((query.shape[0], query.shape[1], value.shape[-1]))
+
+
+@torch.library.custom_op("graphkv::state_mixer", mutates_args=())
+def _state_mixer_op(hidden: torch.Tensor, layer: int) -> torch.Tensor:
+    step = current_paged_step()
+    mixer = step.mixers[layer]
+    return mixer.mix(hidden, step.context.state_indices[mixer.group], step.rows).contiguous()
+
+
+@_state_mixer_op.register_fake
+def _(hidden: torch.Tensor, layer: int) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
+def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,
+                 layer: int, scale: float | None) -> torch.Tensor:
+    """``graphkv::attention``: ``[T, Hq, D]`` of the step's packed ``[T, H, D]`` query / key /
+    value of attention layer ``layer`` (its transformers ``layer_idx``)."""
+    return torch.ops.graphkv.attention(query, key, value, sinks, layer, scale)
+
+
+def state_mixer_op(hidden: torch.Tensor, layer: int) -> torch.Tensor:
+    """``graphkv::state_mixer``: ``[T, hidden]`` of recurrent layer ``layer``'s step."""
+    return torch.ops.graphkv.state_mixer(hidden, layer)
