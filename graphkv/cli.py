@@ -166,6 +166,11 @@ def _add_demo(sub: Any) -> None:
     demo.add_argument("--device", default=d.device, choices=DEVICE_CHOICES,
                       help="default: %(default)s (cuda when available)")
     demo.add_argument("--no-capture", action="store_true", help="run every step eagerly, even on a GPU")
+    demo.add_argument("--kernels", default=d.kernels, choices=("auto", "triton", "torch"),
+                      help="runtime kernels (default: %(default)s: Triton on a GPU, torch on a CPU); 'triton' on a "
+                           "CPU runs the GPU path there: the Triton kernels in Triton's interpreter, the staged "
+                           "tables, the GPU's flex query tile and a rehearsed capture (every step padded to its "
+                           "graph key)")
     demo.add_argument("--seed", type=count(0, maximum=MAX_SEED), default=d.seed,
                       help="weights and prompts seed (default: %(default)s)")
     demo.add_argument("--threads", type=count(1, maximum=1024), default=d.threads,
@@ -346,7 +351,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
-                          device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads)
+                          device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads,
+                          kernels=args.kernels)
     if args.hf is not None:
         require("hf", "transformers", needed_by="graphkv demo --hf")
         from graphkv.hf.demo import run_hf_demo

@@ -54,7 +54,7 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     out = out if out is not None else sys.stdout
     device = check_options(options)
     model = tiny_model(model_type, seed=options.seed).to(device)
-    tile = CPU_FLEX_Q_TILE if device == "cpu" else None
+    tile = CPU_FLEX_Q_TILE if device == "cpu" and options.kernels != "triton" else None  # as ServingLoop plans it
     declared = model_kv(model, flex_q_tile_tokens=tile)
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                                        max_num_batched_tokens=options.max_num_batched_tokens,
@@ -62,7 +62,8 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     budget = Budget.kv_bytes(options.kv_memory)
     check_memory(compile_plan(declared, limits, budget), device, options.kv_memory)
     torch.set_num_threads(options.threads)
-    loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture)
+    loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture,
+                       kernels=options.kernels)
     print(format_plan(loop.plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
     graphs = loop.graphs if options.capture else "capture disabled (--no-capture); every step runs eagerly"
     engine = loop.engine()

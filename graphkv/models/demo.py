@@ -25,7 +25,7 @@ from graphkv.spec.budget import Budget
 from graphkv.spec.limits import CudaGraphMode, Limits
 
 __all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "check_memory", "check_options", "demo_plan", "demo_requests",
-           "run_demo", "serve_demo"]
+           "rehearses", "run_demo", "serve_demo"]
 
 MAX_SEED = (1 << 63) - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
@@ -45,6 +45,7 @@ class DemoOptions:
     capture: bool = True
     seed: int = 0
     threads: int = 1  # torch CPU threads: 1 gives timings that do not depend on how busy the machine is
+    kernels: str = "auto"  # "triton" on a CPU: the GPU path (interpreted kernels, staged tables, rehearsed capture)
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +109,12 @@ def check_options(options: DemoOptions) -> str:
         raise SpecError(Problem(field="--seed", value=options.seed, limit=f"must be in [0, {MAX_SEED}] (a 64-bit seed)",
                                 fix="pass a smaller seed"))
     return device
+
+
+def rehearses(device: str, kernels: str) -> bool:
+    """Whether a demo on ``device`` with ``kernels`` (resolved) rehearses its capture: the GPU path
+    (Triton kernels) on a CPU, where no CUDA graph can be captured."""
+    return device == "cpu" and kernels == "triton"
 
 
 def demo_requests(options: DemoOptions, vocab_size: int) -> tuple[list[Any], dict[int, list[Any]]]:
@@ -175,11 +182,13 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     check_memory(plan, device, options.kv_memory)
     torch.set_num_threads(options.threads)
     print(format_plan(plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
-    model = PagedTinyHybrid(init_weights(config, seed=options.seed).to(device), allocate(plan, device))
-    step = Step(plan, device)
+    model = PagedTinyHybrid(init_weights(config, seed=options.seed).to(device), allocate(plan, device),
+                            kernels=options.kernels)
+    step = Step(plan, device, kernels=options.kernels)
     forward = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
     if options.capture:
-        graphs = str(forward.capture(progress=progress, prepare=step.capture_context))
+        graphs = str(forward.capture(progress=progress, prepare=step.capture_context,
+                                     rehearse=rehearses(device, step.kernels)))
     else:
         graphs = "capture disabled (--no-capture); every step runs eagerly"
     return serve_demo(DemoEngine(plan, step, forward), options, config.vocab_size, device=device, graphs=graphs,

@@ -1,0 +1,49 @@
+"""Every graphkv.hf family on the GPU path, one after another in one process, recompiling nothing.
+
+On a CPU the GPU path is ``compile=True, kernels="triton"``: compiled flex regions, the Triton
+kernels (in Triton's interpreter), the staged table sync, the GPU's flex query tile and a rehearsed
+capture (every step dispatched and padded to its graph key); on a GPU the same with CUDA graphs.
+Per family: 8 prompts (one longer than the 32-token step budget) served 4 at a time give
+``model.generate``'s greedy tokens; then a second serve of other prompt lengths, with Dynamo's
+``error_on_recompile``, compiles nothing new.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
+from graphkv.models.demo_engine import DemoRequest
+
+from hf_harness import NEW_TOKENS, PROMPT_LENGTHS, generate_alone, prompts, serving_loop
+
+OTHER_LENGTHS = (6, 41, 2, 66, 12, 29, 8, 51)  # the second serve: other prompt (and so step) lengths
+
+
+def _serve(loop, model, lengths, seed: int) -> int:
+    """Serve ``lengths``-token prompts 4 at a time, others joining later; returns how many equal generate."""
+    batch = prompts(lengths, seed=seed)
+    engine = loop.engine()
+    requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)]
+    engine.run(requests[:4], arrivals={3: requests[4:6], 6: requests[6:]})
+    return sum(engine.finished[i] == generate_alone(model, p) for i, p in enumerate(batch))
+
+
+@pytest.mark.slow
+def test_every_family_serves_on_the_gpu_path_in_one_process_and_recompiles_nothing(device: str) -> None:
+    """Seven families in one process (compile=True, kernels='triton'): generate's tokens, then no recompile."""
+    assert max(PROMPT_LENGTHS) > 32 and max(OTHER_LENGTHS) > 32  # one prompt longer than the step budget
+    served = {}
+    for family in sorted(TINY_CONFIGS):
+        model = tiny_model(family).to(device)
+        loop = serving_loop(model, compile=True, kernels="triton")
+        assert loop.capture_report.keys, family
+        assert loop.capture_report.rehearsed == (device == "cpu")
+        first = _serve(loop, model, PROMPT_LENGTHS, seed=1)
+        regions = loop.model.regions.num_regions
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            second = _serve(loop, model, OTHER_LENGTHS, seed=2)
+        assert loop.model.regions.num_regions == regions  # decode and mixed regions of every group exist already
+        served[family] = (first, second)
+    assert served == {family: (8, 8) for family in sorted(TINY_CONFIGS)}
