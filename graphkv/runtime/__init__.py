@@ -15,9 +15,10 @@ One folder per idea:
 
 Names are imported lazily (``from graphkv.runtime import allocate, KVPool, BlockTables, Step, Batch,
 PAD_SLOT_ID``; the capture decorator is ``graphkv.capture``), so importing ``graphkv.runtime.capture.keys``
-does not import Triton. On a CPU the runtime's device work runs as numpy / torch code (``kernels="auto"``); to run the Triton kernels
-there, in Triton's interpreter, set ``TRITON_INTERPRET=1`` before the first kernel import and pass
-``kernels="triton"``.
+does not import Triton. On a CPU the runtime's device work runs as numpy / torch code (``kernels="auto"``);
+``kernels="triton"`` runs the GPU path there instead — the same Triton kernels (in Triton's interpreter, no
+environment variable needed), the staged table sync and, with ``capture(rehearse=True)``, every step padded to
+its graph key — so a CPU run catches the GPU path's bugs.
 """
 
 from __future__ import annotations

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Sequence
 
+import attrs
 import numpy as np
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["RequestRows"]
+__all__ = ["LastStep", "RequestRows"]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LastStep:
+    """The last full step: its requests and query lengths as the batch gave them, their table rows,
+    the :class:`~graphkv.runtime.capture.shape.StepShape` the staging arrays were filled for, and
+    the plan's dispatch of it (what a repeat of the step reuses)."""
+
+    req_ids: tuple
+    query_lens: tuple
+    rows: np.ndarray
+    shape: Any  # StepShape
+    dispatch: Any  # StepDispatch
 
 
 class RequestRows:
@@ -24,13 +38,12 @@ class RequestRows:
         self.max_num_seqs = max_num_seqs
         self.rows: dict[Hashable, int] = {}
         self.free = list(range(max_num_seqs - 1, -1, -1))  # pop() hands out row 0 first
-        self.last: tuple | None = None  # (req_ids, query_lens, StepShape) the staging arrays hold
+        self.last: LastStep | None = None  # the last full step, whose shape the staging arrays hold
         self.last_rows = np.zeros(0, dtype=np.int64)  # the rows of the last step's requests
-        self.last_full: tuple | None = None  # what the last full step derived, for a repeat of it
 
     def forget_last(self) -> None:
         """The staging arrays or the rows changed outside a step: no shortcut for the next one."""
-        self.last = self.last_full = None
+        self.last = None
 
     def row_of(self, req_id: Hashable) -> int:
         """The row of ``req_id``; :class:`SpecError` when it is not a live request."""
@@ -45,7 +58,7 @@ class RequestRows:
         :class:`SpecError` for unhashable or repeated ids and for more joining requests than free
         rows. Changes nothing."""
         n = len(req_ids)
-        if self.last is not None and self.last[0] == req_ids:  # the last step's requests: no hashing
+        if self.last is not None and self.last.req_ids == req_ids:  # the last step's requests: no hashing
             return self.last_rows, np.zeros(n, dtype=bool), 0
         try:
             found = list(map(self.rows.get, req_ids))

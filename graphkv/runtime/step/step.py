@@ -53,7 +53,7 @@ from graphkv.runtime.step.checks import BatchChecker, CheckedBatch, check_input_
 from graphkv.runtime.step.context import StepContext, forward_context
 from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
 from graphkv.runtime.step.repeat import Parts, RepeatStep
-from graphkv.runtime.step.rows import RequestRows
+from graphkv.runtime.step.rows import LastStep, RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 
@@ -152,7 +152,7 @@ class Step:
         """The :class:`StepShape` the persistent buffers were last filled for (``None`` before the
         first step and after :meth:`finish` / :meth:`undo`)."""
         last = self._requests.last
-        return None if last is None else last[2]
+        return None if last is None else last.shape
 
     @property
     def query_start_loc(self) -> torch.Tensor:
@@ -386,7 +386,8 @@ class Step:
                 self.tables.append_pages(rows, c.entries)
                 undo.hold = own.hold(c.entries, c.columns, rows, c.new, c.ctx, c.shared)
             last = self._requests.last
-            same = last is not None and last == (c.req_ids, c.query_lens, shape) and not c.num_new
+            same_rows = last is not None and last.req_ids == c.req_ids
+            same = same_rows and not c.num_new and last.query_lens == c.query_lens and last.shape == shape
             written_pages = self._stage_metadata(shape, c.qlens, c.slens, c.ctx, rows, same=same)
             if own.num_shared:
                 token_req = self._arange[:c.num_tokens] if c.num_tokens == c.num_reqs else \
@@ -394,15 +395,15 @@ class Step:
                 for g, pages in written_pages:
                     own.check_writes(c.req_ids, pages, token_req, g)
             own.written[rows] = c.slens
-            self.tables.sync(rows, shape.num_reqs_padded, same_rows=last is not None and last[0] == c.req_ids)
+            self.tables.sync(rows, shape.num_reqs_padded, same_rows=same_rows)
             self._staging.copy_to_device()
         except BaseException:
             self.undo()
             raise
         requests = self._requests
-        requests.last = (c.req_ids, c.query_lens, shape)
+        requests.last = LastStep(req_ids=c.req_ids, query_lens=c.query_lens, rows=rows, shape=shape,
+                                 dispatch=c.dispatch)
         requests.last_rows = rows
-        requests.last_full = (c.req_ids, c.query_lens, rows, shape, c.dispatch)
         self._repeat = None
 
     def _repeat_of(self, batch: Batch) -> RepeatStep | None:
@@ -410,10 +411,10 @@ class Step:
         if type(batch) is not Batch:
             return None
         if self._repeat is None:
-            last = self._requests.last_full
-            if last is None or batch.new_pages or batch.req_ids != last[0] or batch.query_lens != last[1]:
+            last = self._requests.last
+            if last is None or batch.new_pages or batch.req_ids != last.req_ids or batch.query_lens != last.query_lens:
                 return None
-            self._repeat = RepeatStep(self._parts, *last)
+            self._repeat = RepeatStep(self._parts, last.req_ids, last.query_lens, last.rows, last.shape, last.dispatch)
         return self._repeat if self._repeat.matches(batch) else None
 
     def _forget_last(self) -> None:

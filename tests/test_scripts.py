@@ -1,0 +1,59 @@
+"""The scripts a person with a GPU runs first: they parse, refuse a machine without CUDA, and work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
+
+
+def test_gpu_check_parses() -> None:
+    """bash reads the whole GPU check without a syntax error."""
+    subprocess.run(["bash", "-n", str(GPU_CHECK)], check=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the check would run in full (scripts/gpu_check.sh)")
+def test_gpu_check_refuses_a_machine_without_cuda() -> None:
+    """Without CUDA the check stops at once with exit code 2 and says why."""
+    env = {k: v for k, v in os.environ.items() if k != "GPU_CHECK_ALLOW_CPU"}
+    done = subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_gpu_check_refuses_an_unknown_argument() -> None:
+    """A flag the check does not know is one line on stderr and exit code 2."""
+    done = subprocess.run(["bash", str(GPU_CHECK), "--fast"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown argument '--fast'" in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_a_selected_step_and_writes_its_summary(tmp_path: Path) -> None:
+    """One demo --hf step (on the CPU here) passes, and summary.md holds its row and the failure count."""
+    env = dict(os.environ, GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_OUT=str(tmp_path))
+    done = subprocess.run(["bash", str(GPU_CHECK), "--steps", "demo-hf-llama"], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "**0 failures.**" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| demo-hf-llama |"))
+    assert "| pass |" in row and "for 12/12 requests" in row
+    assert (tmp_path / "demo-hf-llama.log").exists()
+
+
+@pytest.mark.slow
+def test_big_model_script_serves_a_small_float32_model_with_generates_tokens() -> None:
+    """The batch-32 script, shrunk to a 2-layer float32 model on the CPU's GPU path, equals model.generate."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_big_model.py"), "--device", "cpu",
+                           "--layers", "2", "--hidden", "128", "--batch", "4", "--budget", "64", "--dtype", "float32",
+                           "--min-prompt", "8", "--max-prompt", "100", "--new-tokens", "6", "--check", "4",
+                           "--kernels", "triton"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "greedy tokens equal to model.generate for the first 4 prompts: 4/4" in done.stdout
+    assert "ok: every request finished" in done.stdout
