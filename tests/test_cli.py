@@ -167,17 +167,30 @@ def test_module_entry_point_prints_json() -> None:
     assert json.loads(proc.stdout)["block_size"] > 0
 
 
-def test_demo_serves_requests_and_says_why_graphs_are_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
-    """`graphkv demo` prints the plan report, then a run where every request finishes."""
+def test_demo_serves_requests_and_says_what_capture_did(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`graphkv demo` prints the plan report, then a run where every request finishes and what capture did
+    (on a CPU machine: why CUDA graphs are unavailable; on a GPU: the decode graphs it captured)."""
     import torch
 
-    assert main(["demo", "--requests", "3", "--new-tokens", "2", "--max-num-seqs", "2"]) == 0
+    from graphkv.models.demo import DemoOptions, demo_plan
+    from graphkv.plan.graph_keys import capture_keys
+
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("checks a CPU machine's run (its 'torch.cuda.is_available() is False' line); with a GPU, the "
+                    "[cuda] case of this test checks the demo's captured graphs")
+    assert main(["demo", "--requests", "3", "--new-tokens", "2", "--max-num-seqs", "2", "--device", device]) == 0
     out = capsys.readouterr().out
     assert out.startswith("graphkv plan: tiny-hybrid")
     assert "requests        3 finished in" in out
     assert "tokens/s" in out
-    if not torch.cuda.is_available():
-        assert "CUDA graphs unavailable: torch.cuda.is_available() is False" in out
+    if device == "cpu":
+        assert "\ndevice          cpu\n" in out
+        assert "\ncuda graphs     CUDA graphs unavailable: torch.cuda.is_available() is False" in out
+    else:
+        plan = demo_plan(DemoOptions(requests=3, new_tokens=2, max_num_seqs=2))
+        keys = capture_keys(plan.cudagraph, plan.limits)  # decode steps of 1 and 2 requests
+        assert f"\ndevice          {torch.cuda.get_device_name()}\n" in out
+        assert f"\ncuda graphs     captured {len(keys)} CUDA graphs in " in out
 
 
 def test_demo_rejects_a_non_positive_request_count(capsys: pytest.CaptureFixture[str]) -> None:

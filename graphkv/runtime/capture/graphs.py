@@ -130,7 +130,16 @@ class CapturedForward:
         elif plan.cudagraph.mode is CudaGraphMode.NONE:
             self.unavailable_reason = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
         else:
-            self.unavailable_reason = None
+            self.unavailable_reason = self._off_device_reason()
+
+    def _off_device_reason(self) -> str | None:
+        """Why no graph can be captured over the static inputs: they live where CUDA graphs do not
+        (a CPU forward on a machine that has a GPU would otherwise capture empty graphs)."""
+        off = sorted({str(b.device) for b in self.inputs.buffers.values() if not piecewise.graph_device(b.device)})
+        if off:
+            return (f"CUDA graphs need CUDA tensors: the forward's static inputs are on {', '.join(off)}; running "
+                    "eagerly")
+        return None
 
     @property
     def support(self) -> CudaGraphSupport:
@@ -245,6 +254,11 @@ class CapturedForward:
                                                                 f"allows no key of mode {self.mode.value}",),
                                  rehearsed=rehearse)
         self.inputs.ensure(example_inputs, keys[0].num_tokens)
+        if self.unavailable_reason is None:  # the buffers may be new (example_inputs)
+            self.unavailable_reason = self._off_device_reason()
+        if self.unavailable_reason is not None and not rehearse:
+            self._log_once(self.unavailable_reason, logging.WARNING)
+            return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
         self._rehearsed = rehearse
         self._shapes.clear()
         if self.pool is None and not rehearse:

@@ -157,6 +157,11 @@ def capture_graph(fn: Callable[[], Any], pool: Any) -> tuple[Any, Any]:
     return graph, outputs
 
 
+def graph_device(device: torch.device) -> bool:
+    """Whether tensors on ``device`` can be captured in a CUDA graph (CUDA devices only)."""
+    return device.type == "cuda"
+
+
 def _cuda_graphs_apply(t: torch.Tensor) -> bool:
     """Whether a runner may replay/capture: the piece runs on CUDA and no enclosing capture is open."""
     return t.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()

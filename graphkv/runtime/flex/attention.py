@@ -6,27 +6,16 @@ the mask lists only kernel blocks, so the bytes between them (V, or other layers
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 from graphkv.errors import Problem, SpecError
+from graphkv.runtime.flex.region import flex_kernel_options
 from graphkv.runtime.flex.views import flex_kv_block_stride, paged_kv_views
 
-__all__ = ["flex_kernel_options", "paged_flex_attention"]
+__all__ = ["paged_flex_attention"]
 
 
-def flex_kernel_options(query: torch.Tensor, block_mask: BlockMask) -> dict[str, int | bool] | None:
-    """Triton tile sizes compatible with the mask's sparse blocks on CUDA (``None`` on CPU).
-
-    The kernel's key tile must divide the kernel block size (a multiple of 16) and its query tile
-    the query tile, so take the largest power of two <= 64 dividing each; one kernel (not the
-    short-query decoding one) serves mixed and decode steps alike. Untested on a GPU so far."""
-    if query.device.type != "cuda":
-        return None
-    q_tile, kbs = block_mask.BLOCK_SIZE
-    return {"BLOCK_M": math.gcd(q_tile, 64), "BLOCK_N": math.gcd(kbs, 64), "FORCE_USE_FLEX_ATTENTION": True}
 
 
 def _check_mask_matches_cache(block_mask: BlockMask, kv_cache: torch.Tensor, k: torch.Tensor) -> None:
@@ -58,6 +47,10 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     sinks need (eager flex and compiled flex on a GPU give it; torch 2.13's compiled CPU flex
     does not). Capture-safe.
 
+    This is the one-call form (eager, or compiled by a caller for one model): it builds the flat K/V
+    views itself with ``as_strided``. Serving calls :class:`~graphkv.runtime.flex.region.FlexRegions`
+    instead, which compiles once per group and phase over views built once outside the region.
+
     Uncompiled flex attention (the eager math path) scores every key of the flat view and only
     then applies the mask, so it reads the bytes between kernel blocks too (V, and in a hybrid
     pool other groups' pages, e.g. Mamba states): they never change the result as long as they
@@ -70,7 +63,8 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
         # A fresh [1, Hq, T, D] buffer: inductor's CPU flex template reads the 4-D shape off the
         # query's base buffer, which a view of a [T, Hq, D] tensor lacks (torch 2.13).
         q = q.clone(memory_format=torch.contiguous_format)
-    options = flex_kernel_options(query, block_mask)
+    q_tile, kbs = block_mask.BLOCK_SIZE
+    options = flex_kernel_options(query.device.type, q_tile, kbs)
     if return_lse:
         out, aux = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=options,
                                   return_aux=AuxRequest(lse=True))

@@ -91,7 +91,11 @@ def has_state_fields(cfg: ConfigReader) -> bool:
     return any(cfg.has(k) for k in _STATE_KEYS)
 
 
-def _layer_count(cfg: ConfigReader) -> int | None:
+def _layer_count(cfg: ConfigReader, family: Family | None = None) -> int | None:
+    if family is not None and family.attentions_per_layer > 1 and cfg.has("num_layers"):
+        # LongCat-Flash: num_layers decoder layers of two attentions each; transformers <= 5.17 also
+        # writes num_hidden_layers = 2 x num_layers (it counts the attentions), which is not the layer count.
+        return cfg.int_field("num_layers", cap="layers")
     return cfg.int_field("num_hidden_layers", also=LAYER_COUNT_KEYS[1:], cap="layers")
 
 
@@ -231,7 +235,7 @@ def read_layout(cfg: ConfigReader, family: Family | None) -> Layout | None:
             return _from_list(cfg, key)
     if cfg.has("hybrid_override_pattern"):
         return _from_letters(cfg, "hybrid_override_pattern")
-    count = _layer_count(cfg)
+    count = _layer_count(cfg, family)
     if count is None:
         return None
     readers: Sequence[tuple[str, Callable[[], Layout | None]]] = (

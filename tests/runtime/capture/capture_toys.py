@@ -133,6 +133,7 @@ class GraphEmulator:
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(piecewise, "capture_graph", self.capture_graph)
         monkeypatch.setattr(piecewise, "_cuda_graphs_apply", lambda t: not self.capturing)
+        monkeypatch.setattr(piecewise, "graph_device", lambda device: True)  # CPU tensors stand in for CUDA ones
         monkeypatch.setattr(sys.modules[__name__], "_ACTIVE", self)
         return self
 
@@ -141,7 +142,10 @@ class GraphEmulator:
         """graphkv.runtime.capture.graphs(plan, **options)(fn), built while CUDA is reported present."""
         from graphkv.runtime.capture.graphs import capture
 
-        with mock.patch.object(torch.cuda, "is_available", lambda: True):
+        from graphkv.runtime.capture import piecewise
+
+        with mock.patch.object(torch.cuda, "is_available", lambda: True), \
+                mock.patch.object(piecewise, "graph_device", lambda device: True):
             return capture(plan, **options)(fn)
 
 

@@ -208,6 +208,23 @@ class FakeCuda:
                             "Stream": Stream, "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
                             "CUDAGraph": Graph, "graph": graph, "synchronize": lambda: None}.items():
             monkeypatch.setattr(torch.cuda, name, value)
+        from graphkv.runtime.capture import piecewise
+
+        monkeypatch.setattr(piecewise, "graph_device", lambda device: True)  # CPU tensors stand in for CUDA ones
+
+
+def test_a_cpu_forward_on_a_machine_with_cuda_captures_nothing_and_runs_eagerly(monkeypatch, caplog):
+    """With CUDA present, static inputs on the CPU get no (empty) CUDA graph: every step runs eagerly, said once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs={"input_ids": torch.zeros(8, dtype=torch.int64)})(lambda input_ids: input_ids * 2)
+    assert fwd.unavailable_reason == ("CUDA graphs need CUDA tensors: the forward's static inputs are on cpu; "
+                                      "running eagerly")
+    report = fwd.capture(progress=False)
+    assert report.keys == () and report.unavailable_reason == fwd.unavailable_reason
+    late = capture(plan)(lambda input_ids: input_ids)  # buffers made at capture from CPU example inputs
+    assert late.capture(progress=False, example_inputs={"input_ids": torch.ones(3, dtype=torch.int64)}).keys == ()
+    assert fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3])).tolist() == [2, 4, 6]
 
 
 def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(monkeypatch, capsys):

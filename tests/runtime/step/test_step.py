@@ -136,6 +136,9 @@ def test_uniform_decode_keys_and_padding_for_every_batch_size(n):
         assert mask.shape[-2] == padded  # built for the graph's token count
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks a CPU machine's fallback (no graphs, 'torch.cuda.is_available() is False'); with "
+                           "a GPU, tests/models/test_paged_tiny_hybrid_gpu.py captures and replays a Step's forward")
 def test_cpu_captured_forward_runs_the_step_eagerly_and_says_why():
     """On CPU the captured forward runs the step eagerly on exactly num_tokens and the report says why."""
     plan = _plan("AAA")

@@ -21,6 +21,8 @@ from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKey
 transformers = pytest.importorskip("transformers", reason="the family tests read transformers' reference configs")
 transformers.logging.set_verbosity_error()
 
+from transformers_types import reference_config  # noqa: E402 - after the importorskip above
+
 BF16 = "bfloat16"
 
 
@@ -148,8 +150,10 @@ ROWS = [
     _sw("flint", 35, 14, 4, 128, 513),
     _sw("beam", 43, 9, 8, 128, 512),
     _sw("gpt_neo", 12, 12, 16, 128, 256),  # attention_layers global / local, window_size 256; 2048 / 16
-    Row("mimo_v2_flash", {"sliding_window": 39, "full_attention": 9},  # v_head_dim 128 != head_dim 192
-        {"sliding_window": (4, 192, 128, 129), "full_attention": (4, 192, 128, None)}),
+    # v_head_dim 128 != head_dim 192. sliding_window pinned to the current reference default, 129 (the SGLang window:
+    # 128 earlier tokens plus the query); transformers 5.17 and 5.18 default to 128. The row checks the reader.
+    Row("mimo_v2_flash", {"sliding_window": 39, "full_attention": 9},
+        {"sliding_window": (4, 192, 128, 129), "full_attention": (4, 192, 128, None)}, {"sliding_window": 129}),
     # --- chunked local, per-layer head sizes, KV sharing
     Row("llama4_text", {"chunked_local": 36, "full_attention": 12},  # RoPE layers chunked, every 4th (NoPE) global
         {"chunked_local": (8, 128, 128, 8192), "full_attention": (8, 128, 128, None)}),
@@ -214,8 +218,9 @@ BY_TYPE = {row.model_type: row for row in ROWS}
 
 
 def read(model_type: str, **overrides: Any):
-    """The reader's model of transformers' reference config for ``model_type``."""
-    return model_from_hf_config(transformers.AutoConfig.for_model(model_type, **overrides).to_dict())
+    """The reader's model of transformers' reference config for ``model_type`` (a skip when the installed
+    transformers does not know the type)."""
+    return model_from_hf_config(reference_config(model_type, **overrides).to_dict())
 
 
 def test_at_least_seventy_families_and_every_listed_family_has_a_row():
@@ -227,7 +232,7 @@ def test_at_least_seventy_families_and_every_listed_family_has_a_row():
 @pytest.mark.parametrize("row", ROWS, ids=[row.model_type for row in ROWS])
 def test_family_reads_the_kinds_counts_and_shapes_its_model_code_uses(row: Row):
     """The reference config reads as exactly the kinds, counts, heads, sizes, windows and states of the row."""
-    model = read(row.model_type, **row.overrides)
+    model = model_from_hf_config(reference_config(row.model_type, **row.overrides).to_dict())
     counts = Counter(kind_label(layer.spec) for layer in model.layers)
     counts.update(kind_label(c.spec) for c in model.cacheless)
     assert dict(counts) == row.counts
@@ -249,6 +254,13 @@ def test_gemma3n_shared_layers_read_the_last_earlier_layer_of_their_type():
     assert {i for i, s in sources.items() if s == "layers.19"} == {24, 29, 34}
     assert {i for i, s in sources.items() if s == "layers.18"} == set(range(20, 35)) - {24, 29, 34}
     assert [layer.index for layer in model.layers] == list(range(20))
+
+
+def test_longcat_flash_saved_with_num_hidden_layers_reads_as_its_num_layers():
+    """LongCat-Flash saved with num_hidden_layers = 2 x num_layers (28 layers) reads as 56 MLA entries, not 112."""
+    config = reference_config("longcat_flash").to_dict()
+    model = model_from_hf_config({**config, "num_hidden_layers": 2 * config["num_layers"]})
+    assert Counter(kind_label(layer.spec) for layer in model.layers) == {"mla": 2 * config["num_layers"]}
 
 
 def test_two_entry_layers_keep_their_layer_index():
@@ -298,7 +310,7 @@ def test_junk_in_any_field_of_a_new_kind_gives_a_model_or_a_spec_error(model_typ
     """Replacing any field of these configs with junk never lets a raw exception escape the reader."""
     from graphkv.errors import SpecError
 
-    base = transformers.AutoConfig.for_model(model_type).to_dict()
+    base = reference_config(model_type).to_dict()
     for key in [k for k in base if not k.startswith("_") and k not in ("id2label", "label2id")]:
         for junk in _JUNK:
             try:
@@ -314,7 +326,7 @@ def test_nemotron_h_saved_by_transformers_5_reads_like_the_original_config():
     from graphkv.presets import load_preset_config
 
     original = load_preset_config("nemotron-h-8b")
-    saved = transformers.AutoConfig.for_model(
+    saved = reference_config(
         "nemotron_h", hybrid_override_pattern=original["hybrid_override_pattern"], num_hidden_layers=52,
         hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, mamba_num_heads=128,
         mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4, chunk_size=128).to_dict()

@@ -80,11 +80,13 @@ def test_a_bad_rope_factor_is_one_problem_naming_the_field(factor):
 
 def test_a_pure_mamba_config_plans_at_2048_tokens_by_default():
     """transformers' Mamba2 reference config has no length field: the plan's auto length is vLLM's 2048."""
-    transformers = pytest.importorskip("transformers", reason="the reference config comes from transformers")
+    pytest.importorskip("transformers", reason="the reference config comes from transformers")
+    from transformers_types import reference_config
+
     import graphkv
     from graphkv import Budget, Limits
 
-    model = ModelKV.from_hf_config(transformers.AutoConfig.for_model("mamba2").to_dict())
+    model = ModelKV.from_hf_config(reference_config("mamba2").to_dict())
     plan = graphkv.compile(model, Limits(max_num_seqs=16), Budget.kv_bytes("4GiB"))
     assert plan.max_model_len == 2048
     assert any("2048 assumed" in note for note in plan.notes)
