@@ -28,7 +28,6 @@ from typing import Any, Mapping
 
 import attrs
 import torch
-from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.hf.layer_ops import attention_op
@@ -61,15 +60,13 @@ class AttentionBinding:
 
 @attrs.frozen(kw_only=True, eq=False)
 class PagedStep:
-    """What one forward's layers read: the step context, the block mask of each flex group (built
-    once per forward into the group's builder), the packing of state-layer tokens (``None`` without
-    state layers), every attention layer's binding and every recurrent mixer
+    """What one forward's layers read: the step context (whose flex mask builders the forward
+    rebuilt once for the step), the packing of state-layer tokens (``None`` without state layers), every attention layer's binding and every recurrent mixer
     (:class:`~graphkv.hf.mixers.base.PagedMixer`) by its transformers ``layer_idx``, the model's
     flex regions, the K/V write's kernels and the step's phase (``"decode"`` for a uniform decode
     step, which has its own compiled regions, else ``"mixed"``)."""
 
     context: StepContext
-    masks: Mapping[int, BlockMask]
     rows: PackedRows | None
     attention: Mapping[int, AttentionBinding]
     mixers: Mapping[int, Any]

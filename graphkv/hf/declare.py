@@ -12,7 +12,7 @@ from graphkv.hf.support import family_of
 from graphkv.spec.backends import BUILTIN_BACKENDS
 from graphkv.spec.model import ModelKV
 
-__all__ = ["CPU_FLEX_Q_TILE", "model_dtype", "model_kv"]
+__all__ = ["CPU_FLEX_Q_TILE", "flex_q_tile_for", "model_dtype", "model_kv"]
 
 CPU_FLEX_Q_TILE = 4
 """The flex query tile graphkv.hf plans on a CPU (the ``flex`` backend's is 128, a GPU kernel's
@@ -20,6 +20,14 @@ tile). Compiled CPU flex scores every key block its query tile lists, and a deco
 token per request, so a 128-token tile of 32 decoding requests lists all 32 requests' pages for
 each of them; a 4-token tile lists at most 4. Measured on the tiny Qwen3 at batch 32 (2-core CPU,
 one thread): 2.6k generated tokens/s with 128, 3.2k with 16, 4.8k with 4, 3.9k with 1."""
+
+
+def flex_q_tile_for(device: "str | torch.device", kernels: str) -> int | None:
+    """The flex query tile graphkv.hf plans with on ``device`` with resolved ``kernels``:
+    :data:`CPU_FLEX_Q_TILE` on a CPU's own path, ``None`` (the backend's GPU default) on the GPU path."""
+    from graphkv.runtime.ops.choice import gpu_path
+
+    return None if gpu_path(kernels, device) else CPU_FLEX_Q_TILE
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -17,7 +17,8 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
-from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
+from graphkv.hf.declare import flex_q_tile_for, model_kv
+from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.hf.generation import sliding_tables_for
 from graphkv.hf.serving import ServingLoop
 from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
@@ -54,8 +55,7 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     out = out if out is not None else sys.stdout
     device = check_options(options)
     model = tiny_model(model_type, seed=options.seed).to(device)
-    tile = CPU_FLEX_Q_TILE if device == "cpu" and options.kernels != "triton" else None  # as ServingLoop plans it
-    declared = model_kv(model, flex_q_tile_tokens=tile)
+    declared = model_kv(model, flex_q_tile_tokens=flex_q_tile_for(device, resolve_kernels(options.kernels, device)))
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                                        max_num_batched_tokens=options.max_num_batched_tokens,
                                        cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY), declared)

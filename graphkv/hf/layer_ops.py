@@ -72,8 +72,7 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.
 @torch.library.custom_op("graphkv::state_mixer", mutates_args=())
 def _state_mixer_op(hidden: torch.Tensor, layer: int) -> torch.Tensor:
     step = current_paged_step()
-    mixer = step.mixers[layer]
-    return mixer.mix(hidden, step.context.state_indices[mixer.group], step.rows).contiguous()
+    return step.mixers[layer].step(hidden, step).contiguous()
 
 
 @_state_mixer_op.register_fake

@@ -24,7 +24,7 @@ from graphkv.hf.view import paged_view
 from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.flex.region import FlexRegions
 from graphkv.runtime.flex.views import paged_kv_views
-from graphkv.runtime.ops.choice import resolve_kernels
+from graphkv.runtime.ops.choice import gpu_path, resolve_kernels
 from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import current_context
@@ -127,9 +127,8 @@ class PagedModel(torch.nn.Module):
         register()
         # transformers' default MoE loop picks the experts a step hits on the host (a sync no CUDA
         # graph can hold); its batched_mm implementation routes on the device.
-        gpu_path = pool.device.type == "cuda" or self.kernels == "triton"
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
-                               experts_implementation="batched_mm" if gpu_path else None)
+                               experts_implementation="batched_mm" if gpu_path(self.kernels, pool.device) else None)
         self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
         if compile == "model":
             self.view = torch.compile(self.view)
@@ -169,7 +168,8 @@ class PagedModel(torch.nn.Module):
         ctx = current_context()
         num_tokens = input_ids.shape[0]
         shape = current_shape()
-        step = PagedStep(context=ctx, masks=ctx.build_masks(num_tokens), attention=self.attention,
+        ctx.build_masks(num_tokens)  # into the builders' buffers, which the attention regions read
+        step = PagedStep(context=ctx, attention=self.attention,
                          mixers=self.mixers,
                          rows=PackedRows.from_context(ctx, num_tokens) if self.has_state_layers else None,
                          regions=self.regions, kernels=self.kernels,

@@ -6,14 +6,14 @@ from typing import Any, Sequence
 
 import torch
 
-from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_kv
+from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.hf.model import PagedModel
 from graphkv.models.demo_engine import DemoEngine
 from graphkv.memory.available import check_pool_fits
 from graphkv.plan.compile import compile_plan
 from graphkv.runtime.capture.graphs import CaptureReport, capture
 from graphkv.runtime.device import resolve_device
-from graphkv.runtime.ops.choice import resolve_kernels
+from graphkv.runtime.ops.choice import rehearses, resolve_kernels
 from graphkv.runtime.pool.allocate import allocate
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
@@ -27,8 +27,8 @@ class ServingLoop:
     """A transformers causal LM planned, allocated and wrapped for serving on graphkv.
 
     Built from a loaded model: the cache layers are read from ``model.config``
-    (:func:`~graphkv.hf.declare.model_kv`; on a CPU with the flex query tile
-    :data:`~graphkv.hf.declare.CPU_FLEX_Q_TILE`), the plan is compiled for ``limits`` and ``budget``
+    (:func:`~graphkv.hf.declare.model_kv`, with the flex query tile of
+    :func:`~graphkv.hf.declare.flex_q_tile_for`), the plan is compiled for ``limits`` and ``budget``
     before anything is allocated, the pool and the :class:`~graphkv.runtime.step.Step` buffers
     are allocated on ``device`` (default: where the weights are), and the model's forward
     (:class:`~graphkv.hf.model.PagedModel`) is wrapped by ``graphkv.capture``. ``capture_graphs``
@@ -58,10 +58,8 @@ class ServingLoop:
                  kernels: str = "auto") -> None:  # noqa: A002
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.kernels = resolve_kernels(kernels, self.device)
-        # The GPU path (Triton kernels) on a CPU keeps the GPU's flex query tile too.
-        gpu_path = self.device.type == "cuda" or self.kernels == "triton"
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
-                                 flex_q_tile_tokens=None if gpu_path else CPU_FLEX_Q_TILE)
+                                 flex_q_tile_tokens=flex_q_tile_for(self.device, self.kernels))
         self.plan = compile_plan(self.model_kv, limits, budget)
         check_pool_fits(self.plan, self.device, field="budget", value=format_bytes(self.plan.pool_bytes),
                         fix=" (or pass limits.num_blocks_override)")  # before anything is allocated
@@ -71,10 +69,8 @@ class ServingLoop:
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:
-            # Without CUDA the GPU path is rehearsed: every key warmed up, every step padded as a replay.
-            rehearse = self.device.type != "cuda" and self.kernels == "triton"
             self.capture_report = self.forward.capture(progress=False, prepare=self.step.capture_context,
-                                                       rehearse=rehearse)
+                                                       rehearse=rehearses(self.kernels, self.device))
 
     @property
     def graphs(self) -> str:

@@ -25,7 +25,7 @@ from graphkv.spec.budget import Budget
 from graphkv.spec.limits import CudaGraphMode, Limits
 
 __all__ = ["MAX_SEED", "DemoOptions", "DemoResult", "check_memory", "check_options", "demo_plan", "demo_requests",
-           "rehearses", "run_demo", "serve_demo"]
+           "run_demo", "serve_demo"]
 
 MAX_SEED = (1 << 63) - 1  # torch.Generator.manual_seed takes a 64-bit seed
 
@@ -111,12 +111,6 @@ def check_options(options: DemoOptions) -> str:
     return device
 
 
-def rehearses(device: str, kernels: str) -> bool:
-    """Whether a demo on ``device`` with ``kernels`` (resolved) rehearses its capture: the GPU path
-    (Triton kernels) on a CPU, where no CUDA graph can be captured."""
-    return device == "cpu" and kernels == "triton"
-
-
 def demo_requests(options: DemoOptions, vocab_size: int) -> tuple[list[Any], dict[int, list[Any]]]:
     """``options.requests`` random prompts (lengths in ``options.prompt_len``, seeded by
     ``options.seed``): the half present at the start, and the rest arriving one every other step."""
@@ -172,6 +166,7 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     from graphkv.models.tiny_hybrid import init_weights
     from graphkv.report import format_plan
     from graphkv.runtime.capture.graphs import capture
+    from graphkv.runtime.ops.choice import rehearses
     from graphkv.runtime.pool.allocate import allocate
     from graphkv.runtime.step.step import Step
 
@@ -188,7 +183,7 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
     forward = capture(plan, static_inputs={"input_ids": step.input_ids})(model.forward)
     if options.capture:
         graphs = str(forward.capture(progress=progress, prepare=step.capture_context,
-                                     rehearse=rehearses(device, step.kernels)))
+                                     rehearse=rehearses(step.kernels, device)))
     else:
         graphs = "capture disabled (--no-capture); every step runs eagerly"
     return serve_demo(DemoEngine(plan, step, forward), options, config.vocab_size, device=device, graphs=graphs,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask
 
 from graphkv.models.tiny_hybrid import TinyHybridWeights, rms_norm, split_qkv
 from graphkv.runtime.capture.shape import current_shape
@@ -72,19 +71,19 @@ class PagedTinyHybrid(torch.nn.Module):
         ctx: StepContext = current_context()
         w, c = self.weights, self.config
         x = w["embed"][input_ids]
-        masks = ctx.build_masks(input_ids.shape[0])  # once per forward: replayed inside a graph
+        ctx.build_masks(input_ids.shape[0])  # once per forward, into the builders' buffers: replayed inside a graph
         rows = PackedRows.from_context(ctx, input_ids.shape[0])  # once per forward, for every recurrence
         for name, kind in zip(self.layer_names, c.pattern):
             h = rms_norm(x)
             if kind == "A":
-                x = x + self._attention(ctx, name, h, masks[ctx.group(name)])
+                x = x + self._attention(ctx, name, h)
             else:
                 x = x + self._recurrence(ctx, name, h, rows)
         return rms_norm(x) @ w["lm_head"]
 
-    def _attention(self, ctx: StepContext, name: str, h: torch.Tensor, mask: BlockMask) -> torch.Tensor:
-        """One attention layer: write the step's K/V, attend through the region (``mask`` was built
-        for this step into the group's builder, whose persistent buffers the region reads)."""
+    def _attention(self, ctx: StepContext, name: str, h: torch.Tensor) -> torch.Tensor:
+        """One attention layer: write the step's K/V, attend through the region (the step's mask was
+        built into the group's builder, whose persistent buffers the region reads)."""
         q, k, v = split_qkv(self.weights, name + ".", h)
         g = ctx.group(name)
         write_kv_op(k, v, self.pool.kv_cache(name), ctx.slot_mappings[g], layout=self.pool.layout(name),

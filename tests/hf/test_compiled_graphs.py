@@ -9,9 +9,6 @@ size of a layer cache. (The timing across pool sizes is ``benchmarks/pool_scalin
 
 from __future__ import annotations
 
-import math
-import re
-
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -20,20 +17,10 @@ import graphkv
 from graphkv.hf import ServingLoop, tiny_model
 from graphkv.runtime import Batch
 
+from inductor_code import allocations
+
 LIMITS = graphkv.Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
                         cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)
-_ALLOCATION = re.compile(r"empty_strided_\w+\(\(([^)]*)\)")
-
-
-def allocations(code: str, symbol_size: int) -> list[int]:
-    """Element counts of every buffer a generated graph allocates (symbolic sizes taken as ``symbol_size``)."""
-    sizes = []
-    for match in _ALLOCATION.finditer(code):
-        dims = [d.strip() for d in match.group(1).split(",") if d.strip()]
-        sizes.append(math.prod(int(d) if d.isdigit() else symbol_size for d in dims))
-    return sizes
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type, compile", [("qwen3", True), ("qwen3", "model"), ("qwen3_next", "model")])
 def test_a_compiled_decode_step_allocates_nothing_the_size_of_a_layer_cache(model_type: str, compile) -> None:

@@ -43,8 +43,12 @@ class PagedMixer(torch.nn.Module):
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
         if torch.compiler.is_compiling():
             return state_mixer_op(hidden_states[0], self.layer)[None]
-        pages = graphkv.context.state_indices[self.group]
-        return self.mix(hidden_states[0], pages, graphkv.rows)[None]
+        return self.step(hidden_states[0], graphkv)[None]
+
+    def step(self, x: torch.Tensor, graphkv: Any) -> torch.Tensor:
+        """``[T, hidden] -> [T, hidden]`` for the step in ``graphkv`` (a
+        :class:`~graphkv.hf.attention.PagedStep`): :meth:`mix` at each row's state page."""
+        return self.mix(x, graphkv.context.state_indices[self.group], graphkv.rows)
 
     def mix(self, x: torch.Tensor, pages: torch.Tensor, rows: PackedRows) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]``, reading and writing the states at ``pages``."""

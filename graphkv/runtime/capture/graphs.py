@@ -47,7 +47,7 @@ from graphkv.errors import CaptureError, Problem
 from graphkv.plan.plan import Plan
 from graphkv.runtime.capture import piecewise
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
-from graphkv.runtime.capture.shape import StepShape, shape_context, step_shape
+from graphkv.runtime.capture.shape import ShapeMemo, StepShape, shape_context
 from graphkv.runtime.capture.static_inputs import StaticInputs
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode
@@ -119,7 +119,7 @@ class CapturedForward:
         self.pool = pool
         self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
         self._graphs: dict[GraphKey, _Captured] = {}
-        self._shapes: dict[int, StepShape] = {}  # decode steps' shapes by request count (cleared by capture)
+        self._shapes = ShapeMemo(plan.limits.max_num_seqs)  # decode steps' shapes (cleared by capture)
         self._rehearsed = False
         self._dispatch = Dispatcher(plan.cudagraph, plan.limits)
         self._logged: set[str] = set()
@@ -171,30 +171,21 @@ class CapturedForward:
         """The :class:`StepShape` of a step the plan dispatches to ``dispatch`` (``Step.prepare`` and
         :meth:`__call__` ask once per step): padded to ``dispatch.key`` when this forward holds a
         graph of it (or its rehearsal), else eager on the step's own sizes, with the reason."""
-        if uniform:
-            found = self._shapes.get(num_reqs)
-            if found is not None:
-                return found
+        found = self._shapes.decode(num_reqs) if uniform else None
+        if found is not None:
+            return found
         captured = dispatch.key is not None and dispatch.key in self._graphs
         if self.unavailable_reason is not None and not self._rehearsed:
             reason = self.unavailable_reason  # (one reason for every step: no graphs at all here)
         elif dispatch.key is None:
             reason = f"running eagerly: {dispatch.eager_reason}"
+        elif captured:
+            reason = None
+        elif self._piecewise_missing and dispatch.mode is CudaGraphMode.PIECEWISE:
+            reason = self._piecewise_missing
         else:
-            reason = None if captured else self._missing_reason(dispatch)
-        shape = step_shape(dispatch, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform,
-                           max_num_seqs=self.plan.limits.max_num_seqs, replayed=captured, eager_reason=reason)
-        if uniform:
-            self._shapes[num_reqs] = shape
-        return shape
-
-    def _missing_reason(self, dispatch: StepDispatch) -> str:
-        """Why a step of a plan key this forward holds no graph of runs eagerly."""
-        if self.unavailable_reason is not None and not self._rehearsed:
-            return self.unavailable_reason
-        if self._piecewise_missing and dispatch.mode is CudaGraphMode.PIECEWISE:
-            return self._piecewise_missing
-        return _NOT_CAPTURED
+            reason = _NOT_CAPTURED
+        return self._shapes.shape(dispatch, num_tokens, num_reqs, uniform, replayed=captured, eager_reason=reason)
 
     def _refuse_never_groups(self) -> None:
         if self.mode not in _FULL_MODES:

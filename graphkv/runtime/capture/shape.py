@@ -37,7 +37,7 @@ from graphkv.spec.limits import CudaGraphMode
 if TYPE_CHECKING:
     from graphkv.runtime.capture.keys import StepDispatch
 
-__all__ = ["StepShape", "current_shape", "key_shape", "shape_context", "step_shape"]
+__all__ = ["ShapeMemo", "StepShape", "current_shape", "key_num_reqs", "key_shape", "shape_context", "step_shape"]
 
 
 @attrs.frozen(kw_only=True)
@@ -55,10 +55,11 @@ class StepShape:
     mode: CudaGraphMode
     eager_reason: str | None = None
 
-    @property
-    def replayed(self) -> bool:
-        """Whether a graph (or its CPU rehearsal) runs the step on the padded sizes."""
-        return self.key is not None
+
+def key_num_reqs(key: GraphKey, max_num_seqs: int) -> int:
+    """The request rows graph ``key`` holds: its own count for a uniform decode key, ``min(num_tokens,
+    max_num_seqs)`` for a mixed key (the rows of the dummy step it was captured with). Pure."""
+    return key.num_reqs if key.num_reqs is not None else min(key.num_tokens, max_num_seqs)
 
 
 def step_shape(dispatch: "StepDispatch", *, num_tokens: int, num_reqs: int, uniform: bool, max_num_seqs: int,
@@ -73,7 +74,7 @@ def step_shape(dispatch: "StepDispatch", *, num_tokens: int, num_reqs: int, unif
         return StepShape(num_tokens=num_tokens, num_reqs=num_reqs, num_tokens_padded=num_tokens,
                          num_reqs_padded=num_reqs, uniform=uniform, key=None, mode=CudaGraphMode.NONE,
                          eager_reason=reason)
-    reqs_padded = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, max_num_seqs)
+    reqs_padded = key_num_reqs(key, max_num_seqs)
     assert num_tokens <= key.num_tokens and num_reqs <= reqs_padded <= max_num_seqs, (key, num_tokens, num_reqs)
     return StepShape(num_tokens=num_tokens, num_reqs=num_reqs, num_tokens_padded=key.num_tokens,
                      num_reqs_padded=reqs_padded, uniform=uniform, key=key, mode=dispatch.mode)
@@ -82,10 +83,40 @@ def step_shape(dispatch: "StepDispatch", *, num_tokens: int, num_reqs: int, unif
 def key_shape(key: GraphKey, mode: CudaGraphMode, *, max_num_seqs: int) -> StepShape:
     """The shape of ``key``'s own dummy step (warm-up, capture, rehearsal): as many tokens and
     requests as the key holds, nothing padded. Pure."""
-    num_reqs = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, max_num_seqs)
+    num_reqs = key_num_reqs(key, max_num_seqs)
     return StepShape(num_tokens=key.num_tokens, num_reqs=num_reqs, num_tokens_padded=key.num_tokens,
                      num_reqs_padded=num_reqs, uniform=key.uniform, key=key, mode=mode)
 
+
+class ShapeMemo:
+    """:func:`step_shape` for one decider (a captured forward, or a Step's eager forward), remembered
+    for uniform decode steps by request count: a serving loop's commonest step costs one dict lookup
+    and allocates nothing. (A uniform step's sizes and dispatch follow from its request count; what
+    else decides its shape — which graphs the forward holds — changes only at capture, which
+    :meth:`clear` s the memo.) At most ``max_num_seqs`` shapes are kept."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self._decode: dict[int, StepShape] = {}
+
+    def decode(self, num_reqs: int) -> StepShape | None:
+        """The remembered shape of a uniform decode step of ``num_reqs`` requests, if any."""
+        return self._decode.get(num_reqs)
+
+    def clear(self) -> None:
+        """Forget every remembered shape (the graphs that decide them changed)."""
+        self._decode.clear()
+
+    def shape(self, dispatch: "StepDispatch", num_tokens: int, num_reqs: int, uniform: bool, *, replayed: bool,
+              eager_reason: str | None) -> StepShape:
+        """:func:`step_shape` of these arguments (remembered when ``uniform``)."""
+        if uniform and num_reqs in self._decode:
+            return self._decode[num_reqs]
+        shape = step_shape(dispatch, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform,
+                           max_num_seqs=self.max_num_seqs, replayed=replayed, eager_reason=eager_reason)
+        if uniform:
+            self._decode[num_reqs] = shape
+        return shape
 
 
 _SHAPE: contextvars.ContextVar["StepShape | None"] = contextvars.ContextVar("graphkv_step_shape", default=None)

@@ -23,7 +23,7 @@ from graphkv.kernels.reshape_and_cache import reshape_and_cache as triton_reshap
 from graphkv.runtime.ops.torch_ops import reshape_and_cache as torch_reshape_and_cache
 from graphkv.spec.backends import KVLayout
 
-__all__ = ["KERNEL_CHOICES", "resolve_kernels", "write_kv"]
+__all__ = ["KERNEL_CHOICES", "gpu_path", "rehearses", "resolve_kernels", "write_kv"]
 
 KERNEL_CHOICES = ("auto", "triton", "torch")
 
@@ -40,6 +40,19 @@ def resolve_kernels(kernels: str, device: "str | torch.device") -> str:
     if kernels != "auto":
         return kernels
     return "triton" if torch.device(device).type == "cuda" else "torch"
+
+
+def gpu_path(kernels: str, device: "str | torch.device") -> bool:
+    """Whether a runtime on ``device`` with resolved ``kernels`` runs the GPU's code path (the Triton
+    kernels, the staged tables, the GPU's flex query tile and MoE routing): on CUDA, or anywhere with
+    ``kernels="triton"``."""
+    return torch.device(device).type == "cuda" or kernels == "triton"
+
+
+def rehearses(kernels: str, device: "str | torch.device") -> bool:
+    """Whether such a runtime rehearses its capture instead of capturing CUDA graphs: the GPU path
+    without CUDA (every step padded to its graph key and run eagerly)."""
+    return torch.device(device).type != "cuda" and kernels == "triton"
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,

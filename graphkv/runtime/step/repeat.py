@@ -21,10 +21,10 @@ from typing import Callable
 import numpy as np
 
 from graphkv.plan.plan import Plan
-from graphkv.runtime.capture.keys import StepDispatch
 from graphkv.runtime.capture.shape import StepShape
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.ownership import PageOwnership
+from graphkv.runtime.step.rows import LastStep
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
 
@@ -49,22 +49,21 @@ class Parts:
 
 
 class RepeatStep:
-    """What the last full step derived (its requests, rows, shape and dispatch), to repeat it
-    cheaply on ``parts`` (see the module docstring)."""
+    """What the last full step derived (``last``: its requests, rows, shape and dispatch), to repeat
+    it cheaply on ``parts`` (see the module docstring)."""
 
-    def __init__(self, parts: Parts, req_ids: tuple, query_lens: tuple, rows: np.ndarray, shape: StepShape,
-                 dispatch: StepDispatch) -> None:
+    def __init__(self, parts: Parts, last: LastStep) -> None:
         self.parts = parts
-        self.req_ids, self.query_lens, self.shape = req_ids, query_lens, shape
-        self.dispatch = dispatch
-        self.rows = rows
+        self.req_ids, self.query_lens, self.shape, self.dispatch = last.req_ids, last.query_lens, last.shape, \
+            last.dispatch
+        rows = self.rows = last.rows
         self.row_list = rows.tolist()
-        self.qlens = np.asarray(query_lens, dtype=np.int64)
+        self.qlens = np.asarray(last.query_lens, dtype=np.int64)
         tables = parts.tables
         held = tables.num_pages_np[:, rows].astype(np.int64)
         self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
-        self.num_tokens = shape.num_tokens
+        self.num_tokens = last.shape.num_tokens
         st = parts.staging
         self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
         if self.python:

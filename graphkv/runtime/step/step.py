@@ -43,7 +43,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, graph_mode
-from graphkv.runtime.capture.shape import StepShape, key_shape, step_shape
+from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 from graphkv.runtime.ops.choice import resolve_kernels
@@ -137,7 +137,7 @@ class Step:
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
         self._repeat: RepeatStep | None = None
-        self._eager_shapes: dict[int, StepShape] = {}  # a plain callable's decode shapes, by request count
+        self._eager_shapes = ShapeMemo(self.max_num_seqs)  # a plain callable's shapes (decode ones remembered)
 
     # ---- the persistent buffers ----------------------------------------------------------------
 
@@ -338,16 +338,9 @@ class Step:
         return forward.shape_of
 
     def _eager_shape(self, dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> StepShape:
-        """The shape of a step a plain callable runs: its own sizes (memoized for decode steps)."""
-        if uniform:
-            found = self._eager_shapes.get(num_reqs)
-            if found is not None:
-                return found
-        shape = step_shape(dispatch, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform,
-                           max_num_seqs=self.max_num_seqs, replayed=False, eager_reason=_PLAIN_FORWARD)
-        if uniform:
-            self._eager_shapes[num_reqs] = shape
-        return shape
+        """The shape of a step a plain callable runs: its own sizes."""
+        return self._eager_shapes.shape(dispatch, num_tokens, num_reqs, uniform, replayed=False,
+                                        eager_reason=_PLAIN_FORWARD)
 
     def _prepare(self, batch: Batch, shape_of: ShapeOf,
                  check: Callable[[int], Any] | None = None) -> tuple[StepShape, Any]:
@@ -414,7 +407,7 @@ class Step:
             last = self._requests.last
             if last is None or batch.new_pages or batch.req_ids != last.req_ids or batch.query_lens != last.query_lens:
                 return None
-            self._repeat = RepeatStep(self._parts, last.req_ids, last.query_lens, last.rows, last.shape, last.dispatch)
+            self._repeat = RepeatStep(self._parts, last)
         return self._repeat if self._repeat.matches(batch) else None
 
     def _forget_last(self) -> None:
