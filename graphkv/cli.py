@@ -142,6 +142,10 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
                    default=d["speculative_lookahead_tokens"], metavar="N",
                    help="prefill tokens a drafter reads ahead (multi-module MTP: the draft length); sliding windows "
                         "keep N - 1 more (default: %(default)s)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=None,
+                   help="allocate sliding-window and chunked-local layers as full attention, as vLLM's flag of this "
+                        "name (--no-...: keep vLLM's hybrid manager for chunked-local attention too; default: vLLM "
+                        "0.33's own choice, off for chunked-local attention)")
     g.add_argument("--cudagraph-mode", type=str.upper, choices=[m.value for m in CudaGraphMode],
                    default=d["cudagraph_mode"].value, help="requested capture mode; downgraded with a note if the "
                                                            "backends cannot (default: %(default)s)")
@@ -224,7 +228,8 @@ def _build_limits(args: argparse.Namespace) -> Limits:
                   mamba_cache_mode=args.mamba_cache_mode, num_speculative_tokens=args.num_speculative_tokens,
                   tensor_parallel_size=args.tp, block_size=args.block_size, mamba_block_size=args.mamba_block_size,
                   cudagraph_mode=args.cudagraph_mode, max_concurrent_batches=args.max_concurrent_batches,
-                  speculative_lookahead_tokens=args.speculative_lookahead_tokens)
+                  speculative_lookahead_tokens=args.speculative_lookahead_tokens,
+                  disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager)
 
 
 def _budget_flags(args: argparse.Namespace) -> BudgetFlags:
@@ -248,7 +253,8 @@ def _source_and_limits(args: argparse.Namespace) -> tuple[ModelSource, Limits]:
     """The model ``--preset`` / ``--hf-config`` names, split for ``--tp`` and checked against ``--pp`` /
     ``--pp-partition``, and the limits the flags set."""
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
-                               tp=args.tp, overrides=_overrides(args))
+                               tp=args.tp, overrides=_overrides(args),
+                               read_weights=args.gpu is not None and args.weights_memory is None)
     check_pipeline_flags(source.whole, args.pp, args.pp_partition)
     return source, _build_limits(args)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from graphkv.printable import printable
+
 __all__ = [
     "CapacityError",
     "CaptureError",
@@ -34,7 +36,8 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.field}={self.value!r}: {self.limit}; {self.fix}"
+        # One line, whatever a config file put in the value, the field or a text quoting it (graphkv.printable).
+        return printable(f"{self.field}={self.value!r}: {self.limit}; {self.fix}")
 
 
 class GraphkvError(Exception):

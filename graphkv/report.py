@@ -11,6 +11,7 @@ from typing import Sequence
 
 from graphkv.distributed.plans import ConsensusPlan
 from graphkv.plan.plan import GroupPlan, Ledger, LedgerEntry, Plan
+from graphkv.printable import printable
 from graphkv.spec.budget import format_bytes
 
 __all__ = ["format_consensus", "format_layers", "format_plan", "format_sizes", "format_table"]
@@ -177,7 +178,7 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
     ]
     if plan.notes:
         lines += ["", "Notes", *(f"  - {note}" for note in plan.notes)]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # names and notes come from a config file
 
 
 def _rank_rows(consensus: ConsensusPlan) -> list[list[str]]:
@@ -193,7 +194,7 @@ def format_consensus(consensus: ConsensusPlan, *, budget_text: str) -> str:
     ``budget_text`` describes the budget each rank planned from (the same flags on every rank).
     """
     tp, pp = consensus.tensor_parallel_size, consensus.pipeline_parallel_size
-    lines = [f"graphkv plan: {consensus.stages[0].model_name} on {tp * pp} ranks (tp {tp} x pp {pp})",
+    lines = [f"graphkv plan: {printable(consensus.stages[0].model_name)} on {tp * pp} ranks (tp {tp} x pp {pp})",
              f"  each rank       plans its own shard / stage from {budget_text}",
              "", "Ranks: their own plans (rank = pp rank x tp + tp rank)"]
     lines += format_table(["rank", "tp", "pp", "model layers", "KV budget", "page index", "num_blocks", "max_model_len"],

@@ -330,3 +330,21 @@ def test_readme_family_table_is_generated_from_graphkv_models(capsys: pytest.Cap
     code, out, _ = run(capsys, "models", "--markdown")
     assert code == 0
     assert out.strip() in readme
+
+
+@pytest.mark.parametrize("extra", [(), ("--tp", "2"), ("--emit", "vllm")])
+def test_plan_output_shows_what_the_config_wrote_escaped(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """A name with an escape sequence and a lone surrogate (valid JSON) and an architecture with a bidi override are
+    printed escaped by the report, the ranks report and the emitted command: nothing reaches the terminal raw, and
+    the surrogate no longer makes print() fail."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_2_LAYERS, "_name_or_path": "evil\x1b]0;title\x07\ud800",
+                                "architectures": ["Llama\u202eForCausalLM"]}))
+    proc = subprocess.run([sys.executable, "-m", "graphkv.cli", "plan", "--hf-config", str(path), *extra],
+                          capture_output=True, check=False, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+    out = proc.stdout.decode("utf-8")
+    assert "evil\\x1b]0;title\\x07\\ud800" in out
+    assert not any(ch in out for ch in "\x1b\x07\u202e")
+    if not extra:
+        assert "Llama\\u202eForCausalLM" in out

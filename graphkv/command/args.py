@@ -21,10 +21,23 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr with exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        """Print ``graphkv: error: <message>`` (no usage block) and exit 2."""
+        """Print ``graphkv: error: <message>; e.g. --flag VALUE`` (no usage block) and exit 2."""
         message = message.removeprefix("argument ").replace("\n", " ")
-        sys.stderr.write(f"graphkv: error: {message}; see `{self.prog} --help`\n")
+        sys.stderr.write(f"graphkv: error: {message}{self._example(message)}; see `{self.prog} --help`\n")
         raise SystemExit(2)
+
+    def _example(self, message: str) -> str:
+        """``; e.g. --flag VALUE`` for the flag whose value was refused: its default, else its first choice
+        (nothing for a flag without either: its own message says what it takes)."""
+        flag = message.split(":", 1)[0].split("/")[-1]  # "--max-num-seqs: ..." (argparse writes "-h/--help")
+        action = next((a for a in self._actions if flag in a.option_strings), None)
+        if action is None or action.nargs == 0 or "not allowed with" in message:  # a conflict, not a value
+            return ""
+        if action.default not in (None, argparse.SUPPRESS) and not isinstance(action.default, bool):
+            return f"; e.g. {flag} {action.default} (the default)"
+        if action.choices:
+            return f"; e.g. {flag} {next(iter(action.choices))}"
+        return ""
 
 
 def nonempty(what: str) -> Callable[[str], str]:

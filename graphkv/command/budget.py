@@ -15,11 +15,12 @@ from typing import Any
 import attrs
 
 from graphkv.command.model_source import ModelSource
-from graphkv.errors import Problem, SpecError
+from graphkv.command.gpu_room import GpuRoom, does_not_fit
+from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.plan.gpu_fit import compile_for_gpu
 from graphkv.plan.graph_pool import GraphPoolModel
-from graphkv.spec.budget import KNOWN_GPUS, Budget, format_bytes, parse_bytes
+from graphkv.spec.budget import KNOWN_GPUS, MAX_BYTES, Budget, format_bytes, parse_bytes
 from graphkv.spec.limits import Limits
 
 __all__ = ["BudgetFlags", "PlannedBudget", "plan_with_budget"]
@@ -72,7 +73,17 @@ def _weights(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tuple
     return per_rank, f"{source.weights.source}, {source.weights.total_bytes} B{split}"
 
 
-def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tuple[Budget, dict[str, str]]:
+def _two_pages_bytes(source: ModelSource, limits: Limits) -> int:
+    """The smallest KV pool that plans (the null page and one more); 0 when the model does not plan at all."""
+    try:
+        plan = compile_plan(source.model, attrs.evolve(limits, num_blocks_override=None), Budget.kv_bytes(MAX_BYTES))
+    except GraphkvError:
+        return 0
+    return 2 * plan.pool_bytes_per_block
+
+
+def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int,
+                pp: int) -> tuple[Budget, dict[str, str]]:
     assert flags.gpu is not None
     gpu = KNOWN_GPUS.get(flags.gpu.strip().lower())
     if gpu is None:
@@ -84,26 +95,15 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tu
     activations = 0 if flags.activation_memory is None else _size("--activation-memory", flags.activation_memory,
                                                                   allow_zero=True)
     reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
-    usable = int(gpu.total_memory_bytes * utilization)
-    if weights + activations + reserve >= usable:
-        left = usable - activations - reserve  # what more ranks could share among the weights
-        if left <= 0:  # every rank holds activations and the reserve whole: no --tp / --pp helps
-            given = (("--activation-memory", activations), ("--graph-reserve", reserve))
-            typed = " and ".join(flag for flag, n in given if n)
-            fix = (f"lower {typed} (every rank holds them whole, so no --tp helps while they take "
-                   f"{format_bytes(activations + reserve)}), or use a larger GPU or a higher --utilization")
-        else:
-            ranks = ""
-            if weights and flags.weights_memory is None:
-                needed = tp * pp * weights // left + 1
-                ranks = f", or --tp >= {needed}" if pp == 1 else f", or --tp x --pp >= {needed}"
-            fix = f"use a larger GPU, quantized weights (--weights-memory SIZE), a higher --utilization{ranks}"
-        raise SpecError(Problem(
-            field="--gpu", value=flags.gpu,
-            limit=(f"weights {format_bytes(weights)} per rank ({weights_from}) + activations "
-                   f"{format_bytes(activations)} + graph reserve {format_bytes(reserve)} leave nothing of "
-                   f"{format_bytes(usable)} ({gpu.name} x utilization {utilization})"),
-            fix=fix))
+    if weights + activations + reserve >= int(gpu.total_memory_bytes * utilization):
+        room = GpuRoom(gpu=gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
+                       graph_reserve_bytes=reserve, min_pool_bytes=_two_pages_bytes(source, limits),
+                       default_utilization=DEFAULT_UTILIZATION,
+                       typed={"--gpu": flags.gpu, "--utilization": flags.utilization,
+                              "--activation-memory": flags.activation_memory, "--graph-reserve": flags.graph_reserve,
+                              "--weights-memory": flags.weights_memory})
+        split = source.weights.per_rank if source.weights is not None and flags.weights_memory is None else None
+        raise does_not_fit(room, weights_from=weights_from, tp=tp, pp=pp, per_rank=split, tp_sizes=source.tp_sizes)
     budget = Budget.for_gpu(gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
                             graph_reserve_bytes=reserve)
     notes = {"weights": weights_from,
@@ -152,7 +152,7 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
     graph_pool = GraphPoolModel.from_file(flags.graph_calibration, field="--graph-calibration") \
         if flags.graph_calibration is not None else None
     if flags.gpu is not None:
-        budget, notes = _gpu_budget(flags, source, tp, pp)
+        budget, notes = _gpu_budget(flags, source, limits, tp, pp)
         fitted = compile_for_gpu(source.model, limits, budget, graph_pool=graph_pool)
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
                              as_json=_json(fitted.budget, "gpu", notes))

@@ -3,8 +3,9 @@
 
 :func:`in_flag_terms` rewrites each problem's field to its flag and replaces field names inside
 the limit and fix texts (whole identifiers only, so ``mamba_block_size`` is not read as
-``block_size``). Fields with no flag — a config.json field, a layer — are left as they are. The
-budget's value is shown as typed (``--kv-memory='1.5'``), with the bytes it gave the pool.
+``block_size``), and "the KV budget" in a fix to ``--kv-memory`` when that flag sizes the pool.
+Fields with no flag — a config.json field, a layer — are left as they are. The budget's value is
+shown as typed (``--kv-memory='1.5'``), with the bytes it gave the pool.
 
 :func:`in_tp_terms` turns the config head counts a ``--tp`` cannot split (one problem per count
 in the Python API, so the API reports them all) into one problem on ``--tp`` that lists them and
@@ -45,6 +46,7 @@ FIELD_FLAGS: Mapping[str, str] = types.MappingProxyType({
     "block_size": "--block-size",
     "mamba_block_size": "--mamba-block-size",
     "cudagraph_mode": "--cudagraph-mode",
+    "disable_hybrid_kv_cache_manager": "--disable-hybrid-kv-cache-manager",
     "kv_cache_dtype": "--kv-cache-dtype",
     "mamba_ssm_dtype": "--mamba-ssm-dtype",
     "attention_backend": "--attention-backend",
@@ -72,7 +74,10 @@ def _problem(p: Problem, budget_flag: str, typed: Mapping[str, str | None]) -> P
     if field == "budget" and isinstance(p.value, str) and typed.get(flag) is not None:
         # the API names the pool's bytes ('1 B'); the user typed '1.5' (a fraction of a byte is dropped)
         value, limit = typed[flag], f"gives the KV pool {p.value}, which {limit}"
-    return attrs.evolve(p, field=flag, value=value, limit=limit, fix=_text(p.fix))
+    fix = _text(p.fix)
+    if budget_flag == "--kv-memory":  # the budget is that flag's size: say which flag to raise
+        fix = fix.replace("the KV budget", budget_flag)
+    return attrs.evolve(p, field=flag, value=value, limit=limit, fix=fix)
 
 
 def in_flag_terms(error: GraphkvError, *, budget_flag: str = "--kv-memory",

@@ -8,7 +8,7 @@ preset's recorded number, or the directory's safetensors metadata.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
@@ -31,8 +31,14 @@ class ModelSource:
     model: ModelKV  # tensor-parallel rank 0 of --tp (the reader checked that --tp splits every head)
     description: dict[str, Any]  # {"preset": name} or {"hf_config": path}, for the JSON inputs
     serve_name: str  # what `vllm serve` loads: a Hugging Face repository id or a local directory
-    weights: CheckpointWeights | None  # the whole checkpoint's bytes, when known
+    weights: CheckpointWeights | None  # the whole checkpoint's bytes, when known (and asked for)
     whole: ModelKV  # every head, unsharded: what ModelKV.shard splits for each rank
+    config: Mapping[str, Any]  # the config.json the model was read from
+    overrides: Mapping[str, Any]  # the dtype / backend overrides it was read with
+
+    def tp_sizes(self, up_to: int = MAX_TP_TRIED) -> tuple[int, ...]:
+        """The tensor-parallel sizes in ``1 .. up_to`` that split every head count of the model."""
+        return _split_sizes(self.config, self.overrides, up_to)
 
 
 def _config_path(path: str) -> tuple[str, str | None]:
@@ -52,14 +58,15 @@ def _read_config(path: str) -> dict[str, Any]:
     return config
 
 
-def _from_hf_config(path: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
+def _from_hf_config(path: str, tp: int, overrides: dict[str, Any], read_weights: bool) -> ModelSource:
     config_file, directory = _config_path(path)
     config = _read_config(path)
     model = ModelKV.from_hf_config(config, tp=tp, **overrides)
     whole = model if tp == 1 else ModelKV.from_hf_config(config, **overrides)
-    weights = checkpoint_weights(directory, field="--hf-config") if directory is not None else None
+    weights = checkpoint_weights(directory, field="--hf-config") if directory is not None and read_weights else None
     serve = directory if directory is not None else os.path.dirname(os.path.abspath(config_file))
-    return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights, whole=whole)
+    return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights, whole=whole,
+                       config=config, overrides=overrides)
 
 
 def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
@@ -71,15 +78,18 @@ def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:
     weights = None if total is None else CheckpointWeights(total_bytes=total, source=f"preset: the {repo} checkpoint")
     model = preset_model(name, tp=tp, **overrides)
     whole = model if tp == 1 else preset_model(name, **overrides)
-    return ModelSource(model=model, description={"preset": name}, serve_name=repo, weights=weights, whole=whole)
+    return ModelSource(model=model, description={"preset": name}, serve_name=repo, weights=weights, whole=whole,
+                       config=load_preset_config(name), overrides=overrides)
 
 
 def load_model_source(*, preset: str | None, hf_config: str | None, default_preset: str, tp: int,
-                      overrides: dict[str, Any]) -> ModelSource:
+                      overrides: dict[str, Any], read_weights: bool = True) -> ModelSource:
     """The model of ``--hf-config`` (a file or a checkpoint directory) or ``--preset`` (default
-    ``default_preset``), split for ``tp`` ranks, with the dtype / backend ``overrides``."""
+    ``default_preset``), split for ``tp`` ranks, with the dtype / backend ``overrides``. With
+    ``read_weights=False`` a checkpoint directory's safetensors are not read (nothing needs their bytes:
+    no ``--gpu``, or ``--weights-memory`` gives them), so metadata no plan uses cannot refuse the plan."""
     if hf_config is not None:
-        return _from_hf_config(hf_config, tp, overrides)
+        return _from_hf_config(hf_config, tp, overrides, read_weights)
     return _from_preset(preset or default_preset, tp, overrides)
 
 
@@ -88,6 +98,10 @@ def tp_sizes_that_split(*, preset: str | None, hf_config: str | None, default_pr
     """The tensor-parallel sizes in ``1 .. up_to`` for which the model of ``--hf-config`` / ``--preset``
     reads, i.e. every head count it splits (read once, then built per size: ~2 ms each)."""
     config = _read_config(hf_config) if hf_config is not None else load_preset_config(preset or default_preset)
+    return _split_sizes(config, overrides, up_to)
+
+
+def _split_sizes(config: Mapping[str, Any], overrides: Mapping[str, Any], up_to: int) -> tuple[int, ...]:
     sizes = []
     for tp in range(1, up_to + 1):
         try:

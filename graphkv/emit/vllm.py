@@ -21,9 +21,11 @@ from typing import Sequence
 
 import attrs
 
+from graphkv.emit.vllm_dtypes import vllm_kv_cache_dtype, vllm_mamba_ssm_dtype
 from graphkv.plan.plan import Plan
+from graphkv.printable import printable
 from graphkv.spec.budget import format_bytes
-from graphkv.spec.layers import MambaCacheMode
+from graphkv.spec.layers import LayerKind, MambaCacheMode, PromotedLocalSpec
 from graphkv.spec.limits import CudaGraphMode
 
 __all__ = ["VLLM_VERSION", "VllmTarget", "vllm_default_capture_sizes", "vllm_serve_command"]
@@ -31,10 +33,10 @@ __all__ = ["VLLM_VERSION", "VllmTarget", "vllm_default_capture_sizes", "vllm_ser
 VLLM_VERSION = "0.33"
 _DEFAULT_MODE = CudaGraphMode.FULL_AND_PIECEWISE
 _HOPPER_MAX_CAPTURE = 512
+_KEEP_CHUNKED_HYBRID = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
 _BIG_GPU_BYTES = 70 << 30  # get_batch_defaults: >= 70 GiB and not an A100 -> the larger defaults
 _BACKEND_NAMES = {"flash_attn": "FLASH_ATTN", "flashinfer": "FLASHINFER", "flex": "FLEX_ATTENTION",
                   "triton_paged": "TRITON_ATTN", "flashmla": "FLASHMLA", "triton_mla": "TRITON_MLA"}
-_CACHE_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8_e5m2"}
 
 
 @attrs.frozen(kw_only=True)
@@ -134,20 +136,22 @@ def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
 
     if target.kv_cache_dtype is not None:
         attention = next((g.spec for g in plan.groups if not g.is_ssm), None)
-        dtype = getattr(attention, "dtype", None)
-        name = _CACHE_DTYPES.get(dtype.value, dtype.value) if dtype is not None else target.kv_cache_dtype
+        name = vllm_kv_cache_dtype(target.kv_cache_dtype, getattr(attention, "dtype", None))
         flags.append(("--kv-cache-dtype", name))
         notes.append(f"--kv-cache-dtype {name}: the engine's default is the model's dtype ('auto'); planned with "
                      f"{target.kv_cache_dtype}")
     if target.mamba_ssm_dtype is not None:
-        flags.append(("--mamba-ssm-cache-dtype", target.mamba_ssm_dtype))
-        notes.append(f"--mamba-ssm-cache-dtype {target.mamba_ssm_dtype}: planned with this state dtype; the "
+        state = vllm_mamba_ssm_dtype(target.mamba_ssm_dtype)
+        flags.append(("--mamba-ssm-cache-dtype", state))
+        notes.append(f"--mamba-ssm-cache-dtype {state}: planned with this state dtype; the "
                      "engine's default follows the model ('auto')")
     if target.attention_backend is not None:
         name = _BACKEND_NAMES.get(target.attention_backend, target.attention_backend.upper())
         flags.append(("--attention-backend", name))
         notes.append(f"--attention-backend {name}: planned for this backend's page sizes; the engine would pick "
                      "one by itself")
+
+    env = _hybrid_manager_flags(plan, flags, notes)
 
     if any(g.is_ssm for g in plan.groups):
         _mamba_flags(plan, flags, notes)
@@ -159,10 +163,37 @@ def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
                      f"--speculative-config '{{\"method\": \"...\", \"num_speculative_tokens\": "
                      f"{lim.num_speculative_tokens}}}' with your draft method")
 
-    header = [f"# vllm serve (vLLM {VLLM_VERSION} flags) realizing graphkv's plan for {plan.model_name}"]
+    header = [f"# vllm serve (vLLM {VLLM_VERSION} flags) realizing graphkv's plan for {printable(plan.model_name)}"]
     header += [f"# {note}" for note in notes]
-    lines = [f"vllm serve {shlex.quote(target.model)}"] + [f"  {flag} {value}".rstrip() for flag, value in flags]
+    lines = [f"{env}vllm serve {shlex.quote(target.model)}"] + [f"  {flag} {value}".rstrip() for flag, value in flags]
     return "\n".join(header + [" \\\n".join(lines)])
+
+
+def _hybrid_manager_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[str]) -> str:
+    """``--disable-hybrid-kv-cache-manager`` when the plan allocates local attention as full
+    attention on purpose; the environment prefix that keeps vLLM's hybrid manager for chunked-local
+    attention when the plan keeps it (returned, ``""`` when none)."""
+    wanted = plan.limits.disable_hybrid_kv_cache_manager
+    promoted = [layer for layer in plan.layers if isinstance(layer.spec, PromotedLocalSpec)]
+    chunked = any(layer.spec.kind is LayerKind.CHUNKED_LOCAL or getattr(layer.spec, "chunk", None) is not None
+                  for layer in plan.layers)
+    if wanted:
+        flags.append(("--disable-hybrid-kv-cache-manager", ""))
+        notes.append(f"--disable-hybrid-kv-cache-manager: planned with {len(promoted)} local-attention layer(s) "
+                     "allocated as full attention (every token's page kept); the engine keeps its hybrid KV cache "
+                     "manager by default" + (" except for chunked-local attention" if chunked else ""))
+    elif wanted is False and chunked:
+        notes.append(f"{_KEEP_CHUNKED_HYBRID}=1: vLLM {VLLM_VERSION} turns its hybrid KV cache manager off for "
+                     "chunked-local attention unless this is set; the plan keeps it (disable_hybrid_kv_cache_manager="
+                     "False), so chunked layers hold only their chunk's pages")
+        return f"{_KEEP_CHUNKED_HYBRID}=1 "
+    elif promoted and chunked:
+        notes.append(f"vLLM {VLLM_VERSION} turns its hybrid KV cache manager off by itself for chunked-local "
+                     f"attention, as planned: {len(promoted)} local-attention layer(s) allocated as full attention")
+    elif promoted:
+        notes.append(f"the engine allocates the {len(promoted)} sliding-window layer(s) as full attention by itself "
+                     "(its full-allocation fallback: page sizes cannot be unified beside MLA), as planned")
+    return ""
 
 
 def _mamba_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[str]) -> None:

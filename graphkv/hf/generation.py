@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Any, Sequence
 
@@ -11,9 +12,11 @@ import torch
 from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
-from graphkv.hf.support import family_of
+from graphkv.hf.support import family_of, vocab_size_of
 from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats, engine_pages
+from graphkv.models.prompts import check_vocab, prompt_ids
 from graphkv.plan.compile import compile_plan
+from graphkv.spec._checks import count_arg
 from graphkv.spec.budget import Budget
 from graphkv.spec.layers import LayerKind
 from graphkv.spec.limits import CudaGraphMode, Limits
@@ -45,29 +48,31 @@ class GenerateResult:
         return self.engine.stats
 
 
-def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) -> list[list[int]]:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SpecError(Problem(field="max_new_tokens", value=max_new_tokens, limit="must be an integer >= 1",
-                                fix="pass how many tokens to generate per prompt, e.g. 16"))
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) -> tuple[list[list[int]], int]:
+    """The prompts as lists of Python ints and ``max_new_tokens`` as an int, or a :class:`SpecError`.
+
+    ``prompts``: a list of prompts (each a list of ints, a 1-D integer numpy array or tensor) or a
+    2-D integer array / tensor (one prompt per row). Every id is checked against ``vocab_size`` in
+    one reduction (:func:`graphkv.models.prompts.check_vocab`)."""
+    new_tokens = count_arg("max_new_tokens", max_new_tokens, 1, "pass how many tokens to generate per prompt, e.g. 16")
+    if getattr(prompts, "ndim", None) == 2 and hasattr(prompts, "dtype"):
+        rows: Any = list(prompts)  # a batch of equal-length prompts: one per row
+    elif isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        one = getattr(prompts, "ndim", None) == 1
         raise SpecError(Problem(field="prompts", value=type(prompts).__name__,
-                                limit="must be a non-empty list of token-id lists",
-                                fix="tokenize first: [tokenizer(text).input_ids for text in texts]"))
-    out = []
-    for i, prompt in enumerate(prompts):
-        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise SpecError(Problem(field=f"prompts[{i}]", value=ids if isinstance(ids, (str, bytes)) else
-                                    type(ids).__name__, limit="must be a non-empty list of integer token ids",
-                                    fix="pass token ids, not text or an empty list"))
-        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-        if bad:
-            raise SpecError(Problem(field=f"prompts[{i}]", value=bad[:4],
-                                    limit=f"token ids must be in [0, vocab_size={vocab_size})",
-                                    fix="tokenize with this model's tokenizer"))
-        out.append(list(ids))
-    return out
+                                limit="must be a non-empty list of prompts (token-id lists)"
+                                      + (", not one 1-D array" if one else ""),
+                                fix="wrap one prompt in a list: prompts=[ids]" if one
+                                else "tokenize first: [tokenizer(text).input_ids for text in texts]"))
+    elif isinstance(prompts[0], numbers.Integral):
+        raise SpecError(Problem(field="prompts", value=list(prompts[:8]),
+                                limit="is one prompt (a list of token ids); generate takes a list of prompts",
+                                fix="wrap it in a list: prompts=[ids]"))
+    else:
+        rows = prompts
+    arrays = [prompt_ids(prompt, f"prompts[{i}]") for i, prompt in enumerate(rows)]
+    check_vocab(arrays, vocab_size)
+    return [ids.tolist() for ids in arrays], new_tokens
 
 
 def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None) -> Limits:
@@ -120,8 +125,11 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     (``result.engine.records``, see :class:`DemoEngine`); ``compile`` and ``kernels`` are
     :class:`ServingLoop`'s."""
     family_of(model)  # refuse what graphkv.hf does not run before reading anything else
-    vocab = getattr(model.config, "vocab_size", None)
-    prompts = _check_prompts(prompts, max_new_tokens, vocab if isinstance(vocab, int) else None)
+    prompts, max_new_tokens = _check_prompts(prompts, max_new_tokens, vocab_size_of(model))
+    if limits is not None and not isinstance(limits, Limits):
+        raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be graphkv.Limits or None",
+                                fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or leave it unset for "
+                                    "default_limits(prompts, max_new_tokens)"))
     start = time.perf_counter()
     declared = model_kv(model)
     limits = limits if limits is not None else default_limits(prompts, max_new_tokens, declared)
@@ -147,7 +155,9 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_ne
     """Greedy tokens for every prompt, served by continuous batching on graphkv's pool.
 
     ``model``: a loaded transformers causal LM (:data:`graphkv.hf.support.FAMILIES`; weights in
-    memory, nothing is downloaded). ``prompts``: token-id lists. Returns, per prompt, the
+    memory, nothing is downloaded). ``prompts``: a list of prompts, each a list of ints or a 1-D
+    integer numpy array / tensor (int64 ``[len]``), or a 2-D integer array of equal-length prompts;
+    every id must be in ``[0, vocab_size)``. Returns, per prompt, the
     generated token ids (up to ``max_new_tokens``; a request ends early at the model's
     ``generation_config.eos_token_id``, which is kept, as ``model.generate`` does) — the tokens
     ``model.generate(prompt, do_sample=False)`` appends for that prompt alone.

@@ -8,6 +8,7 @@ import torch
 
 from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.hf.model import PagedModel
+from graphkv.hf.support import family_of, vocab_size_of
 from graphkv.models.demo_engine import DemoEngine
 from graphkv.memory.available import check_pool_fits
 from graphkv.plan.compile import compile_plan
@@ -56,6 +57,8 @@ class ServingLoop:
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
                  kernels: str = "auto") -> None:  # noqa: A002
+        family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
+        self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.kernels = resolve_kernels(kernels, self.device)
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
@@ -81,8 +84,10 @@ class ServingLoop:
 
     def run(self, batch: Batch, *, input_ids: "torch.Tensor | Sequence[int]") -> Any:
         """One step: :meth:`Step.run` of the captured forward (replayed or eager). Returns the
-        logits (see :class:`PagedModel` for the rows); raises as :meth:`Step.run` does."""
-        return self.step.run(self.forward, batch, input_ids=input_ids)
+        logits (see :class:`PagedModel` for the rows); raises as :meth:`Step.run` does, and
+        :class:`SpecError` for a token id outside ``[0, vocab_size)`` (naming its request and position)
+        before changing anything — an embedding would read a negative id as another token."""
+        return self.step.run(self.forward, batch, input_ids=input_ids, vocab_size=self.vocab_size)
 
     def finish(self, req_id: Any) -> None:
         """The request left: its Step row is free and its pages are the caller's again."""
@@ -92,4 +97,4 @@ class ServingLoop:
         """graphkv's continuous-batching loop (FIFO, chunked prefill, pages admitted as the pool
         allows, greedy) over this loop's step and forward."""
         return DemoEngine(self.plan, self.step, self.forward, record=record,
-                          logits_per_request=self.model.logits == "last")
+                          logits_per_request=self.model.logits == "last", vocab_size=self.vocab_size)

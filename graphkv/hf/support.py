@@ -17,7 +17,7 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec.hf.families import FAMILIES as PLANNED_FAMILIES
 
-__all__ = ["FAMILIES", "FamilySupport", "family_of"]
+__all__ = ["FAMILIES", "FamilySupport", "family_of", "vocab_size_of"]
 
 
 @attrs.frozen(kw_only=True)
@@ -52,6 +52,16 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
     FamilySupport(model_type="nemotron_h", attention="NemotronHAttention",
                   mixers={"NemotronHMamba2Mixer": "mamba2"}, note="Mamba2 + attention + MLP blocks"),
 )})
+
+
+def vocab_size_of(model: Any) -> int | None:
+    """Token ids ``model`` embeds: the rows of its input embedding (``config.vocab_size`` when it has
+    none to read); ``None`` when neither says."""
+    embedding = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None
 
 
 def family_of(model: Any) -> FamilySupport:

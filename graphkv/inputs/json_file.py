@@ -3,7 +3,9 @@
 A FIFO would block ``open()`` until a writer appears and ``/dev/zero`` never ends, so the path is
 checked with ``stat`` before it is opened, and the read stops one byte past the cap. The JSON
 parser recurses once per nesting level; a nesting deeper than :data:`MAX_JSON_DEPTH` is refused
-before parsing, so no ``RecursionError`` can escape.
+before parsing, so no ``RecursionError`` can escape. A key given twice in one object, at any depth,
+is refused naming its path: ``json`` would keep the last value and drop the other silently, and a
+hand-merged config that says ``"factor": 4`` and then ``"factor": 8`` has no single meaning.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
     """Parse the JSON in ``path``; every failure is a SpecError on ``field`` (e.g. ``--hf-config``).
 
     Refuses non-regular files, files over ``max_bytes`` (64 MiB), text that is not UTF-8 or not
-    JSON (with line and column), and nesting deeper than ``max_depth`` (64 levels).
+    JSON (with line and column), nesting deeper than ``max_depth`` (64 levels) and a key given
+    twice in one object (naming its path, e.g. ``rope_scaling.factor``, and the values).
     """
     size = regular_file_size(path, field=field, what=what)
     if size > max_bytes:
@@ -82,8 +85,9 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
     if _too_deep(text, max_depth):
         raise _refuse(field, path, f"nests more than {max_depth} levels deep; at most {max_depth} are read",
                       f"pass {what}, unmodified")
+    duplicates = _Duplicates()
     try:
-        return json.loads(text)
+        parsed = json.loads(text, object_pairs_hook=duplicates.hook)
     except json.JSONDecodeError as e:
         raise _refuse(field, path, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
                       f"pass {what}, unmodified") from None
@@ -91,3 +95,52 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
         raise _refuse(field, path, f"holds a value that cannot be parsed ({e})", f"pass {what}, unmodified") from None
     except RecursionError:  # unreachable after the depth check; kept so no parse error can escape raw
         raise _refuse(field, path, "nests too deeply to parse", f"pass {what}, unmodified") from None
+    if duplicates.found:
+        key, values = duplicates.first(parsed)
+        raise _refuse(field, path, f"gives {key} {len(values)} times (values {_shown(values)}); JSON would keep "
+                                   "only the last, silently",
+                      f"delete all but one {key} from the file"
+                      + ("" if all(v == values[0] for v in values) else " (keep the intended value)"))
+    return parsed
+
+
+def _shown(values: list[Any]) -> str:
+    """``values`` as ``a, b and c``, each value cut to a readable length."""
+    words = [text if len(text := repr(v)) <= 40 else text[:37] + "..." for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+class _Duplicates:
+    """The ``object_pairs_hook`` that builds each JSON object as ``json`` does (the last value of a
+    key wins) and remembers the objects that gave a key more than once, to name its path after."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, tuple[dict[str, Any], str, list[Any]]] = {}  # id(object) -> (object, key, values)
+
+    def hook(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            seen: dict[str, list[Any]] = {}
+            for key, value in pairs:
+                seen.setdefault(key, []).append(value)
+            key = next(k for k, values in seen.items() if len(values) > 1)
+            self.found[id(obj)] = (obj, key, seen[key])  # holding obj keeps its id unique
+        return obj
+
+    def first(self, data: Any) -> tuple[str, list[Any]]:
+        """``(key, values)`` of the first object, in document order, that repeats a key; ``key`` is
+        its path from the top (``num_hidden_layers``, ``rope_scaling.factor``, ``layers[2].attn.dim``)."""
+        stack: list[tuple[Any, str]] = [(data, "")]
+        while stack:
+            node, path = stack.pop()
+            if isinstance(node, dict):
+                if id(node) in self.found:
+                    _, key, values = self.found[id(node)]
+                    return (f"{path}.{key}" if path else key), values
+                children = [(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()]
+            elif isinstance(node, list):
+                children = [(v, f"{path}[{i}]") for i, v in enumerate(node)]
+            else:
+                continue
+            stack.extend(reversed(children))
+        raise AssertionError("a duplicated key was recorded in an object the parsed JSON does not hold")

@@ -35,7 +35,8 @@ def check_pool_fits(plan: Any, device: Any, *, field: str, value: str, fix: str 
     """Refuse, before anything is allocated, a plan whose pool and step buffers need more than the
     device has available: a :class:`SpecError` naming ``field`` (the flag that sized the pool, e.g.
     ``--kv-memory``) and ``value`` (as typed), what is needed and available, and ``fix`` after the
-    advice to lower it. ``device`` is a ``torch.device`` or a device string."""
+    advice to lower it (below what is available: the static buffers grow with the pool, so ``fix``
+    may add an example, ", e.g. 2MiB"). ``device`` is a ``torch.device`` or a device string."""
     kind = check_device_kind(device)
     need = plan.ledger.runtime_bytes(kind).device_bytes
     have, where = available_bytes(device)
@@ -44,4 +45,4 @@ def check_pool_fits(plan: Any, device: Any, *, field: str, value: str, fix: str 
             field=field, value=value,
             limit=(f"the pool ({format_bytes(plan.pool_bytes)}) and static buffers need {format_bytes(need)} on {device} "
                    f"but only {format_bytes(have)} is available ({where})"),
-            fix=f"lower {field} to below {format_bytes(have)}{fix}"))
+            fix=f"lower {field} to below {format_bytes(have, rounding='down')}{fix}"))

@@ -119,7 +119,7 @@ def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, st
     plan = compile_plan(model, Limits(), Budget.kv_bytes(kv))
     if kv_memory is not None:  # the auto budget is a quarter of what is available; a typed one may be more
         check_pool_fits(plan, device, field="--kv-memory", value=kv_memory,
-                        fix=", or leave it unset (a quarter of the available memory)")
+                        fix=", e.g. 256MiB, or leave it unset (a quarter of the available memory)")
     return plan, text, model.hidden_size
 
 

@@ -93,7 +93,8 @@ def demo_plan(options: DemoOptions, config: TinyHybridConfig | None = None) -> P
 
 def check_memory(plan: Plan, device: str, kv_memory: str) -> None:
     """Refuse a pool (plus the step's buffers) the device cannot hold before allocating anything."""
-    check_pool_fits(plan, device, field="--kv-memory", value=kv_memory, fix=" (the demo needs a few MiB)")
+    check_pool_fits(plan, device, field="--kv-memory", value=kv_memory,
+                    fix=f", e.g. {DemoOptions().kv_memory} (the default: the demo needs a few MiB)")
 
 
 def check_options(options: DemoOptions) -> str:
@@ -186,5 +187,5 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None, progress: bool 
                                      rehearse=rehearses(step.kernels, device)))
     else:
         graphs = "capture disabled (--no-capture); every step runs eagerly"
-    return serve_demo(DemoEngine(plan, step, forward), options, config.vocab_size, device=device, graphs=graphs,
-                      progress=progress)
+    return serve_demo(DemoEngine(plan, step, forward, vocab_size=config.vocab_size), options, config.vocab_size,
+                      device=device, graphs=graphs, progress=progress)

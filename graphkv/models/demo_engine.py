@@ -23,25 +23,46 @@ from collections import deque
 from typing import Any, Callable, Hashable, Sequence
 
 import attrs
+import numpy as np
 import torch
 
-from graphkv.errors import CapacityError, Problem
+from graphkv.errors import CapacityError, Problem, SpecError
+from graphkv.models.prompts import check_vocab, prompt_ids
 from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
+from graphkv.spec._checks import count_arg
 
 __all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]
 
 
+def _prompt(value: Any) -> tuple[int, ...]:
+    return tuple(prompt_ids(value, "DemoRequest.prompt").tolist())
+
+
+def _new_tokens(value: Any) -> int:
+    return count_arg("DemoRequest.max_new_tokens", value, 1, "pass how many tokens to generate, e.g. 16")
+
+
 @attrs.frozen(kw_only=True)
 class DemoRequest:
-    """A request: its prompt token ids, how many tokens to generate, and the token ids that end it
-    early (an end-of-sequence token: generated, then the request finishes)."""
+    """A request: its prompt token ids (a list of ints, a 1-D integer array or tensor; kept as a
+    tuple of ints), how many tokens to generate (>= 1), and the token ids that end it early (an
+    end-of-sequence token: generated, then the request finishes). Raises :class:`SpecError` for an
+    empty prompt, ids that are not integers, a count that is not an integer >= 1 or an unhashable
+    ``req_id``; :meth:`DemoEngine.add` checks the ids against the model's vocabulary."""
 
     req_id: Hashable
-    prompt: tuple[int, ...] = attrs.field(converter=tuple)
-    max_new_tokens: int
+    prompt: tuple[int, ...] = attrs.field(converter=_prompt)
+    max_new_tokens: int = attrs.field(converter=_new_tokens)
     stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            hash(self.req_id)
+        except TypeError:
+            raise SpecError(Problem(field="DemoRequest.req_id", value=self.req_id, limit="must be hashable (it keys "
+                                    "the request's batch row)", fix="use a str or int request id")) from None
 
 
 @attrs.define
@@ -83,10 +104,14 @@ class DemoEngine:
     ``forward`` returns one logits row per packed token, or with ``logits_per_request=True`` one
     row per batch row (the logits of each request's last token of the step, as
     :class:`graphkv.hf.PagedModel` computes by default). ``first_token_at[req_id]`` is the
-    ``time.perf_counter()`` at which a request's first token was sampled (time to first token)."""
+    ``time.perf_counter()`` at which a request's first token was sampled (time to first token).
+    ``vocab_size``: token ids the model embeds (default: ``forward.vocab_size`` when it has one, as
+    :class:`~graphkv.models.paged_tiny_hybrid.PagedTinyHybrid` does); :meth:`add` refuses a prompt
+    with an id outside ``[0, vocab_size)`` — negative ids always — before it is queued."""
 
     def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
-                 logits_per_request: bool = False) -> None:
+                 logits_per_request: bool = False, vocab_size: int | None = None) -> None:
+        self.vocab_size = vocab_size if vocab_size is not None else getattr(forward, "vocab_size", None)
         self.plan, self.step_api, self.forward = plan, step, forward
         self.record = record
         self.logits_per_request = logits_per_request
@@ -100,7 +125,14 @@ class DemoEngine:
         self._released: set[int] = set()
 
     def add(self, request: DemoRequest) -> None:
-        """Queue ``request``; it joins the batch when rows, pages and the token budget allow."""
+        """Queue ``request``; it joins the batch when rows, pages and the token budget allow. Raises
+        :class:`SpecError` for something else than a :class:`DemoRequest` or a prompt token id outside
+        the vocabulary, :class:`CapacityError` for a request the plan cannot hold; nothing is queued then."""
+        if not isinstance(request, DemoRequest):
+            raise SpecError(Problem(field="request", value=type(request).__name__, limit="must be a DemoRequest",
+                                    fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
+        check_vocab([np.asarray(request.prompt, dtype=np.int64)], self.vocab_size,
+                    lambda _: f"request {request.req_id!r}.prompt")
         limit = self.plan.max_model_len
         if not request.prompt or len(request.prompt) + request.max_new_tokens > limit:
             raise CapacityError(Problem(field=f"request {request.req_id!r}", value=(len(request.prompt),

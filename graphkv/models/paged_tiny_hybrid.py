@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from graphkv.errors import Problem, SpecError
 from graphkv.models.tiny_hybrid import TinyHybridWeights, rms_norm, split_qkv
 from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.flex.region import FlexRegions
@@ -52,6 +53,9 @@ class PagedTinyHybrid(torch.nn.Module):
     def __init__(self, weights: TinyHybridWeights, pool: KVPool, *, compile_attention: bool | None = None,
                  kernels: str = "auto") -> None:
         super().__init__()
+        if not isinstance(pool, KVPool):
+            raise SpecError(Problem(field="pool", value=type(pool).__name__, limit="must be a graphkv KVPool",
+                                    fix="allocate it from the model's plan: graphkv.runtime.allocate(plan, device)"))
         self.weights = weights
         self.config = weights.config
         self.pool = pool
@@ -66,8 +70,17 @@ class PagedTinyHybrid(torch.nn.Module):
         self._flat = {name: paged_kv_views(pool.kv_cache(name))
                       for name, kind in zip(self.layer_names, self.config.pattern) if kind == "A"}
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model embeds. The forward does not check its ids (a check needs a host sync,
+        which a captured graph cannot hold, and a negative id reads another token's embedding): check
+        them before the step — :class:`~graphkv.models.demo_engine.DemoEngine` reads this to refuse
+        prompts, ``Step.run(..., vocab_size=model.vocab_size)`` to refuse a step's ids."""
+        return int(self.weights["embed"].shape[0])
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of every packed token of the step (padding tokens give unused rows)."""
+        """Logits of every packed token of the step (padding tokens give unused rows). Capture-safe;
+        the ids must be in ``[0, vocab_size)`` (see :attr:`vocab_size`)."""
         ctx: StepContext = current_context()
         w, c = self.weights, self.config
         x = w["embed"][input_ids]

@@ -18,7 +18,8 @@ from graphkv.spec.budget import MAX_BYTES, Budget, format_bytes
 from graphkv.spec.layers import MambaCacheMode, PageDemand
 from graphkv.spec.limits import Limits
 
-__all__ = ["PageCounter", "fit_max_model_len", "longest_len", "plan_num_blocks"]
+__all__ = ["PageCounter", "check_one_token_fits", "fit_max_model_len", "longest_len", "more_pages_fix",
+           "plan_num_blocks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -40,13 +41,17 @@ class PageCounter:
                    max_concurrent_batches=limits.concurrent_batches(),
                    extra_retained_tokens=limits.extra_retained_tokens)
 
-    def group_pages(self, group: GroupDraft, max_model_len: int) -> int:
-        """Worst-case pages of one group for a request of ``max_model_len`` tokens."""
-        return group.spec.max_pages(PageDemand(
-            block_size=group.block_size, max_model_len=max_model_len,
+    def demand(self, block_size: int, max_model_len: int) -> PageDemand:
+        """What decides a group's worst-case pages at ``block_size`` for ``max_model_len`` tokens."""
+        return PageDemand(
+            block_size=block_size, max_model_len=max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens, mamba_cache_mode=self.mamba_cache_mode,
             num_speculative_blocks=self.num_speculative_blocks, max_concurrent_batches=self.max_concurrent_batches,
-            extra_retained_tokens=self.extra_retained_tokens))
+            extra_retained_tokens=self.extra_retained_tokens)
+
+    def group_pages(self, group: GroupDraft, max_model_len: int) -> int:
+        """Worst-case pages of one group for a request of ``max_model_len`` tokens."""
+        return group.spec.max_pages(self.demand(group.block_size, max_model_len))
 
     def pages(self, max_model_len: int) -> int:
         """Worst-case pages over all groups (what one request of that length must be able to get)."""
@@ -86,20 +91,58 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
             field="budget", value=format_bytes(kv),
             limit=f"holds {n} page(s) of {pool_bytes_per_block} bytes across all slots; at least 2 are needed "
                   f"(page 0 is the null page)",
-            fix=f"raise the KV budget to >= {format_bytes(2 * pool_bytes_per_block)}"))
+            fix=f"raise the KV budget to >= {format_bytes(2 * pool_bytes_per_block, rounding='up')}"))
     return n, f"{format_bytes(kv)} budget // {pool_bytes_per_block} bytes per page index"
 
 
-def fit_max_model_len(counter: PageCounter, usable_pages: int, cap: int | None, *, pool_bytes_per_block: int,
-                      num_blocks_reason: str) -> int:
-    """The largest length whose worst-case need fits ``usable_pages`` (exact, by bisection), capped by ``cap``."""
-    if counter.pages(1) > usable_pages:
+def more_pages_fix(from_override: bool, pages: int, pool_bytes_per_block: int) -> str:
+    """The fix that gives the pool ``pages`` usable pages: the override, or the budget (rounded up, so it is enough)."""
+    if from_override:
+        return f"raise num_blocks_override to >= {pages + 1}"
+    return f"raise the KV budget to >= {format_bytes((pages + 1) * pool_bytes_per_block, rounding='up')}"
+
+
+def _largest_speculative(counter: PageCounter, usable_pages: int) -> int:
+    """The most speculative tokens (below the counter's) at which a 1-token request fits ``usable_pages``."""
+    lo, hi = 0, counter.num_speculative_blocks  # invariant: lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if attrs.evolve(counter, num_speculative_blocks=mid).pages(1) <= usable_pages:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_one_token_fits(counter: PageCounter, usable_pages: int, max_model_len: int | str, *,
+                         pool_bytes_per_block: int, num_blocks_reason: str, from_override: bool) -> None:
+    """Raise :class:`CapacityError` when even a 1-token request cannot get its pages, naming what moved the
+    need: the speculative tokens (a state page each, in every state group) when the request fits without them,
+    else ``max_model_len`` (the pool is too small for any length). Length does not matter here: at one
+    token, every group holds its fewest pages whatever ``max_num_batched_tokens`` is."""
+    one = counter.pages(1)
+    if one <= usable_pages:
+        return
+    pool = f"the pool has {usable_pages} usable pages ({num_blocks_reason}; page 0 is the null page)"
+    more = more_pages_fix(from_override, one, pool_bytes_per_block)
+    spec = counter.num_speculative_blocks
+    without = attrs.evolve(counter, num_speculative_blocks=0).pages(1) if spec else one
+    if without <= usable_pages:
         raise CapacityError(Problem(
-            field="max_model_len", value="auto",
-            limit=f"even a 1-token request needs {counter.pages(1)} pages but the pool has {usable_pages} usable pages "
-                  f"({num_blocks_reason}; page 0 is the null page)",
-            fix=f"raise the KV budget / num_blocks_override to >= {counter.pages(1) + 1} pages "
-                f"({format_bytes((counter.pages(1) + 1) * pool_bytes_per_block)}) or lower max_num_batched_tokens"))
+            field="num_speculative_tokens", value=spec,
+            limit=(f"each speculative token keeps one more page per request in every state group, so even a 1-token "
+                   f"request needs {one} pages ({without} without speculative tokens) but {pool}"),
+            fix=f"lower num_speculative_tokens to <= {_largest_speculative(counter, usable_pages)}, or {more}"))
+    raise CapacityError(Problem(
+        field="max_model_len", value=max_model_len,
+        limit=f"even a 1-token request needs {one} pages but {pool}", fix=more))
+
+
+def fit_max_model_len(counter: PageCounter, usable_pages: int, cap: int | None, *, pool_bytes_per_block: int,
+                      num_blocks_reason: str, from_override: bool = False) -> int:
+    """The largest length whose worst-case need fits ``usable_pages`` (exact, by bisection), capped by ``cap``."""
+    check_one_token_fits(counter, usable_pages, "auto", pool_bytes_per_block=pool_bytes_per_block,
+                         num_blocks_reason=num_blocks_reason, from_override=from_override)
     if cap is not None:
         hi = cap
     elif counter.grows_without_bound:
@@ -130,19 +173,15 @@ def longest_len(counter: PageCounter, pages: int, hi: int) -> int:
 
 
 def check_admission(counter: PageCounter, max_model_len: int, usable_pages: int, *, num_blocks: int,
-                    pool_bytes_per_block: int, num_blocks_reason: str, from_override: bool, cap: int | None) -> None:
+                    pool_bytes_per_block: int, num_blocks_reason: str, from_override: bool) -> None:
     """Raise :class:`CapacityError` unless one request of ``max_model_len`` fits the empty pool."""
     need = counter.pages(max_model_len)
     if need <= usable_pages:
         return
-    try:
-        fits = fit_max_model_len(counter, usable_pages, cap, pool_bytes_per_block=pool_bytes_per_block,
-                                 num_blocks_reason=num_blocks_reason)
-        lower = f"lower max_model_len to <= {fits}"
-    except CapacityError:
-        lower = "no max_model_len fits"
-    knob = (f"raise num_blocks_override to >= {need + 1}" if from_override
-            else f"raise the KV budget to >= {format_bytes((need + 1) * pool_bytes_per_block)}")
+    check_one_token_fits(counter, usable_pages, max_model_len, pool_bytes_per_block=pool_bytes_per_block,
+                         num_blocks_reason=num_blocks_reason, from_override=from_override)
+    lower = f"lower max_model_len to <= {longest_len(counter, usable_pages, max_model_len)}"  # >= 1: one token fits
+    knob = more_pages_fix(from_override, need, pool_bytes_per_block)
     raise CapacityError(Problem(
         field="max_model_len", value=max_model_len,
         limit=(f"max seq len {max_model_len} needs {need} pages ({format_bytes(need * pool_bytes_per_block)}) per request "
@@ -159,10 +198,13 @@ def check_mamba_seqs(counter: PageCounter, limits: Limits, usable_pages: int) ->
         return
     per_seq = sum(counter.group_pages(g, 1) for g in mamba_groups)
     if limits.max_num_seqs * per_seq > usable_pages:
-        most = usable_pages // per_seq
-        fix = f"lower max_num_seqs to <= {most} or give the pool more pages"
-        if limits.num_speculative_tokens:
-            fix += f" or lower num_speculative_tokens={limits.num_speculative_tokens}"
+        fixes = [f"lower max_num_seqs to <= {usable_pages // per_seq}"]  # >= 1: a 1-token request fits
+        spec = limits.num_speculative_tokens
+        if spec:  # each speculative token is one more page per sequence in every Mamba group
+            fewer = (usable_pages // limits.max_num_seqs - (per_seq - spec * len(mamba_groups))) // len(mamba_groups)
+            if fewer >= 0:
+                fixes.append(f"lower num_speculative_tokens to <= {fewer}")
+        fix = ", or ".join([*fixes, "give the pool more pages"])
         raise CapacityError(Problem(
             field="max_num_seqs", value=limits.max_num_seqs,
             limit=(f"each running sequence holds {per_seq} Mamba state pages ({len(mamba_groups)} Mamba groups, "

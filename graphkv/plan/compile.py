@@ -22,6 +22,8 @@ from graphkv.plan.graph_keys import capture_keys
 from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.plan.ledger import build_ledger
 from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
+from graphkv.plan.plausibility import beside_pool_note
+from graphkv.plan.promotion import promote_for_limits, promotion_note
 from graphkv.plan.stage_groups import project_grouping
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
@@ -47,7 +49,8 @@ def _check_inputs(model: ModelKV, limits: Limits, budget: Budget | None) -> None
     if tp is not None and tp != model.tensor_parallel_size:
         problems.append(Problem(field="tensor_parallel_size", value=tp,
                                 limit=f"the model's specs were built for tp={model.tensor_parallel_size}",
-                                fix=f"rebuild the model with from_hf_config(..., tp={tp}) or leave tensor_parallel_size unset"))
+                                fix=f"plan a rank's shard, model.shard({tp}, rank) (from_hf_config(..., tp={tp}) builds "
+                                    "rank 0), or leave tensor_parallel_size unset"))
     cap = model.max_position_embeddings
     if not limits.is_auto_len and cap is not None and limits.max_model_len > cap:
         problems.append(Problem(field="max_model_len", value=limits.max_model_len,
@@ -108,8 +111,11 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
 
     whole = model.whole
     block = choose_block_size(whole, limits)
-    layers = pad_mamba_layers(whole, block)
+    layers, promotion = promote_for_limits(pad_mamba_layers(whole, block), limits)
     grouping = build_groups(layers, block.block_size)
+    if promotion is not None:
+        grouping = attrs.evolve(grouping, promotion=promotion)
+    layers = grouping.layers_as_planned(layers)
     kernel_sizes = [
         choose_kernel_block_size(d.block_size, [layer.backend for layer in d.layers], group=f"group {i}")
         for i, d in enumerate(grouping.groups)
@@ -137,20 +143,22 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
                       + (f" (capped by max_position_embeddings={cap})" if max_model_len == cap else ""))
     elif limits.is_auto_len:
         max_model_len = fit_max_model_len(counter, usable, cap, pool_bytes_per_block=pool_bytes_per_block,
-                                          num_blocks_reason=blocks_reason)
+                                          num_blocks_reason=blocks_reason, from_override=from_override)
         len_reason = (f"auto: the largest length whose {counter.pages(max_model_len)} pages per request fit "
                       f"{usable} usable pages" + (f" (capped by max_position_embeddings={cap})"
                                                   if max_model_len == cap else ""))
     else:
         max_model_len = int(limits.max_model_len)
         check_admission(counter, max_model_len, usable, num_blocks=num_blocks, pool_bytes_per_block=pool_bytes_per_block,
-                        num_blocks_reason=blocks_reason, from_override=from_override, cap=cap)
+                        num_blocks_reason=blocks_reason, from_override=from_override)
         len_reason = f"max_model_len={max_model_len} set by the user; fits {usable} usable pages"
         if n_req is not None:
             check_concurrency(counter, max_model_len, usable, n_req, cap, pool_bytes_per_block=pool_bytes_per_block,
                               num_blocks_reason=blocks_reason, from_override=from_override)
     check_mamba_seqs(counter, limits, usable)
     seqs_note = max_num_seqs_note(limits, max_model_len, counter.pages(max_model_len), usable)
+    promoted_note = (promotion_note(grouping.promotion, counter.demand(block.block_size, max_model_len))
+                     if grouping.promotion is not None else None)
 
     real_bytes: dict[tuple[object, int], int] = {}  # (spec, block size) -> real page bytes, once per distinct spec
 
@@ -188,7 +196,10 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots,
                           cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
                           graph_keys=graph_keys, graph_pool_reason=graph_reason)
+    beside_note = beside_pool_note(ledger, limits, budget, num_blocks * pool_bytes_per_block)
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
-                ledger=ledger, notes=(*model.notes, *grouping.notes, *((seqs_note,) if seqs_note else ())),
+                ledger=ledger, notes=(*model.notes, *grouping.notes, *((beside_note,) if beside_note else ()),
+                                      *((promoted_note,) if promoted_note else ()),
+                                          *((seqs_note,) if seqs_note else ())),
                 cacheless=model.cacheless)

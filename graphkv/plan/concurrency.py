@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from graphkv.errors import CapacityError, Problem
-from graphkv.plan.capacity import PageCounter, fit_max_model_len, longest_len
-from graphkv.spec.budget import format_bytes
+from graphkv.plan.capacity import PageCounter, check_one_token_fits, fit_max_model_len, longest_len, more_pages_fix
 from graphkv.spec.limits import Limits
 
 __all__ = ["capacity_tables", "check_concurrency", "fit_for_concurrency", "max_num_seqs_note"]
@@ -20,26 +19,22 @@ __all__ = ["capacity_tables", "check_concurrency", "fit_for_concurrency", "max_n
 _TABLE_MIN_LEN = 1024
 
 
-def _knob(from_override: bool, pages: int, pool_bytes_per_block: int) -> str:
-    if from_override:
-        return f"raise num_blocks_override to >= {pages + 1}"
-    return f"raise the KV budget to >= {format_bytes((pages + 1) * pool_bytes_per_block)}"
-
-
 def fit_for_concurrency(counter: PageCounter, usable_pages: int, concurrency: int, cap: int | None, *,
                         pool_bytes_per_block: int, num_blocks_reason: str, from_override: bool) -> int:
     """The longest length at which ``concurrency`` requests fit at once (``max_model_len="auto"``)."""
+    check_one_token_fits(counter, usable_pages, "auto", pool_bytes_per_block=pool_bytes_per_block,
+                         num_blocks_reason=num_blocks_reason, from_override=from_override)
     one = counter.pages(1)
-    if concurrency * one > usable_pages:
+    if concurrency * one > usable_pages:  # one request fits: the fix below names at least 1
         raise CapacityError(Problem(
             field="concurrency", value=concurrency,
             limit=(f"even 1-token requests need {one} pages each, so {concurrency} of them need "
                    f"{concurrency * one} pages but the pool has {usable_pages} usable pages ({num_blocks_reason}; "
                    "page 0 is the null page)"),
             fix=(f"lower concurrency to <= {usable_pages // one}, or "
-                 f"{_knob(from_override, concurrency * one, pool_bytes_per_block)}")))
+                 f"{more_pages_fix(from_override, concurrency * one, pool_bytes_per_block)}")))
     return fit_max_model_len(counter, usable_pages // concurrency, cap, pool_bytes_per_block=pool_bytes_per_block,
-                             num_blocks_reason=num_blocks_reason)
+                             num_blocks_reason=num_blocks_reason, from_override=from_override)
 
 
 def check_concurrency(counter: PageCounter, max_model_len: int, usable_pages: int, concurrency: int,
@@ -59,7 +54,7 @@ def check_concurrency(counter: PageCounter, max_model_len: int, usable_pages: in
         limit=(f"only {fits} request(s) of max_model_len={max_model_len} ({need} pages each) fit the pool's "
                f"{usable_pages} usable pages ({num_blocks_reason}; page 0 is the null page)"),
         fix=(f"lower concurrency to <= {fits}, or {for_n}, or "
-             f"{_knob(from_override, concurrency * need, pool_bytes_per_block)}")))
+             f"{more_pages_fix(from_override, concurrency * need, pool_bytes_per_block)}")))
 
 
 def max_num_seqs_note(limits: Limits, max_model_len: int, pages_per_request: int, usable_pages: int) -> str | None:

@@ -40,7 +40,7 @@ class GpuPlan:
 def beside_pool_bytes(plan: Plan) -> int:
     """GPU bytes the plan allocates beside the KV pool: the runtime's static device buffers on a CUDA
     device + the estimated graph pool (host buffers are host memory and do not count)."""
-    return sum(e.nbytes for e in plan.ledger.other_entries if e.on_device)
+    return plan.ledger.beside_pool_device_bytes
 
 
 def _usable(budget: Budget) -> int:

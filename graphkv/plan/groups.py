@@ -11,6 +11,10 @@ MLA page that does not divide is refused. The group size ``gs`` (layers per grou
 the pool) is the smallest bucket, unless the largest bucket is under 1.5x the smallest, then the
 largest; a bucket of ``n`` layers becomes ``cdiv(n, gs)`` groups, group ``i`` of ``g`` taking
 layers ``i, i+g, i+2g, …``.
+
+When an MLA page does not divide, vLLM 0.33's full-allocation fallback is tried before refusing
+(:mod:`graphkv.plan.promotion`): sliding-window layers beside MLA are allocated as full attention
+and every layer goes into one group with a slot each.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import Sequence
 import attrs
 
 from graphkv.errors import PlanError, Problem
+from graphkv.plan.promotion import Promotion, fallback_refusal, promote_layers
 from graphkv.spec._checks import cdiv
-from graphkv.spec.layers import LayerKind, LayerSpec
+from graphkv.spec.layers import LayerKind, LayerSpec, PromotedLocalSpec
 from graphkv.spec.model import LayerDecl
 
 __all__ = ["GroupDraft", "Grouping", "build_groups", "group_size_rule"]
@@ -46,6 +51,12 @@ class Grouping:
     slot_page_bytes: tuple[int, ...]  # bytes per page of each pool slot
     notes: tuple[str, ...]
     slot_per_layer: bool = False  # one group whose layers differ in page size: slot j is sized to layer j
+    promotion: Promotion | None = None  # local-attention layers allocated as full attention, if any
+
+    def layers_as_planned(self, layers: Sequence[LayerDecl]) -> tuple[LayerDecl, ...]:
+        """``layers`` with the specs the groups hold (promoted layers as :class:`PromotedLocalSpec`)."""
+        planned = {layer.index: layer for g in self.groups for layer in g.layers}
+        return tuple(planned.get(layer.index, layer) for layer in layers)
 
 
 def group_size_rule(bucket_sizes: Sequence[int]) -> int:
@@ -61,14 +72,7 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
         buckets.setdefault(layer.spec, []).append(layer)
 
     if len(buckets) > 1 and _uniform_type(buckets):
-        # One attention type whose layers differ only in size: one group, one slot per layer.
-        pages = {spec: spec.page_size_bytes(block_size) for spec in buckets}
-        slot_pages = tuple(pages[layer.spec] for layer in layers)
-        group = GroupDraft(spec=layers[0].spec, layers=tuple(layers), block_size=block_size,
-                           page_size_bytes=max(slot_pages))
-        return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages, slot_per_layer=True,
-                        notes=("layers need the same pages per request but differ in page size: one group, each "
-                               "layer its own slot sized to its own page",))
+        return _one_group(layers, block_size)
 
     largest = max(spec.page_size_bytes(block_size) for spec in buckets)
     notes: list[str] = []
@@ -85,12 +89,20 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
                 notes.append(f"{spec.describe()}: page {page} B does not divide {largest} B, padded to {largest} B "
                              f"({largest - page} B padding per page, a ledger entry)")
             else:
+                why = (f"the {spec.kind.value} page of {page} B ({members[0].name}) does not divide the largest page "
+                       f"of {largest} B, and only non-MLA attention pages are padded")
+                refusal = fallback_refusal(layers)
+                if refusal is None:  # vLLM 0.33 _try_get_full_allocation_fallback_groups
+                    promoted, promotion = promote_layers(
+                        layers, reason=f"vLLM 0.33's full-allocation fallback: page sizes cannot be unified, {why}")
+                    return attrs.evolve(_one_group(promoted, block_size), promotion=promotion)
                 raise PlanError(Problem(
                     field="layers", value=f"{members[0].name} ({spec.describe()})",
                     limit=f"its page of {page} bytes at block_size={block_size} must divide the largest page "
                           f"({largest} bytes) so all groups share one page size; only non-MLA attention pages are "
-                          "padded (as vLLM 0.33)",
-                    fix="pad the smaller page (page_size_padded) or choose a block_size where page sizes divide"))
+                          f"padded, and vLLM 0.33's full-allocation fallback does not apply: {refusal}",
+                    fix=f"pad the smaller page (page_size_padded={largest}) or choose a block_size where page sizes "
+                        "divide"))
         drafts.append((spec, members, bucket_bs))
 
     gs = group_size_rule([len(members) for _, members, _ in drafts])
@@ -101,6 +113,20 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
             groups.append(GroupDraft(spec=spec, layers=tuple(members[i::count]), block_size=bucket_bs,
                                      page_size_bytes=largest))
     return Grouping(groups=tuple(groups), group_size=gs, slot_page_bytes=(largest,) * gs, notes=tuple(notes))
+
+
+def _one_group(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
+    """Layers that all need the same pages per request: one group, one slot per layer sized to
+    its own page (vLLM's ``UniformTypeKVCacheSpecs``)."""
+    pages = {layer.spec: layer.spec.page_size_bytes(block_size) for layer in layers}
+    slot_pages = tuple(pages[layer.spec] for layer in layers)
+    # A promoted layer keeps its window for attention; the group's own spec is one that keeps every token.
+    spec = next((layer.spec for layer in layers if not isinstance(layer.spec, PromotedLocalSpec)), layers[0].spec)
+    group = GroupDraft(spec=spec, layers=tuple(layers), block_size=block_size, page_size_bytes=max(slot_pages))
+    note = ("layers need the same pages per request" + (" but differ in page size" if len(set(slot_pages)) > 1 else "")
+            + ": one group, each layer its own slot sized to its own page")
+    return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages, slot_per_layer=True,
+                    notes=(note,))
 
 
 _UNPADDABLE = (LayerKind.MLA, LayerKind.INDEXER)  # latent caches are indexed in whole token rows

@@ -72,6 +72,12 @@ class Ledger:
         return tuple(e for e in self.entries if not e.in_kv_budget)
 
     @property
+    def beside_pool_device_bytes(self) -> int:
+        """GPU bytes allocated beside the KV pool: the runtime's static device buffers on a CUDA device +
+        the estimated graph pool (host buffers are host memory and do not count)."""
+        return sum(e.nbytes for e in self.other_entries if e.on_device)
+
+    @property
     def kv_total_bytes(self) -> int:
         """Sum of the KV-budget entries (equals ``budget_bytes``)."""
         return sum(e.nbytes for e in self.kv_entries)

@@ -7,9 +7,11 @@ from typing import Any
 
 import attrs
 
+from graphkv.errors import Problem, SpecError
 from graphkv.plan.capacity import PageCounter, longest_len
 from graphkv.plan.ledger_entries import Ledger, LedgerEntry
 from graphkv.plan.concurrency import capacity_tables
+from graphkv.spec._checks import count_arg
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
@@ -186,14 +188,21 @@ class Plan:
         for g in self.groups:
             if layer_index in g.layers:
                 return g
-        raise KeyError(layer_index)
+        raise self._unknown_layer(layer_index)
 
     def slot_of(self, layer_index: int) -> SlotPlan:
         """The pool slot holding model layer ``layer_index``."""
         for s in self.slots:
             if layer_index in s.layers:
                 return s
-        raise KeyError(layer_index)
+        raise self._unknown_layer(layer_index)
+
+    def _unknown_layer(self, layer_index: Any) -> SpecError:
+        held = sorted(i for g in self.groups for i in g.layers)
+        listed = ", ".join(map(str, held[:8])) + (f", … ({len(held)} in all)" if len(held) > 8 else "")
+        return SpecError(Problem(field="layer_index", value=layer_index,
+                                 limit=f"is not the index of a layer holding a cache in this plan ({listed})",
+                                 fix="pass a LayerDecl.index from plan.layers, e.g. plan.layers[0].index"))
 
     @property
     def block_size(self) -> int:
@@ -236,17 +245,23 @@ class Plan:
         >>> compile(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB")).pages_per_request_at(1000)
         63
         """
-        return self._page_counter().pages(max_model_len)
+        length = count_arg("max_model_len", max_model_len, 1,
+                           f"pass a request length in tokens, e.g. max_model_len={self.max_model_len} (the plan's)")
+        return self._page_counter().pages(length)
 
     def concurrency_at(self, max_model_len: int) -> int:
-        """How many requests of ``max_model_len`` tokens this pool holds at once."""
+        """How many requests of ``max_model_len`` tokens this pool holds at once. Raises :class:`SpecError`
+        for a length that is not an integer >= 1 (a bool, a float, a string)."""
         return self.capacity.usable_pages // self.pages_per_request_at(max_model_len)
 
     def max_model_len_for(self, concurrency: int) -> int:
         """The longest length at which ``concurrency`` requests fit this pool at once (0: none fits),
-        capped by the model's ``max_position_embeddings`` (else by this plan's ``max_model_len``)."""
+        capped by the model's ``max_position_embeddings`` (else by this plan's ``max_model_len``).
+        Raises :class:`SpecError` for a count that is not an integer >= 1."""
+        requests = count_arg("concurrency", concurrency, 1, "pass how many requests must fit the pool at once, "
+                                                            "e.g. concurrency=1")
         hi = self.capacity.max_position_embeddings or self.max_model_len
-        return longest_len(self._page_counter(), self.capacity.usable_pages // concurrency, hi)
+        return longest_len(self._page_counter(), self.capacity.usable_pages // requests, hi)
 
     def layer_entries(self) -> list[dict[str, Any]]:
         """What every layer became, in stack order: ``{"index", "name", "kind", "group", "kv_source"}``

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import types
 from typing import Mapping
@@ -67,12 +69,17 @@ _MAX_SIZE_CHARS = 64
 def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
     """Parse ``"40GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a plain integer into bytes.
 
-    Exact (decimal arithmetic, no float rounding or overflow); fractions of a byte are dropped.
-    Refuses empty text, negative numbers and sizes above :data:`MAX_BYTES` (1 PiB) with a
-    :class:`SpecError` naming ``field``.
+    Exact (decimal arithmetic, no float rounding or overflow); fractions of a byte in a size
+    string are dropped (``"1.5"`` is 1 byte: the unit is what was meant to scale it). A number
+    must be a whole count of bytes: an int (numpy ints too) or an integral float (``4e9``); a
+    bool, a float with a fraction (``1.5``), NaN or infinity is refused. Refuses empty text,
+    negative numbers and sizes above :data:`MAX_BYTES` (1 PiB) with a :class:`SpecError` naming
+    ``field``.
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
+    elif isinstance(text, numbers.Number):
+        value = _whole_bytes(text, field)
     else:
         raw = str(text)
         if len(raw) > _MAX_SIZE_CHARS:
@@ -93,12 +100,44 @@ def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
     return value
 
 
-def format_bytes(n: int) -> str:
-    """Human-readable binary size, e.g. ``1.50 GiB``."""
+def _whole_bytes(number: "numbers.Number", field: str) -> int:
+    """A byte count given as a number other than an int: a whole one as an int, else a :class:`SpecError`."""
+    if isinstance(number, numbers.Integral) and not _is_bool(number):
+        return int(number)
+    if isinstance(number, numbers.Real) and not _is_bool(number) and math.isfinite(number) \
+            and float(number).is_integer():
+        return int(number)
+    if _is_bool(number):
+        why, fix = "is a bool, not a byte count", "pass a byte count such as 1 << 30 or a size such as '1GiB'"
+    elif isinstance(number, numbers.Real) and math.isfinite(number):
+        why = "is not a whole number of bytes (a float with a fraction)"
+        fix = f"pass a whole number of bytes, e.g. {max(math.ceil(number), 1)}, or a size string such as '1.5GiB'"
+    else:
+        why, fix = "is not a finite byte count", "pass a byte count such as 1 << 30 or a size such as '1GiB'"
+    raise SpecError(Problem(field=field, value=number, limit=why, fix=fix))
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's bool, without importing numpy
+
+
+def format_bytes(n: int, *, rounding: str = "nearest") -> str:
+    """Human-readable binary size, e.g. ``1.50 GiB``.
+
+    ``rounding="up"`` / ``"down"`` for a bound a fix names: ``raise ... to >= 25.51 MiB`` must be
+    enough and ``lower ... to <= 22.69 GiB`` must fit once :func:`parse_bytes` reads the text back.
+    """
+    assert rounding in ("nearest", "up", "down"), rounding
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+            if unit == "B":
+                return f"{int(value)} B"
+            if rounding == "nearest" or n < 0:
+                return f"{value:.2f} {unit}"
+            hundredths, rest = divmod(n * 100, 1 << (10 * power))  # exact: no float rounding either way
+            hundredths += rounding == "up" and rest > 0
+            return f"{hundredths // 100}.{hundredths % 100:02d} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
@@ -129,8 +168,10 @@ class Budget:
         if self.gpu is not None and not isinstance(self.gpu, GPU):
             check.add("gpu", self.gpu, f"must be a GPU or one of {[g.name for g in KNOWN_GPUS.values()]}",
                       "pick a known GPU name, pass GPU(name=..., total_memory_bytes=...) or use Budget.kv_bytes(n)")
-        if isinstance(self.utilization, bool) or not isinstance(self.utilization, (int, float)) \
-                or not 0 < self.utilization <= 1:
+        if isinstance(self.utilization, bool) or not isinstance(self.utilization, (int, float)):
+            check.add("utilization", self.utilization, f"must be a number in (0, 1], not a "
+                      f"{type(self.utilization).__name__}", "use a fraction such as 0.9 (a float, not a string)")
+        elif not 0 < self.utilization <= 1:
             check.add("utilization", self.utilization, "must be in (0, 1]", "use a fraction such as 0.9")
         for field in ("weights_bytes", "activation_bytes", "graph_reserve_bytes"):
             check.non_negative_int(field, getattr(self, field))
@@ -148,12 +189,14 @@ class Budget:
         return cls(kv_cache_bytes=parse_bytes(n, field="kv_cache_bytes"))
 
     @classmethod
-    def for_gpu(cls, gpu: "GPU | str", *, utilization: float = 0.9, weights_bytes: int = 0,
-                activation_bytes: int = 0, graph_reserve_bytes: int = 0) -> "Budget":
-        """A budget of ``total * utilization`` minus weights, activations and graph reserve."""
-        return cls(gpu=get_gpu(gpu) if isinstance(gpu, str) else gpu, utilization=utilization,
-                   weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-                   graph_reserve_bytes=graph_reserve_bytes)
+    def for_gpu(cls, gpu: "GPU | str", *, utilization: float = 0.9, weights_bytes: "int | str" = 0,
+                activation_bytes: "int | str" = 0, graph_reserve_bytes: "int | str" = 0) -> "Budget":
+        """A budget of ``total * utilization`` minus weights, activations and graph reserve (each a
+        byte count or a size such as ``"16GiB"``, read as :meth:`kv_bytes` reads its size)."""
+        sizes = {name: parse_bytes(value, field=name) if isinstance(value, str) else value
+                 for name, value in (("weights_bytes", weights_bytes), ("activation_bytes", activation_bytes),
+                                     ("graph_reserve_bytes", graph_reserve_bytes))}
+        return cls(gpu=get_gpu(gpu) if isinstance(gpu, str) else gpu, utilization=utilization, **sizes)
 
     def kv_pool_bytes(self) -> int:
         """Bytes available to the KV pool."""

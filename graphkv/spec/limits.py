@@ -66,7 +66,12 @@ class Limits:
       ``max_concurrent_batches * max_num_batched_tokens``;
     - ``speculative_lookahead_tokens``: prefill tokens a drafter reads past the scheduled range
       (vLLM's ``num_prefill_lookahead_tokens``: ``num_speculative_tokens`` for multi-module MTP, 1
-      for other EAGLE drafters, 0 without one); sliding windows retain ``max(0, this - 1)`` more.
+      for other EAGLE drafters, 0 without one); sliding windows retain ``max(0, this - 1)`` more;
+    - ``disable_hybrid_kv_cache_manager``: vLLM's ``--disable-hybrid-kv-cache-manager``. ``True``
+      allocates sliding-window and chunked-local layers as full attention beside full attention
+      or MLA (one group, every token's page kept; their attention still reads only the window);
+      ``False`` keeps the hybrid manager; ``None`` (default) decides as vLLM 0.33 does: off for a
+      model with chunked-local attention, on otherwise (:mod:`graphkv.plan.promotion`).
     """
 
     max_model_len: MaxModelLen = AUTO
@@ -83,17 +88,26 @@ class Limits:
                                                 converter=_enum(CudaGraphMode))
     max_concurrent_batches: int | None = None
     speculative_lookahead_tokens: int = 0
+    disable_hybrid_kv_cache_manager: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         check = Checker("Limits")
-        if self.max_model_len != AUTO:
-            check.positive_int("max_model_len", self.max_model_len)
+        if self.max_model_len != AUTO and not check.positive_int("max_model_len", self.max_model_len):
+            last = check.problems[-1]  # the length may also be 'auto', which the generic check cannot say
+            check.problems[-1] = attrs.evolve(last, limit=last.limit.replace("must be an integer > 0",
+                                                                            "must be an integer > 0 or 'auto'"),
+                                              fix=last.fix + " or 'auto'")
         if self.concurrency is not None:
             check.positive_int("concurrency", self.concurrency)
         check.positive_int("max_num_seqs", self.max_num_seqs)
         check.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.num_blocks_override is not None:
-            if check.positive_int("num_blocks_override", self.num_blocks_override) and self.num_blocks_override < 2:
+            if not check.positive_int("num_blocks_override", self.num_blocks_override):
+                last = check.problems[-1]  # 1 is positive too, but leaves no usable page: ask for what works
+                check.problems[-1] = attrs.evolve(
+                    last, limit=last.limit.replace("an integer > 0", "an integer >= 2 (page 0 is the null page)"),
+                    fix=last.fix.replace("a positive integer", "an integer >= 2"))
+            elif self.num_blocks_override < 2:
                 check.add("num_blocks_override", self.num_blocks_override,
                           "must be >= 2 (page 0 is the null page, so 1 leaves no usable page)",
                           "raise num_blocks_override to at least 2")
@@ -110,6 +124,10 @@ class Limits:
         if self.max_concurrent_batches is not None:
             check.positive_int("max_concurrent_batches", self.max_concurrent_batches)
         check.non_negative_int("speculative_lookahead_tokens", self.speculative_lookahead_tokens)
+        if not isinstance(self.disable_hybrid_kv_cache_manager, (bool, type(None))):
+            check.add("disable_hybrid_kv_cache_manager", self.disable_hybrid_kv_cache_manager,
+                      "must be True, False or None (vLLM 0.33's automatic choice)",
+                      "pass disable_hybrid_kv_cache_manager=True to allocate local attention as full attention")
         if not isinstance(self.cudagraph_mode, CudaGraphMode):
             check.add("cudagraph_mode", self.cudagraph_mode, f"must be one of {[m.value for m in CudaGraphMode]}",
                       "pick a CudaGraphMode")

@@ -175,9 +175,12 @@ class ModelKV:
             if isinstance(decl.spec, KVSharedSpec):
                 source = holders.get(decl.spec.source)
                 if source is None or source.spec.is_ssm:
+                    attention = [x.name for x in self.layers if not x.spec.is_ssm]
+                    fix = (f"use one of {attention[:4]}{'…' if len(attention) > 4 else ''}" if attention else
+                           "the model has no attention layer that holds a cache: declare the layer it reads, or "
+                           "give this one NoCacheSpec()")
                     check.add(f"cacheless[{i}].spec.source", decl.spec.source,
-                              "must name an attention layer of this model that holds a cache",
-                              f"use one of {[x.name for x in self.layers if not x.spec.is_ssm][:4]}…")
+                              "must name an attention layer of this model that holds a cache", fix)
 
     @classmethod
     def from_specs(cls, name: str, specs: Sequence[tuple[LayerSpec, "str | Backend"]], **kwargs: Any) -> "ModelKV":

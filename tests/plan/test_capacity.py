@@ -213,7 +213,30 @@ def test_auto_when_not_even_one_token_fits():
     limits = Limits(max_num_seqs=1, max_num_batched_tokens=16, num_blocks_override=3)
     with pytest.raises(CapacityError, match="even a 1-token request needs 4 pages .* 2 usable pages") as info:
         compile_plan(hybrid(), limits)
-    assert ">= 5 pages" in str(info.value)
+    assert str(info.value).endswith("; raise num_blocks_override to >= 5")  # no length or step budget helps
+
+
+def test_speculative_tokens_that_leave_no_room_for_one_token_are_named():
+    """When a 1-token request fits without its speculative state pages, the error names num_speculative_tokens
+    (not max_model_len) and the most that fit: 1 attention + 3 x (1 + 11) Mamba pages = 37 <= 39 usable pages."""
+    limits = Limits(max_num_seqs=1, max_num_batched_tokens=64, num_speculative_tokens=50, num_blocks_override=40)
+    with pytest.raises(CapacityError, match=r"even a 1-token request needs 154 pages \(4 without speculative tokens\)"
+                       ) as info:
+        compile_plan(hybrid(), limits)
+    assert info.value.field == "num_speculative_tokens"
+    assert "lower num_speculative_tokens to <= 11, or raise num_blocks_override to >= 155" in str(info.value)
+    compile_plan(hybrid(), attrs.evolve(limits, num_speculative_tokens=11))  # the advice works
+    with pytest.raises(CapacityError, match="num_speculative_tokens"):
+        compile_plan(hybrid(), attrs.evolve(limits, num_speculative_tokens=12))
+
+
+def test_fixed_length_with_too_many_speculative_tokens_names_them_too():
+    """A fixed max_model_len fails the same way, naming the speculative tokens rather than the length."""
+    limits = Limits(max_model_len=64, max_num_seqs=1, max_num_batched_tokens=64, num_speculative_tokens=50,
+                    num_blocks_override=40)
+    with pytest.raises(CapacityError, match="lower num_speculative_tokens to <= 11") as info:
+        compile_plan(hybrid(), limits)
+    assert info.value.field == "num_speculative_tokens"
 
 
 def test_gpu_budget_gives_total_times_utilization_pages():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphkv import (Budget, FullAttentionSpec, Limits, MLASpec, ModelKV, PlanError, SlidingWindowSpec,
+from graphkv import (Budget, FullAttentionSpec, Limits, MambaSpec, MLASpec, ModelKV, PlanError, SlidingWindowSpec,
                      compile_plan)
 from graphkv.plan.groups import build_groups, group_size_rule
 
@@ -92,11 +92,26 @@ def test_page_that_does_not_divide_the_largest_is_padded():
     assert any("padded to 65536 B" in note for note in plan.notes)
 
 
-def test_mla_page_that_does_not_divide_is_an_error():
-    """An MLA page (18432 B) that does not divide a 40960 B sliding page is refused (MLA is never padded)."""
+def test_mla_page_that_does_not_divide_takes_vllms_full_allocation_fallback():
+    """An MLA page (18432 B) that does not divide a 40960 B sliding page: the sliding layer is allocated as full
+    attention and both layers share one group, each its own slot (vLLM 0.33's fallback)."""
     odd = SlidingWindowSpec(num_kv_heads=5, head_size=128, window=512)  # 5 * 256 * 2 * 16 = 40960 B
     model = ModelKV.from_specs("m", [(odd, "flash_attn"), (MLASpec(kv_lora_rank=512, rope_dim=64), "triton_mla")])
-    with pytest.raises(PlanError, match=r"layers.1 .*page of 18432 bytes .* must divide the largest page \(40960"):
+    plan = compile_plan(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB"))
+    assert [(g.kind.value, g.layer_names, g.pages_per_request) for g in plan.groups] == [
+        ("mla", ("layers.0", "layers.1"), 256)]
+    assert [s.page_size_bytes for s in plan.slots] == [40960, 18432]
+    assert plan.num_blocks == (1 << 30) // (40960 + 18432) == 18078
+
+
+def test_mla_page_that_does_not_divide_beside_a_state_is_an_error():
+    """Beside a Mamba state the fallback cannot make one group, so the MLA page is refused with the reason."""
+    odd = SlidingWindowSpec(num_kv_heads=5, head_size=128, window=512)
+    mamba = MambaSpec(shapes=((4, 16, 16),), dtypes=("float32",))
+    model = ModelKV.from_specs("m", [(odd, "flash_attn"), (MLASpec(kv_lora_rank=512, rope_dim=64), "triton_mla"),
+                                     (mamba, "mamba")])
+    with pytest.raises(PlanError, match=r"layers.1 .*page of 18432 bytes .* must divide the largest page \(40960.*"
+                                        r"fallback does not apply: recurrent-state layers"):
         compile_plan(model, Limits(max_model_len=4096), Budget.kv_bytes("1GiB"))
 
 

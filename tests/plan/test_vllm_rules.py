@@ -55,7 +55,9 @@ def test_chunked_local_pages_follow_steps_in_flight():
     chunked = ChunkedLocalSpec(num_kv_heads=8, head_size=128, chunk=8192)
     model = ModelKV.from_specs("l4", [(chunked, "flash_attn")] * 3 + [(FullAttentionSpec(num_kv_heads=8, head_size=128),
                                                                         "flash_attn")])
-    limits = Limits(max_model_len=131072, max_num_batched_tokens=8192)
+    # With the hybrid manager kept (vLLM: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1); by default vLLM 0.33
+    # allocates chunked layers as full attention (tests/plan/test_promotion.py).
+    limits = Limits(max_model_len=131072, max_num_batched_tokens=8192, disable_hybrid_kv_cache_manager=False)
     groups = compile_plan(model, limits, Budget.kv_bytes("80GiB")).groups
     assert [(g.kind.value, g.pages_per_request) for g in groups][:1] == [("chunked_local", 1536)]
     groups = compile_plan(model, attrs.evolve(limits, max_concurrent_batches=1), Budget.kv_bytes("80GiB")).groups

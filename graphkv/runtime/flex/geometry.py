@@ -93,6 +93,15 @@ class FlexMaskGeometry:
             raise PlanError(Problem(field=f"groups[{group_index}].kind", value=group.kind.value,
                                     limit="flex masks cover full and sliding-window attention only",
                                     fix="use another backend for this layer kind"))
+        windows = {getattr(d.spec, "window", None) for d in plan.layers if d.index in group.layers}
+        if len(windows) > 1:
+            raise PlanError(Problem(
+                field=f"groups[{group_index}].layers", value=sorted(windows, key=str),
+                limit="flex masks take one sliding window per group, and this group mixes windows (sliding-window "
+                      "layers allocated as full attention beside full attention: disable_hybrid_kv_cache_manager "
+                      "or vLLM's full-allocation fallback)",
+                fix="serve the plan without disable_hybrid_kv_cache_manager (the default keeps sliding-window "
+                    "layers in their own groups)"))
         tiles = [d.backend.q_tile_tokens for d in plan.layers
                  if d.index in group.layers and d.backend.q_tile_tokens is not None]
         kv_indices = plan.buffers[names[1]]

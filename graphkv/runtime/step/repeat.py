@@ -83,6 +83,8 @@ class RepeatStep:
         parts = self.parts
         if parts.ownership.num_shared or not (shape is self.shape or shape == self.shape):
             return False  # (a shared page: the full path checks writes)
+        if batch.query_lens is not self.query_lens and bool in set(map(type, batch.query_lens)):
+            return False  # True equals the last step's 1: the full path refuses the bool
         parts.staging.wait_until_read()
         old = self._python(batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
         if old is None:
@@ -125,7 +127,9 @@ class RepeatStep:
         ctx = slens - self.qlens
         written = parts.ownership.written
         old = written[self.rows]
-        if ((ctx < 0) | (slens > parts.plan.max_model_len) | (slens > self.capacity) | (ctx > old)).any():
+        # slens <= 1: a length struct may have packed from a bool (rare in a repeat: the full path decides)
+        if ((ctx < 0) | (slens <= 1) | (slens > parts.plan.max_model_len) | (slens > self.capacity)
+                | (ctx > old)).any():
             return None
         parts.staging.write_lengths(parts.tables, n, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens

@@ -238,7 +238,8 @@ class Step:
         """
         return self._prepare(batch, self._shape_of(forward))[0]
 
-    def run(self, forward: Callable[..., Any], batch: Batch, *, input_ids: torch.Tensor | Sequence[int]) -> Any:
+    def run(self, forward: Callable[..., Any], batch: Batch, *, input_ids: torch.Tensor | Sequence[int],
+            vocab_size: int | None = None) -> Any:
         """Prepare ``batch``, then call ``forward`` inside the step's forward context.
 
         ``forward`` is a :class:`~graphkv.runtime.capture.graphs.CapturedForward` (it replays a graph,
@@ -246,7 +247,9 @@ class Step:
         all of them) or a plain callable taking ``input_ids``. ``input_ids``: ``[num_tokens]`` integer
         token ids, packed in batch order, on the CPU or the step's device. Returns the forward's
         output for the step's ``num_tokens`` tokens. Raises as :meth:`prepare` does, and
-        :class:`SpecError` for ``input_ids`` of another length, dtype or device, before changing
+        :class:`SpecError` for ``input_ids`` of another length, dtype or device, and with
+        ``vocab_size`` (the model's embedding rows) for a token id outside ``[0, vocab_size)`` naming
+        its request and position (one host reduction; a device tensor costs one sync), before changing
         anything. When ``forward`` raises, the step is undone (:meth:`undo`) and the exception
         propagates: K/V the forward wrote lie past every request's written tokens and are
         overwritten by the retry, but a state (Mamba) layer that updated a request's state in place
@@ -254,7 +257,8 @@ class Step:
         """
         captured = _is_captured(forward)
         shape, ids = self._prepare(batch, self._shape_of(forward if captured else None),
-                                   lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device))
+                                   lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device,
+                                                                      vocab_size=vocab_size, batch=batch))
         try:
             n = shape.num_tokens
             dst = self.input_ids[:n]

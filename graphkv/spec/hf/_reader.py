@@ -39,6 +39,7 @@ CAPS: Mapping[str, int] = {
     "dim": 65_536,  # head dims, latent ranks, state sizes (largest: 640)
     "width": 1 << 20,  # hidden sizes and channel counts (largest: ~30k)
     "kernel": 1_024,  # convolution kernels (largest: 4)
+    "positions": 1 << 24,  # context lengths, RoPE scaling included (largest served: 10_485_760, Llama 4 Scout)
 }
 """Plausibility caps per kind of number (see the module docstring)."""
 

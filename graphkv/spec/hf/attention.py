@@ -69,6 +69,10 @@ def _kv_heads(cfg: ConfigReader, heads: int | None) -> tuple[str, int | None]:
     if cfg.has("num_kv_heads"):
         return "num_kv_heads", cfg.int_field("num_kv_heads", cap="heads")
     section = cfg.get("attn_config")
+    if section is not None and not isinstance(section, Mapping):  # DBRX: read as MHA, it would plan 8x the KV
+        cfg.problem("attn_config", section, "must be an object of attention fields (DBRX: {\"kv_n_heads\": 8, ...})",
+                    "copy attn_config from the model's config.json, or set num_key_value_heads")
+        return "attn_config", None
     if isinstance(section, Mapping) and section.get("kv_n_heads") is not None:
         value = section["kv_n_heads"]
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= CAPS["heads"]:
@@ -99,8 +103,8 @@ def _head_size(cfg: ConfigReader, heads: int | None) -> int | None:
 class AttentionReader:
     """Builds each attention layer's spec; equal layers share one spec object (linear in layers)."""
 
-    def __init__(self, cfg: ConfigReader, opts: Options, roles: set[Role]) -> None:
-        self.cfg, self.opts = cfg, opts
+    def __init__(self, cfg: ConfigReader, opts: Options, roles: set[Role], *, num_layers: int | None = None) -> None:
+        self.cfg, self.opts, self.num_layers = cfg, opts, num_layers
         self.heads = query_heads(cfg, opts, check_tp=False)
         self.kv_key, self.kv_heads = _kv_heads(cfg, self.heads)
         cfg.split(self.kv_key, self.kv_heads, opts.tp, SplitRule.KV_HEADS)  # records a split problem before any layer
@@ -134,6 +138,12 @@ class AttentionReader:
                 self.cfg.problem("per_layer_config", {key: fields}, "must map layer indices to field overrides",
                                  "copy per_layer_config from the model's config.json")
                 return {}
+            if self.num_layers is not None and index >= self.num_layers:
+                self.cfg.problem("per_layer_config", key, f"names layer {index}, but the model has {self.num_layers} "
+                                 f"layers (0..{self.num_layers - 1}): its overrides would apply to no layer",
+                                 f"delete per_layer_config[{key!r}], or copy per_layer_config from the model's "
+                                 "config.json")
+                return {}
             overrides[index] = dict(fields)
         return overrides
 
@@ -159,7 +169,7 @@ class AttentionReader:
                 self._check_heads("swa_num_key_value_heads", kv)
         if role is Role.FULL and cfg.has("global_head_dim") and not self.overrides:  # Gemma-4 original fields
             head = cfg.int_field("global_head_dim", cap="dim")
-            if cfg.has("num_global_key_value_heads") and cfg.get("attention_k_eq_v", True) is True:
+            if cfg.has("num_global_key_value_heads") and cfg.flag("attention_k_eq_v", True):
                 kv = cfg.int_field("num_global_key_value_heads", cap="heads")
                 self._check_heads("num_global_key_value_heads", kv)
         override = self.overrides.get(index)

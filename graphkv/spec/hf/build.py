@@ -68,7 +68,8 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
         cfg.fail(layout_key, odd, "mixes sliding, chunked or hybrid layers with MLA latents, which graphkv does not "
                  "plan", "declare the layers with ModelKV.from_specs")
     latent = MLAReader(cfg, opts, indexed=Role.INDEXED in present) if mla else None
-    attention = AttentionReader(cfg, opts, present) if not mla and present & set(_ATTENTION) else None
+    attention = (AttentionReader(cfg, opts, present, num_layers=len(roles))
+                 if not mla and present & set(_ATTENTION) else None)
     state = read_state(cfg, opts, layout_key) if present & {Role.STATE, Role.HYBRID} else None
     conv = read_conv_state(cfg, opts) if Role.CONV in present else None
     cfg.raise_if_any()

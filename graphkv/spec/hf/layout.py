@@ -101,10 +101,14 @@ def _layer_count(cfg: ConfigReader, family: Family | None = None) -> int | None:
 
 def _from_list(cfg: ConfigReader, key: str) -> Layout:
     value = cfg.get(key)
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
-        cfg.fail(key, value if not isinstance(value, (list, tuple)) or len(value) <= 8 else f"<{len(value)} entries>",
-                 "must be a non-empty list of layer type names, one per layer",
+    if not isinstance(value, (list, tuple)) or not value:
+        cfg.fail(key, value, "must be a non-empty list of layer type names, one per layer",
                  f"set {key} to one of {sorted(_WORDS)} per layer")
+    bad = next((i for i, v in enumerate(value) if not isinstance(v, str)), None)
+    if bad is not None:
+        cfg.fail(key, value if len(value) <= 8 else f"<{len(value)} entries>",
+                 f"must list layer type names, but entry {bad} is {value[bad]!r} ({type(value[bad]).__name__})",
+                 f"set each entry of {key} to one of {sorted(_WORDS)}")
     unknown = sorted({v for v in value if v not in _WORDS})
     if unknown:
         cfg.fail(key, f"<{len(value)} entries>" if len(value) > 8 else list(value),
@@ -198,6 +202,10 @@ def _sliding_pattern(cfg: ConfigReader, count: int, family: Family | None) -> La
         if isinstance(value, str) and value and set(value) <= {"L", "G"}:
             roles = tuple(Role.FULL if value[i % len(value)] == "G" else Role.SLIDING for i in range(count))
             return Layout(roles=roles, source=f"{key}={value!r} (L sliding, G global)")
+        if isinstance(value, str):
+            cfg.fail(key, value, "must be an integer N (every N-th layer is full attention) or a non-empty string of "
+                                 "L (sliding) and G (global) letters, repeated over the layers",
+                     f"copy {key} from the model's config.json, such as 6 or \"LLLLLG\"")
         period = cfg.int_field(key, cap="layers")
         if period is None:
             cfg.raise_if_any()

@@ -9,18 +9,24 @@
   ``deepseek_yarn``, ``deepseek_llama_scaling``) and for Gemma 3, whose length is written scaled.
   The RoPE parameters are read from ``rope_parameters`` (transformers 5) or ``rope_scaling``
   (older configs), one dict, or one per layer type.
+
+Implausible numbers are refused naming the field, not planned: a length field or a scaled length
+beyond ``CAPS["positions"]`` (16,777,216 tokens; the longest served context is 10,485,760, Llama 4
+Scout), a RoPE ``factor`` that is not a finite number in (0, :data:`MAX_ROPE_FACTOR`], RoPE
+parameters that are not an object (a list, a string), a ``rope_type`` that is not a string and an
+``original_max_position_embeddings`` that is not a positive integer.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
-from graphkv.spec.hf._reader import ConfigReader
+from graphkv.spec.hf._reader import CAPS, ConfigReader
 
-__all__ = ["ASSUMED_MAX_LEN", "LENGTH_KEYS", "PositionCap", "read_position_cap"]
+__all__ = ["ASSUMED_MAX_LEN", "LENGTH_KEYS", "MAX_ROPE_FACTOR", "PositionCap", "read_position_cap"]
 
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
@@ -28,6 +34,9 @@ LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_len
 
 ASSUMED_MAX_LEN = 2048
 """The length vLLM assumes for a config that declares none of :data:`LENGTH_KEYS`."""
+
+MAX_ROPE_FACTOR = 1024.0
+"""Plausibility cap on a RoPE scaling ``factor``: served models use 2 to 64."""
 
 _ALREADY_SCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 _NESTING_KEYS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "linear_attention",
@@ -44,9 +53,11 @@ class PositionCap:
 
 def read_position_cap(cfg: ConfigReader, model_type: str) -> PositionCap:
     """The maximum length of the model ``cfg`` describes, by vLLM's rules (module docstring); a
-    length field or RoPE factor of the wrong type records a problem on ``cfg``."""
-    found = {key: cfg.optional_int(key) for key in LENGTH_KEYS if cfg.has(key)}
+    length field or RoPE parameter of the wrong type, or beyond its plausibility cap, records a
+    problem on ``cfg``."""
+    found = {key: cfg.optional_int(key, cap="positions") for key in LENGTH_KEYS if cfg.has(key)}
     found = {key: value for key, value in found.items() if value is not None}
+    rope = _rope_factor(cfg)  # checked for every model: a Gemma 3 config's factor must still be a number
     if found.get("model_max_length"):
         key, length = "model_max_length", found["model_max_length"]
     elif found:
@@ -57,31 +68,82 @@ def read_position_cap(cfg: ConfigReader, model_type: str) -> PositionCap:
                                             f"...): {ASSUMED_MAX_LEN} assumed, as vLLM does; pass max_model_len "
                                             "to plan another")
     reason = None if key == "max_position_embeddings" and len(found) == 1 else f"maximum length from {key}"
-    factor = 1.0 if "gemma3" in model_type else _rope_factor(cfg)
-    if factor != 1.0:
-        length = int(length * factor)
+    if rope is not None and rope[0] != 1.0 and "gemma3" not in model_type:
+        factor, factor_key = rope
+        scaled = int(length * factor)
+        if not 1 <= scaled <= CAPS["positions"]:
+            bound = ("below 1" if scaled < 1 else f"beyond the plausibility cap of {CAPS['positions']} (the longest "
+                                                   "served context is 10485760)")
+            cfg.problem(factor_key, factor, f"scales {key}={length} to {scaled} positions, {bound}",
+                        f"set {factor_key} to the model's factor (such as 8.0; served models use 2 to 64) from its "
+                        "config.json, or remove it for unscaled RoPE")
+            return PositionCap(length)
+        length = scaled
         reason = f"{key} x RoPE scaling factor {factor:g}"
     return PositionCap(length, None if reason is None else f"{reason}: {length} (vLLM's rule)")
 
 
-def _rope_factor(cfg: ConfigReader) -> float:
-    """The RoPE scaling factor vLLM applies to the length (the last one that applies), 1.0 when none."""
+def _rope_factor(cfg: ConfigReader) -> tuple[float, str] | None:
+    """The RoPE scaling factor vLLM applies to the length (the last one that applies) and the
+    field it came from; ``None`` when none applies. Every RoPE parameter graphkv reads is checked,
+    also those of RoPE types whose length is already scaled."""
     field = "rope_parameters" if cfg.has("rope_parameters") else "rope_scaling"
     params = cfg.get(field)
-    if not isinstance(params, dict) or not params:
-        return 1.0
-    nested = set(params) <= _NESTING_KEYS
-    factor = 1.0
-    for one in (params.values() if nested else (params,)):
-        if not isinstance(one, dict):
+    if params is None:
+        return None
+    if not isinstance(params, Mapping):
+        cfg.problem(field, params, "must be an object of RoPE parameters, e.g. {\"rope_type\": \"linear\", "
+                                   "\"factor\": 4.0}, or null",
+                    f"copy {field} from the model's config.json, or set it to null for unscaled RoPE")
+        return None
+    nested = bool(params) and set(params) <= _NESTING_KEYS
+    found = None
+    for name, one in (params.items() if nested else ((None, params),)):
+        prefix = f"{field}.{name}" if nested else field
+        if one is None:
             continue
-        rope_type = one.get("rope_type", one.get("type", "default"))
-        if rope_type in _ALREADY_SCALED or "factor" not in one or one["factor"] is None:
+        if not isinstance(one, Mapping):
+            cfg.problem(prefix, one, "must be an object of RoPE parameters for that layer type, or null",
+                        f"copy {prefix} from the model's config.json")
             continue
-        value: Any = one["factor"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            cfg.problem(f"{field}.factor", value, "must be a positive number", "copy the factor from the model's "
-                                                                               "config.json")
-            return 1.0
-        factor = float(value)
-    return factor
+        factor = _checked_params(cfg, one, prefix)
+        if factor is not None:
+            found = factor
+    return found
+
+
+def _checked_params(cfg: ConfigReader, params: Mapping[str, Any], prefix: str) -> tuple[float, str] | None:
+    """The factor of one RoPE parameter object when it scales the length; problems recorded on ``cfg``."""
+    type_key = "rope_type" if "rope_type" in params else "type"
+    rope_type = params.get(type_key)
+    if rope_type is None:
+        rope_type = "default"
+    elif not isinstance(rope_type, str):
+        cfg.problem(f"{prefix}.{type_key}", rope_type, "must be a string such as 'default', 'linear', 'dynamic', "
+                                                      "'yarn' or 'llama3'",
+                    f"copy {prefix}.{type_key} from the model's config.json")
+        rope_type = "default"
+    original = params.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int)
+                                 or not 1 <= original <= CAPS["positions"]):
+        cfg.problem(f"{prefix}.original_max_position_embeddings", original,
+                    f"must be an integer in [1, {CAPS['positions']}] (the context length before RoPE scaling)",
+                    f"copy {prefix}.original_max_position_embeddings from the model's config.json")
+    value: Any = params.get("factor")
+    if value is None:
+        return None
+    key = f"{prefix}.factor"
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            or (isinstance(value, float) and not math.isfinite(value))):  # an int may exceed a float: compare it
+        cfg.problem(key, value, "must be a positive number (finite, not a string or a boolean)",
+                    f"set {key} to a number such as 4.0, copied from the model's config.json")
+        return None
+    if value > MAX_ROPE_FACTOR:
+        cfg.problem(key, value, f"must be <= {MAX_ROPE_FACTOR:g} (plausibility cap: served models scale RoPE by 2 to "
+                                "64, so this is a typo or a corrupt config)",
+                    f"set {key} to the model's factor (such as 8.0) from its config.json, or remove {prefix} for "
+                    "unscaled RoPE")
+        return None
+    if rope_type in _ALREADY_SCALED:
+        return None
+    return float(value), key

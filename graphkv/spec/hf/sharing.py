@@ -34,9 +34,12 @@ def kv_sources(cfg: ConfigReader, roles: Sequence[Role]) -> dict[int, int]:
     if shared == 0:
         return {}
     first = count - shared
+    most = _most_shared(roles)
+    fix = (f"set num_kv_shared_layers to <= {most} (each shared layer reads an earlier layer of its own type)"
+           if most else "set num_kv_shared_layers to 0: no layer has an earlier one of its type to read")
     if first < 1:
         cfg.fail("num_kv_shared_layers", shared, f"must leave at least one of the {count} layers computing K and V",
-                 f"set num_kv_shared_layers below {count}")
+                 fix)
     last_of: dict[Role, int] = {}
     for i in range(first):
         last_of[roles[i]] = i
@@ -47,6 +50,20 @@ def kv_sources(cfg: ConfigReader, roles: Sequence[Role]) -> dict[int, int]:
             cfg.fail("num_kv_shared_layers", shared,
                      f"layer {i} ({roles[i].value}) would read the cache of an earlier {roles[i].value} layer, but "
                      f"layers 0..{first - 1} have none",
-                     "check num_kv_shared_layers and layer_types against the model's config.json")
+                     f"{fix}, or check num_kv_shared_layers and layer_types against the model's config.json")
         sources[i] = source
     return sources
+
+
+def _most_shared(roles: Sequence[Role]) -> int:
+    """The most trailing layers that can share: each an attention layer whose type some layer before the
+    shared ones has (0 when none can)."""
+    first_of: dict[Role, int] = {}
+    for i, role in enumerate(roles):
+        first_of.setdefault(role, i)
+    best, needed = 0, 0  # needed: the first computing layer must come after each shared type's first layer
+    for first in range(len(roles) - 1, 0, -1):  # share roles[first:]; once too many, more only gets worse
+        if roles[first] not in _SHAREABLE or max(needed, first_of[roles[first]]) >= first:
+            break
+        needed, best = max(needed, first_of[roles[first]]), len(roles) - first
+    return best

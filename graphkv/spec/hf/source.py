@@ -1,11 +1,12 @@
 """Which part of a config describes the decoder, and which family it belongs to.
 
 A multimodal config (Gemma-3/3n/4, Llama-4, Qwen3.5, …) nests its language model under
-``text_config`` (``llm_config`` / ``language_config`` in some families); the decoder is read from
-there, with the checkpoint dtype, name and architectures inherited from the outer config when the
-inner one does not set them. The family (``model_type``, outer first) picks the few defaults a
-config does not write (see :mod:`graphkv.spec.hf.families`); an unknown family is read by its
-fields alone and the plan's notes say so.
+``text_config`` (``llm_config`` / ``language_config`` in some families; one that is not an object
+is refused naming it); the decoder is read from there, with the checkpoint dtype, name and
+architectures inherited from the outer config when the inner one does not set them. The family
+(``model_type``, outer first) picks the few defaults a config does not write (see
+:mod:`graphkv.spec.hf.families`); an unknown family is read by its fields alone and the plan's
+notes say so.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def resolve_source(config: Any) -> ConfigSource:
     problems: list[Problem] = []
     architecture = _architecture(outer, problems)
     model_type = _model_type(outer, "config.model_type", problems)
+    for key in _NESTED_DECODER_KEYS:
+        value = outer.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            shown = value if len(repr(value)) <= 80 else type(value).__name__
+            problems.append(Problem(field=f"config.{key}", value=shown,
+                                    limit="must be an object holding the language model's fields (num_hidden_layers, "
+                                          "num_attention_heads, ...), or null",
+                                    fix=f"copy {key} from the model's config.json, or remove it when the decoder's "
+                                        "fields are at the top level"))
     nested_key = next((k for k in _NESTED_DECODER_KEYS if isinstance(outer.get(k), Mapping)), None)
     fields: Mapping[str, Any] = outer
     inner_type = None

@@ -4,9 +4,10 @@ The fields decide the family of the state (``layer_types`` only says ``linear_at
 this order:
 
 - gated-delta (Qwen3-Next, Qwen3.5, OLMo-Hybrid): ``linear_num_key_heads``,
-  ``linear_num_value_heads``, ``linear_key_head_dim``, ``linear_value_head_dim``,
-  ``linear_conv_kernel_dim`` — conv ``(k - 1, (2 * kh * kd + vh * vd) / tp)``, recurrent
-  ``(vh / tp, vd, kd)`` (vLLM 0.33 ``gated_delta_net_state_shape``);
+  ``linear_num_value_heads`` (a multiple of the key heads: each key head serves equally many),
+  ``linear_key_head_dim``, ``linear_value_head_dim``, ``linear_conv_kernel_dim`` — conv
+  ``(k - 1, (2 * kh * kd + vh * vd) / tp)``, recurrent ``(vh / tp, vd, kd)`` (vLLM 0.33
+  ``gated_delta_net_state_shape``);
 - KDA (Kimi-Linear, Ling): ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``
   (or Kimi's ``linear_attn_config``) — conv ``(k - 1, 3 * h * d / tp)``, recurrent
   ``(h / tp, d, d)`` in float32 unless asked otherwise (``kda_state_shape`` / ``kda_state_dtype``);
@@ -14,10 +15,11 @@ this order:
   (``mamba_num_heads`` / ``mamba_n_heads`` / ``n_mamba_heads`` / ``num_heads``), head size
   (``mamba_head_dim`` / ``mamba_d_head`` / ``mamba_headdim`` / ``head_dim``), state
   (``ssm_state_size`` / ``mamba_d_state`` / ``state_size``), groups (``n_groups`` /
-  ``mamba_n_groups`` / ``mamba_ngroups``), conv kernel (``conv_kernel`` / ``mamba_d_conv``);
-  inner size ``mamba_d_ssm`` or heads x head size; conv ``(k - 1, (inner + 2 * G * state) / tp)``
-  where a group count that ``tp`` does not divide must be 1 and is replicated (``G = tp``), ssm
-  ``(heads / tp, head size, state)`` (``mamba2_state_shape``);
+  ``mamba_n_groups`` / ``mamba_ngroups``; the heads a multiple of them), conv kernel
+  (``conv_kernel`` / ``mamba_d_conv``); inner size ``mamba_d_ssm`` or heads x head size; conv
+  ``(k - 1, (inner + 2 * G * state) / tp)`` where a group count that ``tp`` does not divide must
+  be 1 and is replicated (``G = tp``), ssm ``(heads / tp, head size, state)``
+  (``mamba2_state_shape``);
 - Mamba1 (Mamba, Falcon-Mamba, Jamba): state ``mamba_d_state`` / ``state_size``, inner size
   ``mamba_expand * hidden_size`` (else ``intermediate_size``, else ``expand * hidden_size``) —
   conv ``(k - 1, inner / tp)``, ssm ``(inner / tp, state)`` (``mamba1_state_shape``);
@@ -81,6 +83,12 @@ def _first(cfg: ConfigReader, keys: tuple[str, ...], *, cap: str, minimum: int =
     return cfg.int_field(keys[0], also=keys[1:], cap=cap, minimum=minimum, why=why)
 
 
+def _not_a_multiple(cfg: ConfigReader, key: str, value: int, of_key: str, of: int, why: str) -> None:
+    """Record that ``key`` (``value``) must be a multiple of ``of_key`` (``of``), with the nearest multiple above."""
+    cfg.problem(key, value, f"must be a multiple of {of_key}={of} ({why})",
+                f"set {key} to a multiple of {of} such as {-(-value // of) * of}, as in the model's config.json")
+
+
 def _mamba1(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     kernel = _first(cfg, ("mamba_d_conv", "conv_kernel"), cap="kernel", minimum=2)
     state = _first(cfg, ("mamba_d_state", "state_size"), cap="dim")
@@ -110,13 +118,17 @@ def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     kernel = _first(cfg, ("conv_kernel", "mamba_d_conv"), cap="kernel", minimum=2)
     chunk = _first(cfg, ("chunk_size", "mamba_chunk_size"), cap="width", default=256)
     inner = cfg.optional_int("mamba_d_ssm", cap="width")
+    uneven = heads is not None and groups is not None and heads % groups != 0
+    if uneven:
+        assert heads is not None and groups is not None
+        _not_a_multiple(cfg, head_key, heads, groups_key, groups, "the heads of a group share its B and C")
     if inner is None and heads is not None and head_dim is not None:
         inner = heads * head_dim
     heads = cfg.split(head_key, heads, opts.tp)
     groups = cfg.split(groups_key, groups, opts.tp, SplitRule.GROUPS)  # a single group is replicated on every rank
     inner_key = "mamba inner size (heads x head_dim)"
     inner = cfg.split(inner_key, inner, opts.tp)
-    if None in (heads, head_dim, state, groups, kernel, chunk, inner):
+    if uneven or None in (heads, head_dim, state, groups, kernel, chunk, inner):
         return None
     assert heads is not None and head_dim is not None and state is not None and groups is not None
     assert kernel is not None and chunk is not None and inner is not None
@@ -129,11 +141,18 @@ def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
 
 def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     kernel = cfg.int_field("linear_conv_kernel_dim", minimum=2, cap="kernel")
-    key_heads = cfg.split("linear_num_key_heads", cfg.int_field("linear_num_key_heads", cap="heads"), opts.tp)
-    value_heads = cfg.split("linear_num_value_heads", cfg.int_field("linear_num_value_heads", cap="heads"), opts.tp)
+    key_heads = cfg.int_field("linear_num_key_heads", cap="heads")
+    value_heads = cfg.int_field("linear_num_value_heads", cap="heads")
+    uneven = key_heads is not None and value_heads is not None and value_heads % key_heads != 0
+    if uneven:
+        assert key_heads is not None and value_heads is not None
+        _not_a_multiple(cfg, "linear_num_value_heads", value_heads, "linear_num_key_heads", key_heads,
+                        "each key head serves an equal number of value heads")
+    key_heads = cfg.split("linear_num_key_heads", key_heads, opts.tp)
+    value_heads = cfg.split("linear_num_value_heads", value_heads, opts.tp)
     key_dim = cfg.int_field("linear_key_head_dim", cap="dim")
     value_dim = cfg.int_field("linear_value_head_dim", cap="dim")
-    if None in (kernel, key_heads, value_heads, key_dim, value_dim):
+    if uneven or None in (kernel, key_heads, value_heads, key_dim, value_dim):
         return None
     assert kernel is not None and key_heads is not None and value_heads is not None
     assert key_dim is not None and value_dim is not None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Union
 
 from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand, RankSpec
-from graphkv.spec.layers.attention import ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
+from graphkv.spec.layers.attention import ChunkedLocalSpec, FullAttentionSpec, PromotedLocalSpec, SlidingWindowSpec
 from graphkv.spec.layers.cacheless import CachelessSpec, KVSharedSpec, NoCacheSpec
 from graphkv.spec.layers.mla import IndexerKeySpec, MLASpec, indexer_key_bytes
 from graphkv.spec.layers.state import STATE_VARIANTS, MambaSpec
@@ -42,6 +42,7 @@ __all__ = [
     "NoCacheSpec",
     "PageDemand",
     "RankSpec",
+    "PromotedLocalSpec",
     "STATE_VARIANTS",
     "SlidingWindowSpec",
     "SplitCount",
@@ -50,7 +51,7 @@ __all__ = [
     "kind_label",
 ]
 
-LayerSpec = Union[FullAttentionSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, IndexerKeySpec, MambaSpec]
+LayerSpec = Union[FullAttentionSpec, PromotedLocalSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, IndexerKeySpec, MambaSpec]
 """A spec of a layer that holds a cache."""
 
 

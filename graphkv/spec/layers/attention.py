@@ -29,7 +29,7 @@ from graphkv.spec.dtypes import DType
 from graphkv.spec.layers._base import LayerKind, PageDemand, RankSpec, check_dtype, dtype_or_raw
 from graphkv.spec.split_rules import Refusal, SplitRule, split_count
 
-__all__ = ["ChunkedLocalSpec", "FullAttentionSpec", "SlidingWindowSpec"]
+__all__ = ["ChunkedLocalSpec", "FullAttentionSpec", "PromotedLocalSpec", "SlidingWindowSpec"]
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)
@@ -190,3 +190,46 @@ class ChunkedLocalSpec(FullAttentionSpec):
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON-ready fields, with ``attention_chunk_size``."""
         return {**super().to_dict(), "attention_chunk_size": self.chunk}
+
+
+@attrs.frozen(kw_only=True, cache_hash=True)
+class PromotedLocalSpec(FullAttentionSpec):
+    """A sliding-window or chunked-local layer whose cache is allocated as full attention.
+
+    vLLM 0.33 does this when ``--disable-hybrid-kv-cache-manager`` is set and, on its own, when
+    page sizes cannot be unified beside MLA (:mod:`graphkv.plan.promotion`): the layer keeps
+    every token's page (``cdiv(max_model_len, block_size)`` per request, nothing freed below the
+    window) and groups with full attention, while its attention still reads only its window or
+    chunk. ``local`` is the layer's own spec; the page is the same.
+
+    >>> local = SlidingWindowSpec(num_kv_heads=8, head_size=64, window=128)
+    >>> PromotedLocalSpec.of(local).describe()
+    'full_attention 8x64 bfloat16 (promoted from sliding window=128)'
+    """
+
+    local: SlidingWindowSpec | ChunkedLocalSpec
+
+    @classmethod
+    def of(cls, local: "SlidingWindowSpec | ChunkedLocalSpec") -> "PromotedLocalSpec":
+        """``local`` allocated as full attention (same heads, dtype and page padding)."""
+        return cls(num_kv_heads=local.num_kv_heads, head_size=local.head_size, head_size_v=local.head_size_v,
+                   dtype=local.dtype, page_size_padded=local.page_size_padded, local=local)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window attention still applies (``None`` for a chunked-local layer)."""
+        return getattr(self.local, "window", None)
+
+    @property
+    def chunk(self) -> int | None:
+        """The chunk attention still applies (``None`` for a sliding-window layer)."""
+        return getattr(self.local, "chunk", None)
+
+    def describe(self) -> str:
+        """A short human description: full attention, and the local attention it was promoted from."""
+        what = f"sliding window={self.window}" if self.window is not None else f"chunked local chunk={self.chunk}"
+        return f"{super().describe()} (promoted from {what})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready fields: full attention, with the local spec it was promoted from."""
+        return {**super().to_dict(), "promoted_from": self.local.to_dict()}

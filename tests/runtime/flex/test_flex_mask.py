@@ -195,3 +195,17 @@ def test_padded_size_beyond_the_tiles_is_refused():
     builder = builder_for(batch, bpk=bpk, window=window)
     with pytest.raises(SpecError, match=r"num_tokens_padded=513: must be in 1\.\.512"):
         builder.build(batch.num_reqs, num_tokens_padded=513)
+
+
+def test_group_mixing_windows_is_refused_before_any_allocation():
+    """A plan that allocates a sliding-window layer as full attention beside a full one (disable_hybrid_kv_cache_manager)
+    puts two windows in one group; flex masks take one per group, so the step refuses it naming both windows."""
+    from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, PlanError, SlidingWindowSpec, compile_plan
+    from graphkv.runtime import Step
+
+    model = ModelKV.from_specs("m", [(SlidingWindowSpec(num_kv_heads=2, head_size=64, window=32), "flex"),
+                                     (FullAttentionSpec(num_kv_heads=2, head_size=64), "flex")])
+    limits = Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64, disable_hybrid_kv_cache_manager=True)
+    plan = compile_plan(model, limits, Budget.kv_bytes("4MiB"))
+    with pytest.raises(PlanError, match=r"groups\[0\]\.layers=\[32, None\]: flex masks take one sliding window per group"):
+        Step(plan, "cpu")

@@ -1,0 +1,67 @@
+"""Prompts as token ids: converted once, checked against a model's vocabulary in one reduction.
+
+A prompt may be a list or tuple of ints (numpy ints too), a 1-D integer numpy array or a 1-D
+integer tensor. :func:`prompt_ids` makes it one int64 array and refuses text, an empty prompt,
+floats, bools (a bool dtype or a ``True`` in a list), ``None`` and arrays of another rank, naming
+the field. :func:`check_vocab` refuses a token id outside ``[0, vocab_size)`` — an embedding reads
+a negative id as another token (a silent wrong answer) and raises a bare ``IndexError`` (a device
+assert on a GPU) for one past its table — with one ``max`` over all prompts at once (the ids
+viewed as uint64, where a negative id is huge), not a loop over tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from graphkv.errors import Problem, SpecError
+from graphkv.runtime.tables.page_ids import int_array
+
+__all__ = ["check_vocab", "prompt_ids"]
+
+_NO_VOCAB = 1 << 63  # without a vocabulary size only negative ids (>= 2**63 as uint64) are refused
+
+
+def prompt_ids(value: Any, field: str) -> np.ndarray:
+    """``value`` (one prompt) as a 1-D int64 array of its token ids; :class:`SpecError` naming
+    ``field`` for anything else (see the module docstring)."""
+    if isinstance(value, (str, bytes)):
+        raise SpecError(Problem(field=field, value=value[:40], limit="is text, not token ids",
+                                fix="tokenize first, e.g. tokenizer(text).input_ids"))
+    if type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "numpy"):
+        dtype = value.dtype
+        if dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool" or value.dim() != 1:
+            raise SpecError(Problem(field=field, value=f"tensor of dtype {dtype}, shape {tuple(value.shape)}",
+                                    limit="token ids must be a 1-D integer tensor or a sequence of ints",
+                                    fix="pass e.g. torch.tensor([...], dtype=torch.int64) or a list of ints"))
+        value = value.detach().cpu().numpy()
+    ids = int_array(value, field, "token ids")
+    if not ids.size:
+        raise SpecError(Problem(field=field, value=[], limit="is empty; a prompt needs at least one token id",
+                                fix="give every prompt at least one token (e.g. the tokenizer's BOS token)"))
+    return ids
+
+
+def check_vocab(prompts: Sequence[np.ndarray], vocab_size: int | None,
+                field_of: Callable[[int], str] = lambda i: f"prompts[{i}]") -> None:
+    """Raise :class:`SpecError` naming ``field_of(prompt)``, the position, the id and ``vocab_size`` for
+    the first token id of ``prompts`` (int64 arrays) outside ``[0, vocab_size)`` (``None``: only
+    negative ids are refused). One concatenation and one reduction over every prompt."""
+    if not prompts:
+        return
+    limit = _NO_VOCAB if vocab_size is None else vocab_size
+    flat = prompts[0] if len(prompts) == 1 else np.concatenate(prompts)
+    wide = flat.astype(np.int64, copy=False).view(np.uint64)
+    if int(wide.max()) < limit:
+        return
+    at = int(np.flatnonzero(wide >= limit)[0])
+    ends = np.cumsum([p.shape[0] for p in prompts])
+    which = int(np.searchsorted(ends, at, side="right"))
+    position = at - (int(ends[which]) - prompts[which].shape[0])
+    value = int(flat[at])
+    span = f"outside [0, vocab_size={vocab_size})" if vocab_size is not None else "negative"
+    read = "would read another token's embedding" if value < 0 else "is past the model's embedding table"
+    raise SpecError(Problem(field=field_of(which), value=value,
+                            limit=f"token {position} of the prompt is {span} ({value} {read})",
+                            fix="pass token ids of this model's vocabulary (tokenize with its tokenizer)"))

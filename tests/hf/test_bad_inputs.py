@@ -1,0 +1,103 @@
+"""graphkv.hf refuses token ids the model cannot embed and prompts of the wrong type naming where; numpy prompts run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphkv import Budget, Limits, SpecError
+from graphkv.hf import ServingLoop, generate, tiny_model
+from graphkv.runtime import Batch
+
+from hf_harness import generate_alone
+
+VOCAB = 128  # every tiny model's vocabulary
+LOOP_LIMITS = Limits(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def loop(llama):
+    return ServingLoop(llama, limits=LOOP_LIMITS, budget=Budget.kv_bytes(64 * 3 * 8192))
+
+
+def _prefill(ids) -> Batch:
+    return Batch(req_ids=("a", "b"), query_lens=(2, 2), seq_lens=(2, 2), new_pages=(((1,),), ((2,),)))
+
+
+@pytest.mark.parametrize("bad, text", [(-1, "-1 would read another token's embedding"),
+                                       (VOCAB, f"{VOCAB} is past the embedding table")])
+@pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
+def test_loop_run_refuses_ids_outside_the_vocabulary(loop, bad, text, kind) -> None:
+    """input_ids[3] (request b, position 1) of -1 or 128 raised an IndexError from the embedding; now a SpecError
+    naming it, and the step is untouched: the same batch with valid ids runs."""
+    ids = [5, 6, 7, bad]
+    given = {"list": ids, "numpy": np.array(ids), "tensor": torch.tensor(ids)}[kind]
+    with pytest.raises(SpecError, match=rf"^input_ids\[3\] \(batch row 1, request 'b', position 1\)={bad}: token ids "
+                                        rf"must be in \[0, vocab_size={VOCAB}\); {text}; pass token ids of this "
+                                        r"model's vocabulary \(tokenize with its tokenizer\)$"):
+        loop.run(_prefill(given), input_ids=given)
+    assert loop.step.active_requests == ()
+    logits = loop.run(_prefill(ids), input_ids=[5, 6, 7, VOCAB - 1])
+    assert logits.shape[-1] == VOCAB and loop.step.active_requests == ("a", "b")
+    loop.finish("a")
+    loop.finish("b")
+
+
+def test_loop_needs_a_transformers_model() -> None:
+    """A model name instead of a model raised AttributeError ('str' has no parameters)."""
+    with pytest.raises(SpecError, match=r"^model='str': is not a loaded transformers model"):
+        ServingLoop("llama", limits=LOOP_LIMITS, budget=Budget.kv_bytes("1MiB"))
+
+
+def test_numpy_prompts_run_like_lists(llama) -> None:
+    """int64 / int32 arrays, a list of numpy ints, a 2-D array and a numpy max_new_tokens give the list's tokens."""
+    want = generate_alone(llama, [3, 4, 5], 2)[3:]
+    for prompts in ([np.array([3, 4, 5])], [np.array([3, 4, 5], dtype=np.int32)],
+                    [[np.int64(3), np.int64(4), 5]], np.array([[3, 4, 5]]), torch.tensor([[3, 4, 5]])):
+        assert generate(llama, prompts, max_new_tokens=np.int64(2)) == [want]
+
+
+@pytest.mark.parametrize("prompts, text", [
+    ([np.array([1.0, 2.0])], r"^prompts\[0\]='array of dtype float64, shape \(2,\)': token ids must be a 1-D integer "
+                             r"array or a sequence of ints; pass e.g. np.array\(\[...\], dtype=np.int64\)"),
+    ([np.array([True, False])], r"^prompts\[0\]='array of dtype bool, shape \(2,\)': token ids must be a 1-D integer"),
+    ([torch.tensor([1.0, 2.0])], r"^prompts\[0\]='tensor of dtype torch.float32, shape \(2,\)': token ids must be a "
+                                 r"1-D integer tensor"),
+    ([torch.tensor([[1, 2]])], r"^prompts\[0\]='tensor of dtype torch.int64, shape \(1, 2\)'"),
+    ([[1, 2], []], r"^prompts\[1\]=\[\]: is empty; a prompt needs at least one token id"),
+    ([1, 2, 3], r"^prompts=\[1, 2, 3\]: is one prompt \(a list of token ids\); generate takes a list of prompts; "
+                r"wrap it in a list: prompts=\[ids\]$"),
+    (np.array([1, 2, 3]), r"^prompts='ndarray': must be a non-empty list of prompts \(token-id lists\), not one 1-D "
+                          r"array; wrap one prompt in a list: prompts=\[ids\]$"),
+    ([[1, -2, 3]], r"^prompts\[0\]=-2: token 1 of the prompt is outside \[0, vocab_size=128\) \(-2 would read another "
+                   r"token's embedding\)"),
+    ([[4], [1, 2, 300]], r"^prompts\[1\]=300: token 2 of the prompt is outside \[0, vocab_size=128\) \(300 is past the "
+                         r"model's embedding table\)"),
+])
+def test_prompts_of_the_wrong_type_or_vocabulary_are_refused(llama, prompts, text) -> None:
+    """Float / bool arrays, 2-D tensors, an empty prompt, one bare prompt and ids outside the vocabulary name the
+    prompt (and the token's position)."""
+    with pytest.raises(SpecError, match=text):
+        generate(llama, prompts, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("count, text", [(-1, r"max_new_tokens=-1: must be an integer >= 1; pass how many tokens"),
+                                         (1.5, r"max_new_tokens=1.5: must be an integer >= 1 \(got float\)"),
+                                         (2.0, r"max_new_tokens=2.0: must be an integer >= 1 \(got float\); pass how "
+                                               r"many tokens to generate per prompt, e.g. 16 \(a Python int: 2\)")])
+def test_max_new_tokens_must_be_a_whole_count(llama, count, text) -> None:
+    """-1 and 1.5 are refused; 2.0 too, with the int to pass."""
+    with pytest.raises(SpecError, match=text):
+        generate(llama, [[1, 2]], max_new_tokens=count)
+
+
+def test_limits_must_be_limits(llama) -> None:
+    """A dict of limits raised AttributeError ('dict' has no num_blocks_override)."""
+    with pytest.raises(SpecError, match=r"^limits='dict': must be graphkv.Limits or None; pass graphkv.Limits\("):
+        generate(llama, [[1, 2]], max_new_tokens=2, limits={"max_model_len": 64})

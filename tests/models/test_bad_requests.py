@@ -1,0 +1,106 @@
+"""DemoRequest / DemoEngine / PagedTinyHybrid refuse bad prompts and counts naming the field, before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import graphkv
+from graphkv import SpecError
+from graphkv.models.demo_engine import DemoEngine, DemoRequest
+from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
+from graphkv.models.tiny_hybrid import TinyHybridConfig, init_weights, model_kv
+from graphkv.runtime.pool.allocate import allocate
+from graphkv.runtime.step.step import Step
+
+
+@pytest.fixture(scope="module")
+def parts():
+    """The tiny hybrid model (vocabulary 97) over a 24-page pool: plan, weights, paged model."""
+    config = TinyHybridConfig()
+    plan = graphkv.compile(model_kv(config), graphkv.Limits(max_model_len=128, max_num_seqs=3,
+                                                            max_num_batched_tokens=64, num_blocks_override=24), None)
+    weights = init_weights(config)
+    return plan, weights, PagedTinyHybrid(weights, allocate(plan))
+
+
+@pytest.mark.parametrize("count, text", [
+    (0, r"DemoRequest.max_new_tokens=0: must be an integer >= 1; pass how many tokens to generate, e.g. 16"),
+    (-1, r"DemoRequest.max_new_tokens=-1: must be an integer >= 1"),
+    (1.5, r"DemoRequest.max_new_tokens=1.5: must be an integer >= 1 \(got float\)"),
+    (True, r"DemoRequest.max_new_tokens=True: must be an integer >= 1 \(got a bool\)"),
+])
+def test_max_new_tokens_must_be_a_whole_count(count, text):
+    """0 and -1 generated one token anyway and 1.5 two; all are refused now."""
+    with pytest.raises(SpecError, match=text):
+        DemoRequest(req_id="r", prompt=[1, 2], max_new_tokens=count)
+
+
+@pytest.mark.parametrize("prompt, text", [
+    ([], r"DemoRequest.prompt=\[\]: is empty; a prompt needs at least one token id"),
+    ("hello", r"DemoRequest.prompt='hello': is text, not token ids; tokenize first"),
+    ([1.0, 2.5], r"DemoRequest.prompt=1.0: token ids must be integers \(not bool, float, str or None\)"),
+    ([True, 5], r"DemoRequest.prompt=True: token ids must be integers"),
+    (np.array([1.0, 2.0]), r"DemoRequest.prompt='array of dtype float64, shape \(2,\)': token ids must be a 1-D "
+                           r"integer array"),
+    (torch.tensor([[1, 2]]), r"DemoRequest.prompt='tensor of dtype torch.int64, shape \(1, 2\)': token ids must be a "
+                             r"1-D integer tensor"),
+])
+def test_prompts_that_are_not_token_ids_are_refused(prompt, text):
+    """An empty prompt, text, floats, bools and 2-D arrays are refused naming the prompt."""
+    with pytest.raises(SpecError, match=text):
+        DemoRequest(req_id="r", prompt=prompt, max_new_tokens=2)
+
+
+def test_integer_arrays_become_python_ints():
+    """A numpy or torch int prompt and a numpy max_new_tokens are kept as Python ints."""
+    for prompt in (np.array([3, 4], dtype=np.int32), torch.tensor([3, 4]), [np.int64(3), 4]):
+        request = DemoRequest(req_id="r", prompt=prompt, max_new_tokens=np.int64(2))
+        assert request.prompt == (3, 4) and all(type(t) is int for t in request.prompt)
+        assert type(request.max_new_tokens) is int
+
+
+def test_an_unhashable_request_id_is_refused():
+    """A list as req_id raised a bare TypeError when the engine keyed its rows."""
+    with pytest.raises(SpecError, match=r"DemoRequest.req_id=\[0\]: must be hashable"):
+        DemoRequest(req_id=[0], prompt=[1], max_new_tokens=1)
+
+
+@pytest.mark.parametrize("token, text", [(-2, "-2 would read another token's embedding"),
+                                         (97, "97 is past the model's embedding table")])
+def test_prompt_ids_outside_the_vocabulary_are_refused_when_added(parts, token, text):
+    """-2 gave the logits of token 95 (silently); 97 an IndexError mid-run. Both are refused by add, nothing queued."""
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), model)
+    assert engine.vocab_size == 97  # read from the paged model
+    with pytest.raises(SpecError, match=rf"request 'r'.prompt={token}: token 1 of the prompt is outside \[0, "
+                                        rf"vocab_size=97\) \({text}\); pass token ids of this model's vocabulary"):
+        engine.add(DemoRequest(req_id="r", prompt=[1, token, 3], max_new_tokens=2))
+    assert engine.done
+    engine.run([DemoRequest(req_id="ok", prompt=[1, 96, 3], max_new_tokens=2)])
+    assert len(engine.finished["ok"]) == 5
+
+
+def test_a_negative_id_is_refused_even_without_a_vocabulary(parts):
+    """An engine over a forward with no vocab_size still refuses negative ids (never a token)."""
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), lambda input_ids: model(input_ids))
+    assert engine.vocab_size is None
+    with pytest.raises(SpecError, match=r"request 7.prompt=-1: token 0 of the prompt is negative \(-1 would read"):
+        engine.add(DemoRequest(req_id=7, prompt=[-1], max_new_tokens=1))
+
+
+def test_something_else_than_a_request_is_refused(parts):
+    """A bare prompt list given to run() raised AttributeError; it names DemoRequest now."""
+    plan, _, model = parts
+    with pytest.raises(SpecError, match=r"request='list': must be a DemoRequest; wrap it: DemoRequest\(req_id=\.\.\."):
+        DemoEngine(plan, Step(plan), model).run([[1, 2, 3]])
+
+
+def test_a_paged_model_needs_a_pool(parts):
+    """A string as pool raised AttributeError; the model's vocabulary is its embedding's rows."""
+    _, weights, model = parts
+    with pytest.raises(SpecError, match=r"pool='str': must be a graphkv KVPool; allocate it from the model's plan"):
+        PagedTinyHybrid(weights, "pool")
+    assert model.vocab_size == 97

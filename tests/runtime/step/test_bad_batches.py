@@ -1,0 +1,107 @@
+"""Bools among a batch's lengths and token ids outside the vocabulary: refused naming the request, nothing changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from step_harness import Harness
+
+from graphkv import SpecError
+from graphkv.runtime import Batch
+
+VOCAB = 97  # TinyHybridConfig().vocab_size
+
+
+def _live(**kw) -> Harness:
+    """Requests a (20 tokens) and b (5 tokens), prefilled and decoded once (the next decode repeats that step)."""
+    h = Harness("MAMA", **kw)
+    h.add("a", 20)
+    h.add("b", 5)
+    h.run({"a": 20, "b": 5})
+    h.decode_all()
+    return h
+
+
+def _refused(h: Harness, batch: Batch, match: str, ids, **run) -> None:
+    """``batch`` with ``ids`` raises SpecError matching ``match``; the state is unchanged; a valid decode still
+    equals the dense reference."""
+    before = h.snapshot()
+    with pytest.raises(SpecError, match=match):
+        h.step.run(h.model, batch, input_ids=ids, **run)
+    h.assert_unchanged(before)
+    h.check_accounting()
+    h.decode_all()
+
+
+def _decode(h: Harness, **overrides) -> Batch:
+    """The next decode step of a and b (it repeats the last step), with ``overrides`` of its fields."""
+    fields = dict(req_ids=("a", "b"), query_lens=(1, 1), seq_lens=(h.computed["a"] + 1, h.computed["b"] + 1))
+    return Batch(**{**fields, **overrides})
+
+
+def test_a_bool_query_length_in_a_repeated_step_is_refused():
+    """(True, 1) equals the last step's (1, 1), but the repeat path hands it to the full check, which refuses it."""
+    h = _live()
+    _refused(h, _decode(h, query_lens=(True, 1)),
+             r"batch.query_lens\[0\] \('a'\)=True: query lengths must be integers \(not bool, float, str or None\); "
+             r"pass query lengths as Python or numpy ints, e.g. 1", ids=[1, 2])
+
+
+def test_bool_lengths_of_a_joining_request_are_refused():
+    """A request joining with query_len=True, seq_len=True (one token) is refused on the full path."""
+    h = _live()
+    h.add("x", 1)
+    batch = Batch(req_ids=("x",), query_lens=(True,), seq_lens=(True,), new_pages=(h.group_pages([30], [31]),))
+    _refused(h, batch, r"batch.query_lens\[0\] \('x'\)=True: query lengths must be integers", ids=[3])
+    batch = Batch(req_ids=("x",), query_lens=(1,), seq_lens=(True,), new_pages=(h.group_pages([30], [31]),))
+    _refused(h, batch, r"batch.seq_lens\[0\] \('x'\)=True: sequence lengths must be integers", ids=[3])
+
+
+def test_a_bool_sequence_length_in_a_repeated_step_of_many_tokens_is_refused():
+    """Nine one-token requests repeat their step (the numpy path, above 8 tokens): a seq_len True is refused."""
+    h = Harness("MAMA", num_blocks=40, max_num_seqs=9, budget=64)
+    names = [f"r{i}" for i in range(9)]
+    for name in names:
+        h.add(name, 1)
+    h.run({name: 1 for name in names})
+    batch = Batch(req_ids=tuple(names), query_lens=(1,) * 9, seq_lens=(True,) + (1,) * 8)
+    before = h.snapshot()
+    with pytest.raises(SpecError, match=r"batch.seq_lens\[0\] \('r0'\)=True: sequence lengths must be integers"):
+        h.step.run(h.model, batch, input_ids=[1] * 9)
+    h.assert_unchanged(before)
+
+
+def test_a_bool_token_id_in_a_list_is_refused():
+    """[True, 2]: struct would pack True as token 1; refused like a bool page id."""
+    h = _live()
+    _refused(h, _decode(h), r"input_ids=True: token ids must be integers \(not bool, float, str or None\)",
+             ids=[True, 2])
+
+
+@pytest.mark.parametrize("bad, text", [(-1, "-1 would read another token's embedding"),
+                                       (VOCAB, f"{VOCAB} is past the embedding table")])
+@pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
+def test_token_ids_outside_the_vocabulary_are_refused_naming_request_and_position(bad, text, kind):
+    """With vocab_size, input_ids[1] (request b at position 6) of -1 or 97 is refused, whatever holds the ids."""
+    h = _live()
+    ids = {"list": [5, bad], "numpy": np.array([5, bad]), "tensor": torch.tensor([5, bad])}[kind]
+    position = h.computed["b"]
+    _refused(h, _decode(h), rf"input_ids\[1\] \(batch row 1, request 'b', position {position}\)={bad}: token ids "
+                            rf"must be in \[0, vocab_size={VOCAB}\); {text}; pass token ids of this model's vocabulary",
+             ids=ids, vocab_size=VOCAB)
+
+
+def test_token_ids_of_a_prefill_name_their_position_in_the_prompt():
+    """A joining request's third prompt token 500 is input_ids[2], position 2 of request 'x'."""
+    h = _live()
+    h.add("x", 4, prompt=[1, 2, 500, 4])
+    batch, ids, _ = h.batch({"x": 4})
+    _refused(h, batch, r"input_ids\[2\] \(batch row 0, request 'x', position 2\)=500", ids=ids, vocab_size=VOCAB)
+
+
+def test_token_ids_in_the_vocabulary_run():
+    """The vocabulary check passes ids 0 and vocab_size - 1, and the step runs."""
+    h = _live()
+    logits = h.step.run(h.model, _decode(h), input_ids=[0, VOCAB - 1], vocab_size=VOCAB)
+    assert logits.shape == (2, VOCAB)
