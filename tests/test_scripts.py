@@ -57,3 +57,39 @@ def test_big_model_script_serves_a_small_float32_model_with_generates_tokens() -
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "greedy tokens equal to model.generate for the first 4 prompts: 4/4" in done.stdout
     assert "ok: every request finished" in done.stdout
+
+
+GPU_SERVING = ROOT / "benchmarks" / "gpu_serving.py"
+
+
+@pytest.mark.slow
+def test_gpu_serving_cpu_mode_reports_every_contender_and_batch(tmp_path: Path) -> None:
+    """The serving benchmark's CPU mode measures all four contenders at batch 1 and 4; graphkv's tokens equal
+    generate's."""
+    import json  # appended to this file: its header stays as it was
+
+    out = tmp_path / "gpu_serving.json"
+    done = subprocess.run([sys.executable, str(GPU_SERVING), "--repeats", "1", "--new-tokens", "4",
+                           "--max-prompt", "16", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "torch threads 1" in done.stdout
+    result = json.loads(out.read_text())
+    assert [row["batch"] for row in result["rows"]] == [1, 4] and result["threads"] == 1
+    contenders = ("graphkv", "generate_batch", "generate", "generate_static_compiled")
+    for row in result["rows"]:
+        for name in contenders:
+            fields = {"tok_s", "ms_per_step", "x_limit", "ttft_ms", "setup_s", "equal_to_generate"}
+            assert fields <= set(row[name]), (name, row[name])
+        graphkv = row["graphkv"]
+        assert graphkv["equal_to_generate"] == row["batch"]
+        assert set(graphkv["vs"]) == set(contenders[1:])
+        assert graphkv["decode_steps"] >= 1 and graphkv["step_x_limit"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu would run the full workload")
+def test_gpu_serving_refuses_gpu_mode_without_cuda() -> None:
+    """``--gpu`` without CUDA stops at once with exit code 2 and says why."""
+    done = subprocess.run([sys.executable, str(GPU_SERVING), "--gpu"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "--gpu needs CUDA" in done.stderr

@@ -179,9 +179,11 @@ def _hybrid_manager_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[
                   for layer in plan.layers)
     if wanted:
         flags.append(("--disable-hybrid-kv-cache-manager", ""))
-        notes.append(f"--disable-hybrid-kv-cache-manager: planned with {len(promoted)} local-attention layer(s) "
-                     "allocated as full attention (every token's page kept); the engine keeps its hybrid KV cache "
-                     "manager by default" + (" except for chunked-local attention" if chunked else ""))
+        planned = (f"planned with {len(promoted)} local-attention layer(s) allocated as full attention (every token's "
+                   "page kept)" if promoted else "as planned; the model has no local-attention layer beside full "
+                   "attention to promote, so it changes nothing here")
+        notes.append(f"--disable-hybrid-kv-cache-manager: {planned}; the engine keeps its hybrid KV cache manager by "
+                     "default" + (" except for chunked-local attention" if chunked else ""))
     elif wanted is False and chunked:
         notes.append(f"{_KEEP_CHUNKED_HYBRID}=1: vLLM {VLLM_VERSION} turns its hybrid KV cache manager off for "
                      "chunked-local attention unless this is set; the plan keeps it (disable_hybrid_kv_cache_manager="

@@ -15,9 +15,11 @@ every attention call. It writes the layer's new K/V into its pages at the step's
 with the K/V write op (:func:`graphkv.runtime.ops.kv_write_op.write_kv_op`: a mutating custom op,
 so a compiled forward writes only the step's slots) and attends through the model's
 :class:`~graphkv.runtime.flex.region.FlexRegions` (one compiled region per group and phase, K/V
-read through flat views built once). Attention sinks (gpt-oss) rescale the output by
-``sigmoid(lse - sink)``: the softmax with one more logit ``sink`` per head, whose value vector is
-zero. Attention-logit soft-capping (Gemma-2's ``softcap=``) is refused: no family graphkv.hf runs
+read through flat views built once); a one-token decode step on the GPU path attends through
+graphkv's split-KV paged decode kernel instead (:mod:`graphkv.kernels.paged_attention`), which
+reads the block tables directly, so no flex mask is built for it. Attention sinks (gpt-oss)
+rescale the flex output by ``sigmoid(lse - sink)``: the softmax with one more logit ``sink`` per
+head, whose value vector is zero (the decode kernel adds it to its softmax's denominator). Attention-logit soft-capping (Gemma-2's ``softcap=``) is refused: no family graphkv.hf runs
 passes it (Gemma-3 soft-caps only its output logits, in its own head). transformers builds no
 mask for an implementation name it does not know; graphkv's block masks replace its masks.
 """
@@ -31,6 +33,8 @@ import torch
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.hf.layer_ops import attention_op
+from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS
+from graphkv.kernels.paged_attention import paged_decode_attention
 from graphkv.runtime.flex.region import FlexRegions
 from graphkv.runtime.ops.kv_write_op import write_kv_op
 from graphkv.runtime.state.rows import PackedRows
@@ -56,6 +60,9 @@ class AttentionBinding:
     layout: KVLayout
     key: torch.Tensor
     value: torch.Tensor
+    window: int | None = None  # the layer's sliding window in tokens (None: full attention)
+    workspace: torch.Tensor | None = None  # the decode kernel's split partials, allocated once (None: flex decodes)
+    num_sms: int = DEFAULT_NUM_SMS  # the device's SMs, which the decode kernel's split rule fills
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -64,7 +71,9 @@ class PagedStep:
     rebuilt once for the step), the packing of state-layer tokens (``None`` without state layers), every attention layer's binding and every recurrent mixer
     (:class:`~graphkv.hf.mixers.base.PagedMixer`) by its transformers ``layer_idx``, the model's
     flex regions, the K/V write's kernels and the step's phase (``"decode"`` for a uniform decode
-    step, which has its own compiled regions, else ``"mixed"``)."""
+    step, which has its own compiled regions, else ``"mixed"``); ``decode_kernel``: this one-token
+    decode step attends through graphkv's paged decode kernel, which reads the block tables
+    directly (no flex mask is built for it)."""
 
     context: StepContext
     rows: PackedRows | None
@@ -73,6 +82,7 @@ class PagedStep:
     regions: FlexRegions
     kernels: str
     phase: str
+    decode_kernel: bool = False
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -104,13 +114,18 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 def attend(step: PagedStep, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
            scale: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
     """Attention layer ``layer`` of ``step``: write the step's ``key`` / ``value`` ``[T, Hkv, D]``
-    into its pages, then flex attention of ``query`` ``[T, Hq, D]`` over them through the model's
-    regions; with ``sinks`` (``[Hq]`` logits) the output is rescaled by ``sigmoid(lse - sink)``.
-    Returns ``[T, Hq, D]``. Capture-safe."""
+    into its pages, then attention of ``query`` ``[T, Hq, D]`` over them: graphkv's paged decode
+    kernel on a one-token decode step with ``step.decode_kernel`` (``sinks`` join its softmax),
+    else flex attention through the model's regions, where ``sinks`` (``[Hq]`` logits) rescale the
+    output by ``sigmoid(lse - sink)``. Returns ``[T, Hq, D]``. Capture-safe."""
     binding = step.attention[layer]
     ctx = step.context
     write_kv_op(key, value, binding.cache, ctx.slot_mappings[binding.group], layout=binding.layout,
                 kernels=step.kernels)
+    if step.decode_kernel:  # one query token per row: split-KV paged decode over the block table, no mask
+        return paged_decode_attention(query, binding.cache, ctx.block_tables[binding.group], ctx.seq_lens,
+                                      layout=binding.layout, scale=scale, sliding_window=binding.window, sinks=sinks,
+                                      workspace=binding.workspace, num_sms=binding.num_sms)
     builder = ctx.mask_builders[binding.group]
     if sinks is None:
         return step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from graphkv.errors import PlanError, Problem, SpecError
+from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import paged_step_context
@@ -74,11 +75,17 @@ class PagedModel(torch.nn.Module):
     attention layers and recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the
     pool never enters the compiled graph and the attention runs the same compiled regions. On a GPU (and with ``kernels="triton"``) the MoE experts
     run transformers' ``batched_mm`` implementation (routing on the device, so a decode step can be
-    captured). The model's weights are used in place (no copy) and the model is not changed.
+    captured). ``decode_attention``: ``"kernel"`` — a one-token decode step attends through
+    graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
+    block tables directly, so no flex mask is built for it (its split partials go to a workspace
+    allocated here, one per attention geometry) — or ``"flex"`` (every step through flex and its
+    mask); default: the kernel on the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The
+    model's weights are used in place (no copy) and the model is not changed.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
-                 compile: bool | str | None = None, kernels: str = "auto") -> None:  # noqa: A002 - the torch verb
+                 compile: bool | str | None = None, kernels: str = "auto",  # noqa: A002 - the torch verb
+                 decode_attention: str | None = None) -> None:
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -98,6 +105,10 @@ class PagedModel(torch.nn.Module):
                                     fix="True compiles each layer's attention, 'model' the whole forward, None "
                                         "picks True on a GPU"))
         self.kernels = resolve_kernels(kernels, pool.device)
+        self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
+        num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
+                   if pool.device.type == "cuda" else DEFAULT_NUM_SMS)
+        workspaces: dict[tuple[int, ...], torch.Tensor] = {}  # one per decode geometry, shared by its layers
         modules = _layer_modules(model, family)
         # One compiled region per group and phase, under compile="model" too: there the attention layers
         # are opaque ops (graphkv::attention) that run the regions.
@@ -112,8 +123,19 @@ class PagedModel(torch.nn.Module):
                 assert pool.layout(decl.name).order is CacheOrder.KV_FIRST, "the flex backend's layout is kv-first"
                 cache = pool.kv_cache(decl.name)
                 key, value = paged_kv_views(cache)
-                self.attention[decl.index] = AttentionBinding(name=decl.name, group=group, cache=cache,
-                                                              layout=pool.layout(decl.name), key=key, value=value)
+                workspace = None
+                if self.decode_attention == "kernel":
+                    geometry = (_num_query_heads(module, cache), cache.shape[-2], cache.shape[-1],
+                                plan.groups[group].block_table_width, plan.groups[group].kernel_block_size)
+                    if geometry not in workspaces:
+                        workspaces[geometry] = decode_workspace(
+                            plan.limits.max_num_seqs, num_q_heads=geometry[0], num_kv_heads=geometry[1],
+                            head_size=geometry[2], table_width_kernel_blocks=geometry[3],
+                            kernel_block_size=geometry[4], device=pool.device, num_sms=num_sms)
+                    workspace = workspaces[geometry]
+                self.attention[decl.index] = AttentionBinding(
+                    name=decl.name, group=group, cache=cache, layout=pool.layout(decl.name), key=key, value=value,
+                    window=getattr(decl.spec, "window", None), workspace=workspace, num_sms=num_sms)
             else:
                 states = pool.mamba_states(decl.name)
                 replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group,
@@ -168,12 +190,17 @@ class PagedModel(torch.nn.Module):
         ctx = current_context()
         num_tokens = input_ids.shape[0]
         shape = current_shape()
-        ctx.build_masks(num_tokens)  # into the builders' buffers, which the attention regions read
+        decode = shape is not None and shape.uniform
+        # A one-token decode step on the decode kernel reads the block tables directly: no mask to build.
+        decode_kernel = (decode and self.decode_attention == "kernel"
+                         and num_tokens == shape.num_tokens_padded == shape.num_reqs_padded)
+        if not decode_kernel:
+            ctx.build_masks(num_tokens)  # into the builders' buffers, which the attention regions read
         step = PagedStep(context=ctx, attention=self.attention,
                          mixers=self.mixers,
                          rows=PackedRows.from_context(ctx, num_tokens) if self.has_state_layers else None,
                          regions=self.regions, kernels=self.kernels,
-                         phase="decode" if shape is not None and shape.uniform else "mixed")
+                         phase="decode" if decode else "mixed", decode_kernel=decode_kernel)
         keep: int | torch.Tensor = 0
         if self.logits == "last":
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
@@ -182,3 +209,28 @@ class PagedModel(torch.nn.Module):
             out = self.view(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None],
                             use_cache=False, logits_to_keep=keep, graphkv=step)
         return out.logits[0]
+
+
+DECODE_ATTENTION = ("kernel", "flex")
+
+
+def _decode_attention(choice: str | None, kernels: str, device: torch.device) -> str:
+    """The decode attention to use: ``choice``, or by default graphkv's paged decode kernel on the
+    GPU path (CUDA, or ``kernels="triton"`` in Triton's interpreter) and flex elsewhere."""
+    if choice is None:
+        return "kernel" if gpu_path(kernels, device) else "flex"
+    if choice not in DECODE_ATTENTION:
+        raise SpecError(Problem(field="decode_attention", value=choice,
+                                limit=f"must be one of {', '.join(DECODE_ATTENTION)} or None",
+                                fix="'kernel' for graphkv's split-KV paged decode kernel, 'flex' for flex "
+                                    "attention, None to pick the kernel on the GPU path"))
+    return choice
+
+
+def _num_query_heads(module: torch.nn.Module, cache: torch.Tensor) -> int:
+    """Query heads of an attention module (its config's ``num_attention_heads``; the cache's KV heads
+    times the module's ``num_key_value_groups`` where a family names them so)."""
+    groups = getattr(module, "num_key_value_groups", None)
+    if isinstance(groups, int) and groups > 0:
+        return cache.shape[-2] * groups
+    return int(module.config.num_attention_heads)

@@ -123,7 +123,9 @@ def _one_group(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
     # A promoted layer keeps its window for attention; the group's own spec is one that keeps every token.
     spec = next((layer.spec for layer in layers if not isinstance(layer.spec, PromotedLocalSpec)), layers[0].spec)
     group = GroupDraft(spec=spec, layers=tuple(layers), block_size=block_size, page_size_bytes=max(slot_pages))
-    note = ("layers need the same pages per request" + (" but differ in page size" if len(set(slot_pages)) > 1 else "")
+    promoted = any(isinstance(layer.spec, PromotedLocalSpec) for layer in layers)
+    note = ("layers need the same pages per request" + (" once local attention is allocated as full" if promoted else "")
+            + (" but differ in page size" if len(set(slot_pages)) > 1 else "")
             + ": one group, each layer its own slot sized to its own page")
     return Grouping(groups=(group,), group_size=len(layers), slot_page_bytes=slot_pages, slot_per_layer=True,
                     notes=(note,))

@@ -33,7 +33,8 @@ from graphkv.spec.layers import (ChunkedLocalSpec, LayerKind, PageDemand, Promot
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import LayerDecl
 
-__all__ = ["Promotion", "fallback_refusal", "promote_for_limits", "promote_layers", "promote_on_purpose", "promotion_note"]
+__all__ = ["Promotion", "fallback_refusal", "one_type", "promote_for_limits", "promote_layers", "promote_on_purpose",
+           "promotion_note"]
 
 _LOCAL_KINDS = (LayerKind.SLIDING_WINDOW, LayerKind.CHUNKED_LOCAL)
 _LATENT_KINDS = (LayerKind.MLA, LayerKind.INDEXER)  # vLLM declares both as MLAAttentionSpec
@@ -60,7 +61,11 @@ def promote_layers(layers: Sequence[LayerDecl], *, reason: str) -> tuple[tuple[L
 
 
 def one_type(layers: Sequence[LayerDecl]) -> bool:
-    """Whether every layer needs the same pages per request (one ``uniform_type_key``, no state)."""
+    """Whether the layers are of one type as vLLM 0.33 counts it (``is_kv_cache_spec_uniform`` or
+    ``UniformTypeKVCacheSpecs.is_uniform_type``): one spec, all recurrent states, or one
+    ``uniform_type_key`` (the same pages per request)."""
+    if len({layer.spec for layer in layers}) <= 1 or all(layer.spec.is_ssm for layer in layers):
+        return True
     keys = {layer.spec.uniform_type_key for layer in layers}
     return len(keys) == 1 and None not in keys
 
@@ -103,9 +108,9 @@ def promote_on_purpose(layers: Sequence[LayerDecl], *, why: str,
               "attention cannot give them one type" + (" (recurrent states need the hybrid manager)" if states else
                                                        " (no layer keeps every token)")
               + "; vLLM 0.33 refuses to start: 'Failed to promote local KV cache specs to one unified type'",
-        fix="plan with the hybrid KV cache manager: leave disable_hybrid_kv_cache_manager unset"
-            + (" (and set VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 for vLLM)"
-               if value is None else "")))
+        fix=("plan with the hybrid KV cache manager: leave disable_hybrid_kv_cache_manager unset" if value else
+             "keep the hybrid KV cache manager: pass disable_hybrid_kv_cache_manager=False (and set "
+             "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 for vLLM)")))
 
 
 def _kind_text(spec: object) -> str:
@@ -142,8 +147,9 @@ def promotion_note(promotion: Promotion, demand: PageDemand) -> str:
         before, after = spec.max_pages(demand), PromotedLocalSpec.of(spec).max_pages(demand)
         shown = ", ".join(names[:3]) + (f", … ({len(names)} layers)" if len(names) > 3 else "")
         what = f"window {spec.window}" if isinstance(spec, SlidingWindowSpec) else f"chunk {spec.chunk}"
-        parts.append(f"{spec.kind.value} layers ({what}: {shown}) now hold {after} pages per request instead of "
-                     f"{before} at max_model_len={demand.max_model_len}")
+        cost = (f"now hold {after} pages per request instead of {before}" if after != before else
+                f"hold {after} pages per request either way")
+        parts.append(f"{spec.kind.value} layers ({what}: {shown}) {cost} at max_model_len={demand.max_model_len}")
     count = len(promotion.layers)
     return (f"{count} local-attention layer(s) allocated as full attention ({promotion.reason}); their attention "
             f"still reads only its window or chunk; " + "; ".join(parts))

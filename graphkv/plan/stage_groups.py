@@ -14,6 +14,7 @@ from typing import AbstractSet
 import attrs
 
 from graphkv.plan.groups import Grouping
+from graphkv.spec.layers import PromotedLocalSpec
 
 __all__ = ["project_grouping"]
 
@@ -22,14 +23,21 @@ def project_grouping(grouping: Grouping, held: AbstractSet[int], stage: str) -> 
     """``grouping`` (of the whole model) with each group keeping only the layers in ``held``
     (layer indices of the stage, described by ``stage`` in the note). Pure."""
     groups = tuple(attrs.evolve(g, layers=tuple(x for x in g.layers if x.index in held)) for g in grouping.groups)
+    promotion = grouping.promotion
+    if promotion is not None:  # the stage's own promoted layers, if any
+        kept = tuple(x for x in promotion.layers if x.index in held)
+        promotion = attrs.evolve(promotion, layers=kept) if kept else None
     if grouping.slot_per_layer:
         (group,) = groups
         slots = tuple(x.spec.page_size_bytes(group.block_size) for x in group.layers)
+        # The group's spec and page as this stage holds them (a stage may hold only one kind of its layers).
+        spec = next((x.spec for x in group.layers if not isinstance(x.spec, PromotedLocalSpec)), group.layers[0].spec)
+        groups = (attrs.evolve(group, spec=spec, page_size_bytes=max(slots)),)
     else:
         slots = (grouping.slot_page_bytes[0],) * max(len(g.layers) for g in groups)
     assert slots, "a stage holds at least one cache entry"
     counts = [len(g.layers) for g in groups]
     note = (f"{stage}: the whole model's {len(groups)} group(s) (gs = {grouping.group_size}) keep their layers on this "
             f"stage ({', '.join(map(str, counts))} per group), so its pool has {len(slots)} slot(s)")
-    return attrs.evolve(grouping, groups=groups, group_size=len(slots), slot_page_bytes=slots,
+    return attrs.evolve(grouping, groups=groups, group_size=len(slots), slot_page_bytes=slots, promotion=promotion,
                         notes=(*grouping.notes, note))

@@ -93,15 +93,18 @@ class FlexMaskGeometry:
             raise PlanError(Problem(field=f"groups[{group_index}].kind", value=group.kind.value,
                                     limit="flex masks cover full and sliding-window attention only",
                                     fix="use another backend for this layer kind"))
-        windows = {getattr(d.spec, "window", None) for d in plan.layers if d.index in group.layers}
-        if len(windows) > 1:
+        held = {d.name: getattr(d.spec, "window", None) for d in plan.layers if d.index in group.layers}
+        chunked = [d.name for d in plan.layers if d.index in group.layers and getattr(d.spec, "chunk", None)]
+        if chunked or len(set(held.values())) > 1:
+            what = (f"chunked-local layers ({', '.join(chunked[:3])}) allocated as full attention" if chunked else
+                    "sliding-window layers allocated as full attention beside layers of another window")
             raise PlanError(Problem(
-                field=f"groups[{group_index}].layers", value=sorted(windows, key=str),
-                limit="flex masks take one sliding window per group, and this group mixes windows (sliding-window "
-                      "layers allocated as full attention beside full attention: disable_hybrid_kv_cache_manager "
-                      "or vLLM's full-allocation fallback)",
-                fix="serve the plan without disable_hybrid_kv_cache_manager (the default keeps sliding-window "
-                    "layers in their own groups)"))
+                field=f"groups[{group_index}]", value=dict(list(held.items())[:4]),
+                limit=f"flex masks take one sliding window and no chunk per group; this group holds {what} "
+                      "(disable_hybrid_kv_cache_manager, its automatic choice for chunked-local attention, or vLLM's "
+                      "full-allocation fallback beside MLA)",
+                fix="plan with disable_hybrid_kv_cache_manager=False to keep local layers in groups of their own; a "
+                    "plan that takes vLLM's fallback beside MLA cannot be served by graphkv's flex runtime yet"))
         tiles = [d.backend.q_tile_tokens for d in plan.layers
                  if d.index in group.layers and d.backend.q_tile_tokens is not None]
         kv_indices = plan.buffers[names[1]]

@@ -88,10 +88,13 @@ def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor | None, kv_cach
 
 def paged_decode_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                                seq_lens: torch.Tensor, *, layout: KVLayout, scale: float | None = None,
-                               sliding_window: int | None = None) -> torch.Tensor:
+                               sliding_window: int | None = None, sinks: torch.Tensor | None = None,
+                               softcap: float | None = None) -> torch.Tensor:
     """``[num_seqs, Hq, D]`` float64: per sequence, gather K/V of positions ``0 .. seq_len-1``
     through the table and attend the query at position ``seq_len - 1`` (only keys ``x`` with
-    ``seq_len - 1 - x < sliding_window`` if given); sequences of length 0 give zeros."""
+    ``seq_len - 1 - x < sliding_window`` if given); sequences of length 0 give zeros. Scores are
+    ``scale * q.k``, then ``softcap * tanh(score / softcap)`` if given; ``sinks`` ``[Hq]`` adds one
+    logit per head to the softmax that attends no value (its weight is dropped)."""
     num_seqs, num_q_heads, dim = query.shape
     kbs = kv_cache.shape[2]
     scale = dim ** -0.5 if scale is None else scale
@@ -111,7 +114,12 @@ def paged_decode_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor, bloc
         group = num_q_heads // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", query[s].cpu().double(), k) * scale
-        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.cpu().double()[:, None]], dim=1)
+        weights = scores.softmax(dim=-1)[:, :k.shape[0]]
+        out[s] = torch.einsum("hn,nhd->hd", weights, v)
     return out
 
 

@@ -207,5 +207,17 @@ def test_group_mixing_windows_is_refused_before_any_allocation():
                                      (FullAttentionSpec(num_kv_heads=2, head_size=64), "flex")])
     limits = Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64, disable_hybrid_kv_cache_manager=True)
     plan = compile_plan(model, limits, Budget.kv_bytes("4MiB"))
-    with pytest.raises(PlanError, match=r"groups\[0\]\.layers=\[32, None\]: flex masks take one sliding window per group"):
+    with pytest.raises(PlanError, match=r"groups\[0\]=\{'layers.0': 32, 'layers.1': None\}: flex masks take one "
+                                        "sliding window and no chunk per group"):
         Step(plan, "cpu")
+
+
+def test_group_with_promoted_chunked_layers_is_refused():
+    """Chunked-local layers allocated as full attention (vLLM 0.33's automatic choice) would run as plain causal
+    attention in a flex mask: the geometry refuses the group, naming the chunked layer."""
+    model = ModelKV.from_specs("l4", [(ChunkedLocalSpec(num_kv_heads=2, head_size=64, chunk=64), "flex"),
+                                      (FullAttentionSpec(num_kv_heads=2, head_size=64), "flex")])
+    plan = graphkv.compile_plan(model, Limits(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=256),
+                                graphkv.Budget.kv_bytes("4MiB"))
+    with pytest.raises(PlanError, match=r"chunked-local layers \(layers.0\) allocated as full attention"):
+        FlexMaskGeometry.from_plan(plan, 0)

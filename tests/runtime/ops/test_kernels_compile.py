@@ -24,8 +24,14 @@ from graphkv.kernels import block_tables, paged_attention, reshape_and_cache  # 
 PTXAS = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason=f"no ptxas bundled with Triton at {PTXAS}")
 
-ATTN = {"query_ptr": "*bf16", "cache_ptr": "*bf16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
-        "out_ptr": "*bf16", "scale": "fp32"}
+SPLIT = {"query_ptr": "*bf16", "cache_ptr": "*bf16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+         "sinks_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "scale": "fp32", "softcap": "fp32"}
+SPLIT_FP32 = {**SPLIT, "query_ptr": "*fp32", "cache_ptr": "*fp32", "out_ptr": "*fp32"}
+SPLIT_FP16 = {**SPLIT, "query_ptr": "*fp16", "cache_ptr": "*fp16", "out_ptr": "*fp16", "sinks_ptr": "*bf16"}
+COMBINE = {"ws_ptr": "*fp32", "sinks_ptr": "*bf16", "out_ptr": "*bf16"}
+DECODE = {"QUERIES_PER_KV": 4, "KERNEL_BLOCK_SIZE": 16, "HEAD_SIZE": 128, "HAS_WINDOW": False, "HAS_SINKS": False,
+          "HAS_SOFTCAP": False, "ONE_SPLIT": False, "DOT_PRECISION": "tf32", "UPCAST_DOT": False, "TILE_G": 16,
+          "TILE_N": 64, "TILE_D": 128}
 CASES = {
     "write_pages": (block_tables._write_pages_kernel, {"flat_ptr": "*i32", "staged_ptr": "*i64"},
                     {"TILE_E": 64, "MAX_BPK": 32}),
@@ -40,12 +46,21 @@ CASES = {
                                  {"key_ptr": "*fp16", "value_ptr": "*fp16", "cache_ptr": "*fp16",
                                   "slot_mapping_ptr": "*i64"},
                                  {"KERNEL_BLOCK_SIZE": 64, "HAS_VALUE": False, "TILE_H": 1, "TILE_D": 512}),
-    "paged_decode_window_gqa": (paged_attention._paged_decode_attention_kernel, ATTN,
-                                {"QUERIES_PER_KV": 4, "KERNEL_BLOCK_SIZE": 16, "HAS_WINDOW": True, "TILE_G": 4,
-                                 "TILE_N": 16, "TILE_D": 64}),
-    "paged_decode_kbs32": (paged_attention._paged_decode_attention_kernel, ATTN,
-                           {"QUERIES_PER_KV": 1, "KERNEL_BLOCK_SIZE": 32, "HAS_WINDOW": False, "TILE_G": 1,
-                            "TILE_N": 32, "TILE_D": 64}),
+    "paged_decode_split_gqa4_kbs16": (paged_attention._paged_decode_split_kernel, SPLIT, DECODE),
+    "paged_decode_split_window_sinks_softcap": (paged_attention._paged_decode_split_kernel, SPLIT,
+                                                {**DECODE, "HAS_WINDOW": True, "HAS_SINKS": True,
+                                                 "HAS_SOFTCAP": True}),
+    "paged_decode_one_split_fp16_gqa5_kbs64_d80": (paged_attention._paged_decode_split_kernel, SPLIT_FP16,
+                                                   {**DECODE, "QUERIES_PER_KV": 5, "KERNEL_BLOCK_SIZE": 64,
+                                                    "HEAD_SIZE": 80, "ONE_SPLIT": True, "HAS_SINKS": True}),
+    "paged_decode_one_split_fp32_mha_d64": (paged_attention._paged_decode_split_kernel, SPLIT_FP32,
+                                            {**DECODE, "QUERIES_PER_KV": 1, "HEAD_SIZE": 64, "ONE_SPLIT": True,
+                                             "DOT_PRECISION": "ieee", "TILE_N": 64, "TILE_D": 64}),
+    "paged_decode_fp32_d16_kbs32": (paged_attention._paged_decode_split_kernel, SPLIT_FP32,
+                                    {**DECODE, "KERNEL_BLOCK_SIZE": 32, "HEAD_SIZE": 16, "HAS_WINDOW": True,
+                                     "DOT_PRECISION": "ieee", "TILE_N": 128, "TILE_D": 16}),
+    "paged_decode_combine": (paged_attention._paged_decode_combine_kernel, COMBINE,
+                             {"HEAD_SIZE": 128, "HAS_SINKS": True, "TILE_SPLITS": 64, "TILE_S": 16, "TILE_D": 128}),
 }
 
 
@@ -61,8 +76,10 @@ def interpret_each_kernel() -> None:
     cache = torch.ones(2, 2, 16, 1, 8)
     reshape_and_cache.reshape_and_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), cache, torch.tensor([3]),
                                         layout=layout)
-    paged_attention.paged_decode_attention(torch.ones(1, 2, 8), cache, torch.tensor([[1]], dtype=torch.int32),
-                                           torch.tensor([5], dtype=torch.int32), layout=layout)
+    for num_splits in (1, 2):  # the split kernel alone, then with the combine kernel
+        paged_attention.paged_decode_attention(torch.ones(1, 2, 8), cache, torch.tensor([[1]], dtype=torch.int32),
+                                               torch.tensor([5], dtype=torch.int32), layout=layout,
+                                               num_splits=num_splits)
 
 
 def compile_all() -> dict[str, str]:

@@ -57,6 +57,10 @@ SCRIPT = textwrap.dedent("""
     out = paged_decode_attention(query, cache, table, seq_lens, layout=layout)
     ref = paged_decode_attention_ref(query, cache, table, seq_lens, layout=layout)
     results["paged_decode_attention"] = torch.allclose(out.double(), ref, atol=1e-5, rtol=1e-5)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    out = paged_decode_attention(query, cache, table, seq_lens, layout=layout, sinks=sinks, softcap=3.0, num_splits=3)
+    ref = paged_decode_attention_ref(query, cache, table, seq_lens, layout=layout, sinks=sinks, softcap=3.0)
+    results["split_decode_attention"] = torch.allclose(out.double(), ref, atol=1e-5, rtol=1e-5)
     print(json.dumps(results))
 """)
 
@@ -98,7 +102,7 @@ def test_kernel_launchers_run_on_cpu_whatever_the_environment_says(interpret_env
     in_env = interpret_env is not None
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
         "env": in_env, "knob": in_env, "write_pages": True, "gather_rows": True, "reshape_and_cache": True,
-        "paged_decode_attention": True}
+        "paged_decode_attention": True, "split_decode_attention": True}
 
 
 def test_helpers_and_triton_language_jit_functions_run_on_every_device(device):

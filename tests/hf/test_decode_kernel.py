@@ -1,0 +1,89 @@
+"""Decode steps of graphkv.hf through graphkv's split-KV paged decode kernel, against flex on the same steps.
+
+On the GPU path (``kernels="triton"``: on a CPU the kernels run in Triton's interpreter) a one-token
+decode step attends through :func:`graphkv.kernels.paged_attention.paged_decode_attention`, which
+reads the block tables directly, and builds no flex mask; every other step keeps flex. The same
+prompts served with ``decode_attention="flex"`` give the reference logits: full attention
+(qwen3), a sliding window (mistral) and a sliding window with attention sinks (gpt-oss).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphkv import SpecError
+from graphkv.hf.tiny import tiny_model
+from graphkv.runtime.step.context import StepContext
+from graphkv.runtime.step.batch import Batch
+
+from hf_harness import serving_loop
+
+
+def _decode_logits(loop, prompt_lengths, num_decodes: int) -> tuple[list[torch.Tensor], int]:
+    """Prefill ``prompt_lengths`` prompts in one step, then ``num_decodes`` decode steps of their greedy
+    tokens: every step's logits, and how many flex masks the decode steps built."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in prompt_lengths]
+    ids = [f"r{i}" for i in range(len(prompts))]
+    pages = loop.plan.block_size
+    held = [1 + (n + num_decodes) // pages for n in prompt_lengths]
+    new_pages, first = [], 1
+    for count in held:  # each group its own pages (one pool: page IDs are distinct across groups)
+        per_group = []
+        for _ in loop.plan.groups:
+            per_group.append(tuple(range(first, first + count)))
+            first += count
+        new_pages.append(tuple(per_group))
+    batch = Batch(req_ids=tuple(ids), query_lens=tuple(prompt_lengths), seq_lens=tuple(prompt_lengths),
+                  new_pages=tuple(new_pages))
+    out = [loop.run(batch, input_ids=[t for p in prompts for t in p])]
+    lens = list(prompt_lengths)
+    builds = 0
+    original = StepContext.build_masks
+
+    def counting(self, num_tokens):
+        nonlocal builds
+        builds += 1
+        return original(self, num_tokens)
+
+    for _ in range(num_decodes):
+        nxt = out[-1][:len(ids)].argmax(-1).tolist()
+        lens = [n + 1 for n in lens]
+        batch = Batch(req_ids=tuple(ids), query_lens=(1,) * len(ids), seq_lens=tuple(lens),
+                      new_pages=(None,) * len(ids))
+        StepContext.build_masks = counting
+        try:
+            out.append(loop.run(batch, input_ids=nxt))
+        finally:
+            StepContext.build_masks = original
+    return out, builds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "gpt_oss"])
+def test_decode_kernel_matches_flex_and_builds_no_mask(family: str, device: str) -> None:
+    """Three requests (2, 4 and 26 tokens, one step's 32; the last past the 24-token window) decode 4 steps: the
+    kernel's logits equal flex's to 1e-4 at every step, and its decode steps build no flex mask."""
+    model = tiny_model(family).to(device)
+    logits = {}
+    for choice in ("kernel", "flex"):
+        loop = serving_loop(model, compile=False, kernels="triton", decode_attention=choice)
+        assert loop.model.decode_attention == choice
+        logits[choice], builds = _decode_logits(loop, (2, 4, 26), num_decodes=4)
+        # the 3 decodes pad to the decode(4) key: still one token per row, so the kernel serves them
+        assert builds == (0 if choice == "kernel" else 4)
+    for step, (ours, theirs) in enumerate(zip(logits["kernel"], logits["flex"])):
+        assert torch.allclose(ours[:3], theirs[:3], atol=1e-4, rtol=1e-4), (family, step)
+
+
+def test_decode_attention_choice_is_checked(device: str) -> None:
+    """An unknown decode_attention is a SpecError naming the choices; the default is the kernel on the GPU path,
+    flex otherwise."""
+    model = tiny_model("qwen3").to(device)
+    with pytest.raises(SpecError, match="decode_attention='flash': must be one of kernel, flex or None"):
+        serving_loop(model, compile=False, kernels="triton", decode_attention="flash", capture_graphs=False)
+    assert serving_loop(model, compile=False, kernels="triton",
+                        capture_graphs=False).model.decode_attention == "kernel"
+    if device == "cpu":
+        assert serving_loop(model, compile=False, capture_graphs=False).model.decode_attention == "flex"
