@@ -59,7 +59,7 @@ MODES = {"gpu": dict(batches="1,8,32,128", min_prompt=64, max_prompt=1024, new_t
                      step_tokens=2048),
          "cpu": dict(batches="1,4", min_prompt=8, max_prompt=32, new_tokens=8, dtype="float32", step_tokens=256)}
 DTYPES = ("bfloat16", "float16", "float32")
-COMPILE = {"auto": None, "attention": True, "model": "model", "none": False}
+COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "none": False}
 
 
 def sync(device: str) -> None:

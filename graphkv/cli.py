@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # surface a closed pipe here, not at interpreter exit
         return code
     except GraphkvError as e:
-        print(f"graphkv: error: {_in_flag_terms(e, args)}", file=sys.stderr)
+        print(f"graphkv: error: {_in_flag_terms(e, args).one_line()}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         # The reader is gone (`graphkv plan | head -1`): stop writing, as Unix tools do. Point stdout at

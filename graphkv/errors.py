@@ -56,6 +56,12 @@ class GraphkvError(Exception):
             message = f"{len(problems)} problems:\n{lines}"
         super().__init__(message)
 
+    def one_line(self) -> str:
+        """The message on one line (the command line's form): ``N problems: <first>; <second>; ...``."""
+        if len(self.problems) == 1:
+            return str(self.problems[0])
+        return f"{len(self.problems)} problems: " + "; ".join(map(str, self.problems))
+
     @property
     def field(self) -> str:
         """The field of the first problem."""

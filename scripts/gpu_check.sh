@@ -132,6 +132,8 @@ if [ "$QUICK" -eq 0 ]; then
   run bench-gpu-attention info 1200 "graphkv|flex|sdpa|copy" python benchmarks/gpu_attention.py --gpu --repeats 20
   run bench-gpu-serving info 1800 "graphkv|generate|limit" python benchmarks/gpu_serving.py --gpu --batches 1,32 \
     --repeats 2 --out "$OUT/gpu_serving.json"
+  run bench-gpu-serving-piecewise info 1800 "graphkv|limit" python benchmarks/gpu_serving.py --gpu --batches 32 \
+    --repeats 1 --contenders graphkv --compile piecewise --out "$OUT/gpu_serving_piecewise.json"
   run bench-step-latency info 1200 "decode|captured|eager|ratio" python benchmarks/step_latency.py --gpu
   run bench-flex-mask info 1200 "decode|ratio|sdpa|flex" python benchmarks/flex_mask.py --gpu
   run bench-block-tables info 1200 "ratio|gather|write" python benchmarks/block_tables.py --gpu

@@ -15,17 +15,16 @@ from typing import Any
 import attrs
 
 from graphkv.command.model_source import ModelSource
-from graphkv.command.gpu_room import GpuRoom, does_not_fit
 from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.plan.gpu_fit import compile_for_gpu
 from graphkv.plan.graph_pool import GraphPoolModel
-from graphkv.spec.budget import KNOWN_GPUS, MAX_BYTES, Budget, format_bytes, parse_bytes
+from graphkv.spec.budget import DEFAULT_UTILIZATION, KNOWN_GPUS, MAX_BYTES, Budget, format_bytes, parse_bytes
+from graphkv.spec.gpu_room import FLAG_WORDS, GpuRoom, does_not_fit
 from graphkv.spec.limits import Limits
 
 __all__ = ["BudgetFlags", "PlannedBudget", "plan_with_budget"]
 
-DEFAULT_UTILIZATION = 0.9
 
 
 @attrs.frozen(kw_only=True)
@@ -99,11 +98,12 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
         room = GpuRoom(gpu=gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
                        graph_reserve_bytes=reserve, min_pool_bytes=_two_pages_bytes(source, limits),
                        default_utilization=DEFAULT_UTILIZATION,
-                       typed={"--gpu": flags.gpu, "--utilization": flags.utilization,
-                              "--activation-memory": flags.activation_memory, "--graph-reserve": flags.graph_reserve,
-                              "--weights-memory": flags.weights_memory})
+                       typed={"gpu": flags.gpu, "utilization": flags.utilization,
+                              "activations": flags.activation_memory, "reserve": flags.graph_reserve,
+                              "weights": flags.weights_memory})
         split = source.weights.per_rank if source.weights is not None and flags.weights_memory is None else None
-        raise does_not_fit(room, weights_from=weights_from, tp=tp, pp=pp, per_rank=split, tp_sizes=source.tp_sizes)
+        raise SpecError(does_not_fit(room, weights_from=weights_from, tp=tp, pp=pp, per_rank=split,
+                                     tp_sizes=source.tp_sizes, words=FLAG_WORDS))
     budget = Budget.for_gpu(gpu, utilization=utilization, weights_bytes=weights, activation_bytes=activations,
                             graph_reserve_bytes=reserve)
     notes = {"weights": weights_from,

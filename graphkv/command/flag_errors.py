@@ -72,7 +72,7 @@ def _problem(p: Problem, budget_flag: str, typed: Mapping[str, str | None]) -> P
     flag = budget_flag if field == "budget" else FIELD_FLAGS.get(field, p.field)
     value, limit = p.value, _text(p.limit)
     if field == "budget" and isinstance(p.value, str) and typed.get(flag) is not None:
-        # the API names the pool's bytes ('1 B'); the user typed '1.5' (a fraction of a byte is dropped)
+        # the API names the pool's bytes ('1.00 KiB'); the user sees what they typed ('1KiB') and the bytes it gave
         value, limit = typed[flag], f"gives the KV pool {p.value}, which {limit}"
     fix = _text(p.fix)
     if budget_flag == "--kv-memory":  # the budget is that flag's size: say which flag to raise

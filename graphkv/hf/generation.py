@@ -57,6 +57,10 @@ def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) ->
     new_tokens = count_arg("max_new_tokens", max_new_tokens, 1, "pass how many tokens to generate per prompt, e.g. 16")
     if getattr(prompts, "ndim", None) == 2 and hasattr(prompts, "dtype"):
         rows: Any = list(prompts)  # a batch of equal-length prompts: one per row
+        if not rows:
+            raise SpecError(Problem(field="prompts", value=f"array of shape {tuple(prompts.shape)}",
+                                    limit="holds no prompt (0 rows); generate needs at least one",
+                                    fix="pass one prompt per row, e.g. np.array([[1, 2, 3]])"))
     elif isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
         one = getattr(prompts, "ndim", None) == 1
         raise SpecError(Problem(field="prompts", value=type(prompts).__name__,
@@ -73,6 +77,24 @@ def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) ->
     arrays = [prompt_ids(prompt, f"prompts[{i}]") for i, prompt in enumerate(rows)]
     check_vocab(arrays, vocab_size)
     return [ids.tolist() for ids in arrays], new_tokens
+
+
+def _check_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, cap: int | None) -> None:
+    """Refuse, naming ``max_new_tokens`` (or the prompt), prompts whose default ``max_model_len`` (the longest
+    prompt plus ``max_new_tokens``) would exceed the model's ``max_position_embeddings`` (``cap``)."""
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    length = len(prompts[longest])
+    if cap is None or length + max_new_tokens <= cap:
+        return
+    if length < cap:
+        raise SpecError(Problem(field="max_new_tokens", value=max_new_tokens,
+                                limit=f"with the longest prompt (prompts[{longest}], {length} tokens) makes "
+                                      f"{length + max_new_tokens} positions, beyond the model's "
+                                      f"max_position_embeddings={cap}",
+                                fix=f"lower max_new_tokens to <= {cap - length}"))
+    raise SpecError(Problem(field=f"prompts[{longest}]", value=f"{length} tokens",
+                            limit=f"leaves no position to generate in: the model's max_position_embeddings is {cap}",
+                            fix=f"shorten the prompt to <= {cap - 1} tokens"))
 
 
 def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None) -> Limits:
@@ -132,7 +154,9 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
                                     "default_limits(prompts, max_new_tokens)"))
     start = time.perf_counter()
     declared = model_kv(model)
-    limits = limits if limits is not None else default_limits(prompts, max_new_tokens, declared)
+    if limits is None:
+        _check_length(prompts, max_new_tokens, declared.max_position_embeddings)
+        limits = default_limits(prompts, max_new_tokens, declared)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile, kernels=kernels)

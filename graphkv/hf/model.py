@@ -22,6 +22,7 @@ from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
 from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
+from graphkv.runtime.capture.piecewise import piecewise_backend
 from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.flex.region import FlexRegions
 from graphkv.runtime.flex.views import paged_kv_views
@@ -67,7 +68,11 @@ class PagedModel(torch.nn.Module):
     seconds once, then ~0.1-0.4 ms per call instead of ~15-30 ms eager); ``compile="model"``:
     compile the model's whole forward (embeddings, norms, MLPs, rotary, the paged attention and
     the head) as ``torch.compile`` of the module, with automatic dynamic shapes (a CPU spends about
-    a minute compiling a tiny model's few graphs). Either way the K/V write writes only the step's
+    a minute compiling a tiny model's few graphs); ``compile="piecewise"``: the whole forward traced
+    once and split at the attention and state-mixer ops
+    (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture``
+    captures mixed steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces
+    run as traced, not fused by Inductor; the attention regions stay compiled. Either way the K/V write writes only the step's
     slots and a step's cost does not grow with the pool. ``kernels``: the K/V write's implementation (``"auto"``:
     Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's
     interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
@@ -100,10 +105,12 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if compile is None:
             compile = pool.device.type == "cuda"
-        if compile not in (True, False, "model"):
-            raise SpecError(Problem(field="compile", value=compile, limit="must be True, False, None or 'model'",
-                                    fix="True compiles each layer's attention, 'model' the whole forward, None "
-                                        "picks True on a GPU"))
+        if compile not in (True, False, "model", "piecewise"):
+            raise SpecError(Problem(field="compile", value=compile,
+                                    limit="must be True, False, None, 'model' or 'piecewise'",
+                                    fix="True compiles each layer's attention, 'model' the whole forward, 'piecewise' "
+                                        "splits it at attention and state mixers so mixed steps are captured piece "
+                                        "by piece, None picks True on a GPU"))
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -154,6 +161,8 @@ class PagedModel(torch.nn.Module):
         self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
         if compile == "model":
             self.view = torch.compile(self.view)
+        elif compile == "piecewise":  # PIECEWISE mixed graphs: the pieces between these ops are captured
+            self.view = torch.compile(self.view, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS))
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
@@ -212,6 +221,9 @@ class PagedModel(torch.nn.Module):
 
 
 DECODE_ATTENTION = ("kernel", "flex")
+PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
+"""Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
+captured pieces (their work depends on the step's batch)."""
 
 
 def _decode_attention(choice: str | None, kernels: str, device: torch.device) -> str:

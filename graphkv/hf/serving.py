@@ -38,6 +38,8 @@ class ServingLoop:
     ``kernels="triton"`` runs the GPU path on a CPU: the Triton kernels (in Triton's interpreter),
     the staged table sync, the GPU's flex query tile and, instead of a capture, a rehearsal (every
     capture key warmed up, every step dispatched and padded as a replay would be, run eagerly).
+    ``decode_attention``: ``"kernel"`` (graphkv's split-KV paged decode kernel for one-token decode
+    steps; the default on the GPU path), ``"flex"`` (flex attention and its mask for every step).
 
     Attributes: :attr:`plan`, :attr:`pool`, :attr:`step` (the Step: :class:`Batch` in, buffers
     filled, ownership checked), :attr:`model` (the paged model), :attr:`forward` (the captured
@@ -56,7 +58,7 @@ class ServingLoop:
     def __init__(self, model: torch.nn.Module, *, limits: Limits, budget: Budget | None,
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
-                 kernels: str = "auto") -> None:  # noqa: A002
+                 kernels: str = "auto", decode_attention: str | None = None) -> None:  # noqa: A002
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
         self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
@@ -68,7 +70,8 @@ class ServingLoop:
                         fix=" (or pass limits.num_blocks_override)")  # before anything is allocated
         self.pool = allocate(self.plan, self.device)
         self.step = Step(self.plan, self.device, kernels=self.kernels)
-        self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels)
+        self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels,
+                                decode_attention=decode_attention)
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:
@@ -85,9 +88,14 @@ class ServingLoop:
     def run(self, batch: Batch, *, input_ids: "torch.Tensor | Sequence[int]") -> Any:
         """One step: :meth:`Step.run` of the captured forward (replayed or eager). Returns the
         logits (see :class:`PagedModel` for the rows); raises as :meth:`Step.run` does, and
-        :class:`SpecError` for a token id outside ``[0, vocab_size)`` (naming its request and position)
-        before changing anything — an embedding would read a negative id as another token."""
-        return self.step.run(self.forward, batch, input_ids=input_ids, vocab_size=self.vocab_size)
+        :class:`SpecError` for a host token id (a list, a numpy array, a CPU tensor) outside
+        ``[0, vocab_size)`` (naming its request and position) before changing anything — an embedding
+        would read a negative id as another token. Ids already on the device (tokens the model
+        sampled) are not checked, which would cost a host sync every step: keeping them in range is
+        the caller's part."""
+        on_device = isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu"
+        return self.step.run(self.forward, batch, input_ids=input_ids,
+                             vocab_size=None if on_device else self.vocab_size)
 
     def finish(self, req_id: Any) -> None:
         """The request left: its Step row is free and its pages are the caller's again."""

@@ -3,14 +3,17 @@ what the plan's ledger predicted.
 
 Phases and how each is measured (the row's ``method`` says which applied):
 
-- ``kv_pool``: ``allocate(plan, device)``; predicted ``plan.pool_bytes``. GPU:
-  ``torch.cuda.memory_allocated`` before and after (the tensors' bytes, 512 B rounding; a note
-  adds what the process paid in device memory, allocator segments included, by NVML per process
-  or torch's reserved bytes); CPU: the pool's live storages.
-- ``static_buffers``: ``Step(plan, device)``'s device buffers; predicted
-  ``plan.ledger.runtime_bytes(device).device_bytes - plan.pool_bytes``. GPU:
-  ``torch.cuda.memory_allocated`` before and after (the buffers are far below NVML's 2 MiB
-  granularity); CPU: the step's torch tensors, summed by address.
+- ``kv_pool``: ``allocate(plan, device)``. GPU: ``torch.cuda.memory_allocated`` before and after,
+  predicted by ``plan.ledger.cuda_memory().pool`` (the caching allocator's charge: 512 B blocks, a
+  large block handed out whole when under 1 MiB of its segment would remain), and
+  ``torch.cuda.memory_reserved`` beside its predicted segments (a note; the cache is emptied first,
+  as the prediction starts from an allocator with no cached free block); a note adds what the
+  process paid in device memory by NVML per process or torch's reserved bytes. CPU: the pool's live
+  storages, predicted ``plan.pool_bytes``.
+- ``static_buffers``: ``Step(plan, device)``'s device buffers. GPU: as ``kv_pool``, predicted by
+  ``plan.ledger.cuda_memory().static_buffers`` (the buffers are far below NVML's 2 MiB granularity);
+  CPU: the step's torch tensors, summed by address, predicted
+  ``plan.ledger.runtime_bytes(device).device_bytes - plan.pool_bytes``.
 - ``host_buffers``: the step's pinned staging and host arrays; predicted
   ``runtime_bytes(device).host_bytes``; live storages on either device (NVML sees no host memory).
 - ``graph_pool <key>``: each capture key, largest first; predicted ``plan.ledger.graph_keys``.
@@ -32,13 +35,14 @@ import attrs
 from graphkv.memory.meters import MeterChoice
 from graphkv.memory.progress import Progress
 from graphkv.memory.storages import live_storages
+from graphkv.plan.allocations.entries import AllocatorBytes
 from graphkv.plan.graph_keys import capture_keys
 from graphkv.plan.graph_pool import GraphPoolModel, fit_graph_pool
 from graphkv.plan.plan import Plan
 
 __all__ = ["MemoryRun", "PhaseRow", "run_phases"]
 
-_ALLOCATED = "torch.cuda.memory_allocated (this process's tensors, 512 B rounding)"
+_ALLOCATED = "torch.cuda.memory_allocated vs the caching allocator's charge (plan.ledger.cuda_memory())"
 _HOST = "live storages (host memory: pinned staging and numpy arrays)"
 
 
@@ -52,6 +56,8 @@ class PhaseRow:
     method: str
     num_tokens: int | None = None  # graph_pool rows: the key's token count
     uniform: bool | None = None  # graph_pool rows: a decode key
+    predicted_reserved_bytes: int | None = None  # GPU kv_pool / static_buffers: new allocator segments predicted
+    measured_reserved_bytes: int | None = None  # ... and torch.cuda.memory_reserved's growth
 
     @property
     def error_pct(self) -> float | None:
@@ -61,9 +67,23 @@ class PhaseRow:
         return 100.0 * (self.measured_bytes - self.predicted_bytes) / self.predicted_bytes
 
     def to_dict(self, model: str) -> dict[str, Any]:
-        """The ``memory.json`` row."""
-        return {"model": model, "phase": self.phase, "predicted_bytes": self.predicted_bytes,
-                "measured_bytes": self.measured_bytes, "method": self.method}
+        """The ``memory.json`` row (with ``predicted_reserved_bytes`` / ``measured_reserved_bytes`` where
+        reserved bytes were measured)."""
+        out = {"model": model, "phase": self.phase, "predicted_bytes": self.predicted_bytes,
+               "measured_bytes": self.measured_bytes, "method": self.method}
+        if self.predicted_reserved_bytes is not None:
+            out.update(predicted_reserved_bytes=self.predicted_reserved_bytes,
+                       measured_reserved_bytes=self.measured_reserved_bytes)
+        return out
+
+    @property
+    def reserved_note(self) -> str | None:
+        """One line comparing reserved bytes (``None`` when not measured)."""
+        if self.predicted_reserved_bytes is None or self.measured_reserved_bytes is None:
+            return None
+        return (f"{self.phase} reserved (torch.cuda.memory_reserved): {self.measured_reserved_bytes:,} B measured, "
+                f"{self.predicted_reserved_bytes:,} B predicted (new allocator segments), "
+                f"{self.measured_reserved_bytes - self.predicted_reserved_bytes:+,} B")
 
 
 @attrs.frozen(kw_only=True)
@@ -96,33 +116,39 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
     notes: list[str] = []
 
     progress.start(f"{plan.model_name}: allocate KV pool")
+    charged = plan.ledger.cuda_memory()
+    if cuda:  # the charge is predicted from an allocator with no cached free block
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        cached = _counters(device)
+        if cached.reserved > cached.allocated:
+            notes.append(f"the caching allocator held {cached.reserved - cached.allocated:,} B of free blocks in "
+                         "segments still in use before the pool: reserved bytes may come out below the prediction")
     before = meter.read() if cuda and meter is not None else 0
-    before_alloc = int(torch.cuda.memory_allocated(device)) if cuda else 0
+    start = _counters(device)
     pool = allocate(plan, device)
+    after_pool = _counters(device)
     if cuda:
-        pool_measured, pool_method = int(torch.cuda.memory_allocated(device)) - before_alloc, _ALLOCATED
+        rows.append(_cuda_row("kv_pool", charged.pool, start, after_pool))
         if meter is not None:
             notes.append(f"the KV pool cost this process {meter.read() - before:,} B of device memory "
                          f"({choice.method}: allocator segments included)")
     else:
-        pool_measured, pool_method = live_storages(pool).runtime_bytes(kind).device_bytes, "live storages: torch tensors"
+        rows.append(PhaseRow(phase="kv_pool", predicted_bytes=plan.pool_bytes,
+                             measured_bytes=live_storages(pool).runtime_bytes(kind).device_bytes,
+                             method="live storages: torch tensors"))
     progress.done(f"{plan.model_name}: allocate KV pool")
-    rows.append(PhaseRow(phase="kv_pool", predicted_bytes=plan.pool_bytes, measured_bytes=pool_measured,
-                         method=pool_method))
 
-    before_alloc = int(torch.cuda.memory_allocated(device)) if cuda else 0
     step = Step(plan, device)
-    storages = live_storages(step)
-    counted = storages.runtime_bytes(kind)
-    step_device, step_host = counted.device_bytes, counted.host_bytes
+    counted = live_storages(step).runtime_bytes(kind)
     if cuda:
-        rows.append(PhaseRow(phase="static_buffers", predicted_bytes=predicted.device_bytes - plan.pool_bytes,
-                             measured_bytes=int(torch.cuda.memory_allocated(device)) - before_alloc, method=_ALLOCATED))
+        rows.append(_cuda_row("static_buffers", charged.static_buffers, after_pool, _counters(device)))
     else:
         rows.append(PhaseRow(phase="static_buffers", predicted_bytes=predicted.device_bytes - plan.pool_bytes,
-                             measured_bytes=step_device, method="live storages: torch tensors"))
-    rows.append(PhaseRow(phase="host_buffers", predicted_bytes=predicted.host_bytes, measured_bytes=step_host,
+                             measured_bytes=counted.device_bytes, method="live storages: torch tensors"))
+    rows.append(PhaseRow(phase="host_buffers", predicted_bytes=predicted.host_bytes, measured_bytes=counted.host_bytes,
                          method=_HOST if cuda else "live storages: numpy arrays"))
+    notes += [r.reserved_note for r in rows if r.reserved_note is not None]
 
     graph_rows, calibration = _graph_phases(plan, device, choice, pool, step, forward_for, progress, notes,
                                             hidden_size)
@@ -137,6 +163,33 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
         torch.cuda.empty_cache()
     return MemoryRun(model=plan.model_name, device=str(device), budget=budget, rows=tuple(rows),
                      calibration=calibration, notes=tuple(notes))
+
+
+@attrs.frozen(kw_only=True)
+class _Counters:
+    """The caching allocator's two counters of one device, read after a synchronize."""
+
+    allocated: int
+    reserved: int
+
+
+def _counters(device: Any) -> _Counters:
+    """The counters now (zeros on a CPU, which has no caching allocator)."""
+    if device.type != "cuda":
+        return _Counters(allocated=0, reserved=0)
+    import torch
+
+    torch.cuda.synchronize(device)
+    return _Counters(allocated=int(torch.cuda.memory_allocated(device)),
+                     reserved=int(torch.cuda.memory_reserved(device)))
+
+
+def _cuda_row(phase: str, charged: AllocatorBytes, before: _Counters, after: _Counters) -> PhaseRow:
+    """A GPU phase: allocated bytes against the caching allocator's charge, reserved beside it."""
+    return PhaseRow(phase=phase, predicted_bytes=charged.allocated_bytes,
+                    measured_bytes=after.allocated - before.allocated, method=_ALLOCATED,
+                    predicted_reserved_bytes=charged.reserved_bytes,
+                    measured_reserved_bytes=after.reserved - before.reserved)
 
 
 def _graph_phases(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,

@@ -3,7 +3,8 @@
 Runs :func:`graphkv.memory.bench.run_phases` for each model (``demo``, the tiny hybrid model with a
 forward to capture, and bundled presets with a KV budget scaled to the available memory), prints
 predicted vs measured per phase with the error in %, and with ``--out DIR`` writes ``memory.json``
-(one row per model and phase: ``phase``, ``predicted_bytes``, ``measured_bytes``, ``method``),
+(one row per model and phase: ``phase``, ``predicted_bytes``, ``measured_bytes``, ``method``; on a GPU
+the ``kv_pool`` and ``static_buffers`` rows add ``predicted_reserved_bytes`` and ``measured_reserved_bytes``),
 ``memory.png`` and, after a GPU run that captured graphs, ``graph_calibration.json``.
 """
 

@@ -2,11 +2,11 @@
 
 A prompt may be a list or tuple of ints (numpy ints too), a 1-D integer numpy array or a 1-D
 integer tensor. :func:`prompt_ids` makes it one int64 array and refuses text, an empty prompt,
-floats, bools (a bool dtype or a ``True`` in a list), ``None`` and arrays of another rank, naming
-the field. :func:`check_vocab` refuses a token id outside ``[0, vocab_size)`` — an embedding reads
-a negative id as another token (a silent wrong answer) and raises a bare ``IndexError`` (a device
-assert on a GPU) for one past its table — with one ``max`` over all prompts at once (the ids
-viewed as uint64, where a negative id is huge), not a loop over tokens.
+floats, bools (a bool dtype or a ``True`` in a list), ``None``, unordered containers (a dict or a
+set: their order is no order of tokens) and arrays of another rank, naming the field.
+:func:`check_vocab` refuses a token id outside ``[0, vocab_size)`` over all prompts at once
+(:func:`graphkv.runtime.vocab.check_token_ids` on their concatenation), naming the prompt and the
+token's position in it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import numpy as np
 
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.tables.page_ids import int_array
+from graphkv.runtime.vocab import check_token_ids
 
 __all__ = ["check_vocab", "prompt_ids"]
-
-_NO_VOCAB = 1 << 63  # without a vocabulary size only negative ids (>= 2**63 as uint64) are refused
 
 
 def prompt_ids(value: Any, field: str) -> np.ndarray:
@@ -45,23 +44,15 @@ def prompt_ids(value: Any, field: str) -> np.ndarray:
 
 def check_vocab(prompts: Sequence[np.ndarray], vocab_size: int | None,
                 field_of: Callable[[int], str] = lambda i: f"prompts[{i}]") -> None:
-    """Raise :class:`SpecError` naming ``field_of(prompt)``, the position, the id and ``vocab_size`` for
-    the first token id of ``prompts`` (int64 arrays) outside ``[0, vocab_size)`` (``None``: only
-    negative ids are refused). One concatenation and one reduction over every prompt."""
+    """Raise :class:`SpecError` naming ``field_of(prompt)[position]``, the id and ``vocab_size`` for the
+    first token id of ``prompts`` (int64 arrays) outside ``[0, vocab_size)`` (``None``: only negative ids
+    are refused). One concatenation and one reduction over every prompt."""
     if not prompts:
         return
-    limit = _NO_VOCAB if vocab_size is None else vocab_size
-    flat = prompts[0] if len(prompts) == 1 else np.concatenate(prompts)
-    wide = flat.astype(np.int64, copy=False).view(np.uint64)
-    if int(wide.max()) < limit:
-        return
-    at = int(np.flatnonzero(wide >= limit)[0])
     ends = np.cumsum([p.shape[0] for p in prompts])
-    which = int(np.searchsorted(ends, at, side="right"))
-    position = at - (int(ends[which]) - prompts[which].shape[0])
-    value = int(flat[at])
-    span = f"outside [0, vocab_size={vocab_size})" if vocab_size is not None else "negative"
-    read = "would read another token's embedding" if value < 0 else "is past the model's embedding table"
-    raise SpecError(Problem(field=field_of(which), value=value,
-                            limit=f"token {position} of the prompt is {span} ({value} {read})",
-                            fix="pass token ids of this model's vocabulary (tokenize with its tokenizer)"))
+
+    def field(at: int) -> str:
+        which = int(np.searchsorted(ends, at, side="right"))
+        return f"{field_of(which)}[{at - (int(ends[which]) - prompts[which].shape[0])}]"
+
+    check_token_ids(prompts[0] if len(prompts) == 1 else np.concatenate(prompts), vocab_size, field)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import CapacityError, GraphkvError, Problem, SpecError
 from graphkv.plan.block_size import choose_block_size, pad_mamba_layers
 from graphkv.plan.buffers import plan_buffers
 from graphkv.plan.capacity import PageCounter, check_admission, check_mamba_seqs, fit_max_model_len, plan_num_blocks
@@ -106,6 +106,41 @@ def compile_plan(model: ModelKV, limits: Limits | None = None, budget: Budget | 
     8192
     """
     limits = Limits() if limits is None else limits
+    try:
+        return _compile(model, limits, budget, graph_pool)
+    except CapacityError as error:
+        if not isinstance(limits, Limits) or limits.block_size is None:
+            raise
+        raise _blame_block_size(error, model, limits, budget, graph_pool) from error
+
+
+def _blame_block_size(error: CapacityError, model: ModelKV, limits: Limits, budget: Budget | None,
+                      graph_pool: GraphPoolModel | None) -> CapacityError:
+    """``error`` as the user's ``block_size`` caused it, when it did: the pool cannot hold its pages but
+    it holds those of the planner's own choice. The fix names the largest power-of-two multiple of that
+    choice (up to the typed size) that plans, and keeps ``error``'s own fix as the last alternative."""
+    try:
+        chosen = _compile(model, attrs.evolve(limits, block_size=None), budget, graph_pool).block_size
+    except GraphkvError:
+        return error
+    if limits.block_size <= chosen:
+        return error
+    best, size = chosen, 2 * chosen
+    while size < limits.block_size:
+        try:
+            _compile(model, attrs.evolve(limits, block_size=size), budget, graph_pool)
+        except GraphkvError:
+            break
+        best, size = size, 2 * size
+    first = error.problems[0]
+    why = "the planner's choice" if best == chosen else f"{best // chosen} x the planner's choice, {chosen}"
+    return CapacityError(Problem(field="block_size", value=limits.block_size,
+                                 limit=f"makes the pages too large for the pool ({first.limit})",
+                                 fix=f"set block_size to {best} ({why}), or leave block_size unset, or {first.fix}"))
+
+
+def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: GraphPoolModel | None) -> Plan:
+    """:func:`compile_plan` of ``limits`` as given."""
     _check_inputs(model, limits, budget)
     limits = resolve_limits(model, limits)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from graphkv.plan.allocations.entries import Allocation, RuntimeBytes, check_device_kind
+from graphkv.plan.allocations.entries import Allocation, CudaMemory, RuntimeBytes, check_device_kind
 
 if TYPE_CHECKING:
     from graphkv.plan.graph_pool import GraphKeyEstimate
@@ -60,6 +60,26 @@ class Ledger:
         RuntimeBytes(device_bytes=1074086136, host_bytes=278785)
         """
         return RuntimeBytes.of(self.allocations(device))
+
+    def cuda_memory(self) -> CudaMemory:
+        """What ``allocate(plan, "cuda")`` and then ``Step(plan, "cuda")`` make
+        ``torch.cuda.memory_allocated`` and ``torch.cuda.memory_reserved`` grow by: each ``DEVICE``
+        allocation of :meth:`allocations` ``("cuda")`` charged by PyTorch's caching allocator (512 B
+        blocks, 2 MiB small segments, 20 MiB or 2 MiB-rounded large ones;
+        :mod:`~graphkv.plan.allocations.rounding`), in ledger order, from an allocator with no cached
+        free block and default settings. :meth:`runtime_bytes` keeps the tensors' own bytes. Pure.
+
+        >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
+        >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
+        >>> plan = compile(model, Limits(max_model_len=4096, max_num_seqs=8), Budget.kv_bytes("1GiB"))
+        >>> memory = plan.ledger.cuda_memory()
+        >>> memory.pool  # two 512 MiB slots, whole multiples of 2 MiB: a segment each # doctest: +NORMALIZE_WHITESPACE
+        AllocatorBytes(num_allocations=2, tensor_bytes=1073741824, allocated_bytes=1073741824,
+                       reserved_bytes=1073741824)
+        >>> memory.static_buffers  # 8 buffers of 369300 B in 512 B blocks, all in one 2 MiB small segment
+        AllocatorBytes(num_allocations=8, tensor_bytes=369300, allocated_bytes=371712, reserved_bytes=2097152)
+        """
+        return CudaMemory.of(self.cuda_allocations)
 
     @property
     def kv_entries(self) -> tuple[LedgerEntry, ...]:

@@ -11,7 +11,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.plan.capacity import PageCounter, longest_len
 from graphkv.plan.ledger_entries import Ledger, LedgerEntry
 from graphkv.plan.concurrency import capacity_tables
-from graphkv.spec._checks import count_arg
+from graphkv.spec._checks import count_arg, got, whole_int
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
@@ -184,24 +184,33 @@ class Plan:
     cacheless: tuple[CachelessDecl, ...] = ()  # layers that hold no cache of their own (KV-shared, MLP)
 
     def group_of(self, layer_index: int) -> GroupPlan:
-        """The group holding model layer ``layer_index``."""
+        """The group holding model layer ``layer_index`` (an int; numpy ints too, a bool is refused)."""
+        index = self._layer_index(layer_index)
         for g in self.groups:
-            if layer_index in g.layers:
+            if index in g.layers:
                 return g
         raise self._unknown_layer(layer_index)
 
     def slot_of(self, layer_index: int) -> SlotPlan:
-        """The pool slot holding model layer ``layer_index``."""
+        """The pool slot holding model layer ``layer_index`` (as :meth:`group_of` takes it)."""
+        index = self._layer_index(layer_index)
         for s in self.slots:
-            if layer_index in s.layers:
+            if index in s.layers:
                 return s
         raise self._unknown_layer(layer_index)
 
-    def _unknown_layer(self, layer_index: Any) -> SpecError:
+    def _layer_index(self, layer_index: Any) -> int:
+        index = whole_int(layer_index)
+        if index is None:  # True would equal layer 1 and 2.0 layer 2
+            raise self._unknown_layer(layer_index, "is not an integer layer index" + got(layer_index))
+        return index
+
+    def _unknown_layer(self, layer_index: Any, why: str = "is not the index of a layer holding a cache in this plan"
+                       ) -> SpecError:
         held = sorted(i for g in self.groups for i in g.layers)
         listed = ", ".join(map(str, held[:8])) + (f", … ({len(held)} in all)" if len(held) > 8 else "")
         return SpecError(Problem(field="layer_index", value=layer_index,
-                                 limit=f"is not the index of a layer holding a cache in this plan ({listed})",
+                                 limit=f"{why} (this plan's layers holding a cache: {listed})",
                                  fix="pass a LayerDecl.index from plan.layers, e.g. plan.layers[0].index"))
 
     @property
@@ -340,8 +349,17 @@ class Plan:
                 "graph_keys": [{"num_tokens": k.num_tokens, "uniform": k.uniform, "bytes": k.nbytes,
                                 "reason": k.reason} for k in self.ledger.graph_keys],
                 "runtime": {kind: {**attrs.asdict(self.ledger.runtime_bytes(kind)),
+                                   **({"caching_allocator": _cuda_memory_dict(self.ledger)} if kind == "cuda" else {}),
                                    "allocations": [a.to_dict() for a in self.ledger.allocations(kind)]}
                             for kind in ("cuda", "cpu")},
             },
             "notes": list(self.notes),
         }
+
+
+def _cuda_memory_dict(ledger: Ledger) -> dict[str, Any]:
+    """``ledger.cuda_memory()`` per phase, as ``--json`` carries it under ``ledger.runtime.cuda``."""
+    memory = ledger.cuda_memory()
+    return {phase: {"tensor_bytes": b.tensor_bytes, "allocated_bytes": b.allocated_bytes,
+                    "reserved_bytes": b.reserved_bytes}
+            for phase, b in (("pool", memory.pool), ("static_buffers", memory.static_buffers))}

@@ -20,7 +20,7 @@ from typing import Mapping, Union
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import Checker
+from graphkv.spec._checks import Checker, as_int
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -39,7 +39,7 @@ __all__ = [
 class MultipleOf:
     """Any kernel block size that is a positive multiple of ``n``."""
 
-    n: int
+    n: int = attrs.field(converter=as_int)
 
     def __attrs_post_init__(self) -> None:
         check = Checker("MultipleOf")
@@ -140,7 +140,7 @@ class Backend:
     kv_layout: KVLayout
     is_ssm: bool = False
     is_mla: bool = False
-    q_tile_tokens: int | None = None
+    q_tile_tokens: int | None = attrs.field(default=None, converter=as_int)
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"Backend[{self.name}]")

@@ -11,11 +11,12 @@ from typing import Mapping
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import Checker
+from graphkv.spec._checks import Checker, as_int, is_bool
 
-__all__ = ["GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "format_bytes", "parse_bytes"]
+__all__ = ["DEFAULT_UTILIZATION", "GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "format_bytes", "parse_bytes"]
 
 _MiB = 1 << 20
+DEFAULT_UTILIZATION = 0.9  # the share of GPU memory a budget takes unless told
 
 
 @attrs.frozen(kw_only=True)
@@ -23,7 +24,7 @@ class GPU:
     """A GPU model: its name and the memory the driver reports as total."""
 
     name: str
-    total_memory_bytes: int
+    total_memory_bytes: int = attrs.field(converter=as_int)
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"GPU[{self.name}]")
@@ -69,16 +70,18 @@ _MAX_SIZE_CHARS = 64
 def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
     """Parse ``"40GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a plain integer into bytes.
 
-    Exact (decimal arithmetic, no float rounding or overflow); fractions of a byte in a size
-    string are dropped (``"1.5"`` is 1 byte: the unit is what was meant to scale it). A number
-    must be a whole count of bytes: an int (numpy ints too) or an integral float (``4e9``); a
-    bool, a float with a fraction (``1.5``), NaN or infinity is refused. Refuses empty text,
-    negative numbers and sizes above :data:`MAX_BYTES` (1 PiB) with a :class:`SpecError` naming
-    ``field``.
+    Exact (decimal arithmetic, no float rounding or overflow). A count of bytes must be whole: a
+    size in bytes with a fraction (``"1.5B"``, ``"1073741824.5"``) is refused naming the nearest
+    whole sizes; with a larger unit the fraction is of that unit, and the byte it may leave over
+    is dropped (``"24.42GiB"``, as graphkv's own advice prints sizes, is 26221201489 bytes). A
+    number must be a whole count of bytes too: an int (numpy ints too) or an integral float
+    (``4e9``); a bool, a float with a fraction (``1.5``), NaN or infinity is refused. Refuses
+    empty text, negative numbers and sizes above :data:`MAX_BYTES` (1 PiB) with a
+    :class:`SpecError` naming ``field``.
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
-    elif isinstance(text, numbers.Number):
+    elif isinstance(text, numbers.Number) or is_bool(text):
         value = _whole_bytes(text, field)
     else:
         raw = str(text)
@@ -93,6 +96,12 @@ def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
                                     fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB"))
         whole, frac, unit = match.group(1) or "0", match.group(2) or "", _UNITS[match.group(3).lower()]
         value = (int(whole) * unit) + (int(frac) * unit // 10 ** len(frac) if frac else 0)
+        if unit == 1 and frac.strip("0"):
+            nearest = [f"{n}B" for n in (value, value + 1) if n > 0]
+            raise SpecError(Problem(field=field, value=text, limit=f"is {whole}.{frac} bytes, not a whole number of "
+                                                                   "bytes",
+                                    fix=f"give a whole number of bytes, {' or '.join(nearest)}, or a size with a "
+                                        "unit such as 1.5GiB"))
     if value > MAX_BYTES:
         raise SpecError(Problem(field=field, value=text, limit=f"is more than {format_bytes(MAX_BYTES)}, more memory "
                                                                 "than any one machine has",
@@ -102,12 +111,12 @@ def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
 
 def _whole_bytes(number: "numbers.Number", field: str) -> int:
     """A byte count given as a number other than an int: a whole one as an int, else a :class:`SpecError`."""
-    if isinstance(number, numbers.Integral) and not _is_bool(number):
+    if isinstance(number, numbers.Integral) and not is_bool(number):
         return int(number)
-    if isinstance(number, numbers.Real) and not _is_bool(number) and math.isfinite(number) \
+    if isinstance(number, numbers.Real) and not is_bool(number) and math.isfinite(number) \
             and float(number).is_integer():
         return int(number)
-    if _is_bool(number):
+    if is_bool(number):
         why, fix = "is a bool, not a byte count", "pass a byte count such as 1 << 30 or a size such as '1GiB'"
     elif isinstance(number, numbers.Real) and math.isfinite(number):
         why = "is not a whole number of bytes (a float with a fraction)"
@@ -117,8 +126,15 @@ def _whole_bytes(number: "numbers.Number", field: str) -> int:
     raise SpecError(Problem(field=field, value=number, limit=why, fix=fix))
 
 
-def _is_bool(value: object) -> bool:
-    return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's bool, without importing numpy
+def _fraction(value: object) -> object:
+    """attrs converter: a real number of another type (a numpy float) becomes a float, read from its
+    text (``np.float32(0.9)`` is 0.9, not 0.8999999761581421); anything else is kept for the check."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (int, float)) and not is_bool(value):
+        try:
+            return float(str(value))
+        except ValueError:
+            return float(value)
+    return value
 
 
 def format_bytes(n: int, *, rounding: str = "nearest") -> str:
@@ -151,12 +167,12 @@ class Budget:
     Build with :meth:`kv_bytes` or :meth:`for_gpu`.
     """
 
-    kv_cache_bytes: int | None = None
+    kv_cache_bytes: int | None = attrs.field(default=None, converter=as_int)
     gpu: GPU | None = attrs.field(default=None, converter=_gpu_or_raw)
-    utilization: float = 0.9
-    weights_bytes: int = 0
-    activation_bytes: int = 0
-    graph_reserve_bytes: int = 0
+    utilization: float = attrs.field(default=DEFAULT_UTILIZATION, converter=_fraction)
+    weights_bytes: int = attrs.field(default=0, converter=as_int)
+    activation_bytes: int = attrs.field(default=0, converter=as_int)
+    graph_reserve_bytes: int = attrs.field(default=0, converter=as_int)
 
     def __attrs_post_init__(self) -> None:
         check = Checker("Budget")
@@ -176,17 +192,33 @@ class Budget:
         for field in ("weights_bytes", "activation_bytes", "graph_reserve_bytes"):
             check.non_negative_int(field, getattr(self, field))
         if not check.problems and self.gpu is not None and self.kv_pool_bytes() <= 0:
-            usable = int(self.gpu.total_memory_bytes * self.utilization)
-            check.add("weights_bytes", self.weights_bytes,
-                      f"weights + activations + graph reserve leave nothing of {format_bytes(usable)} "
-                      f"({self.gpu.name} x utilization {self.utilization})",
-                      "raise utilization, use more tensor parallelism or a larger GPU")
+            check.problems.append(self._does_not_fit())
         check.raise_if_any()
+
+    def _does_not_fit(self) -> Problem:
+        """The problem of a GPU budget that leaves nothing for the pool, with the fixes
+        ``graphkv plan --gpu`` computes (:mod:`graphkv.spec.gpu_room`), in this class's field names."""
+        from graphkv.spec.gpu_room import API_WORDS, GpuRoom, does_not_fit  # (it imports this module)
+
+        assert self.gpu is not None
+        room = GpuRoom(gpu=self.gpu, utilization=self.utilization, weights_bytes=self.weights_bytes,
+                       activation_bytes=self.activation_bytes, graph_reserve_bytes=self.graph_reserve_bytes,
+                       min_pool_bytes=0, default_utilization=DEFAULT_UTILIZATION,
+                       typed={"gpu": self.gpu.name, "weights": self.weights_bytes or None,
+                              "utilization": None if self.utilization == DEFAULT_UTILIZATION else self.utilization,
+                              "activations": self.activation_bytes or None,
+                              "reserve": self.graph_reserve_bytes or None})
+        problem = does_not_fit(room, weights_from="weights_bytes", words=API_WORDS)
+        return attrs.evolve(problem, field=f"Budget.{problem.field}")
 
     @classmethod
     def kv_bytes(cls, n: "int | str") -> "Budget":
         """A budget of exactly ``n`` bytes (``"40GiB"`` accepted) for the KV pool."""
-        return cls(kv_cache_bytes=parse_bytes(n, field="kv_cache_bytes"))
+        size = parse_bytes(n, field="kv_cache_bytes")
+        if size == 0 and isinstance(n, str):  # name what was typed ('0.0001KiB'), not the 0 it gave
+            raise SpecError(Problem(field="kv_cache_bytes", value=n, limit="is zero bytes",
+                                    fix="give the KV pool a size above 0, e.g. '40GiB'"))
+        return cls(kv_cache_bytes=size)
 
     @classmethod
     def for_gpu(cls, gpu: "GPU | str", *, utilization: float = 0.9, weights_bytes: "int | str" = 0,

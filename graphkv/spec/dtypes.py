@@ -11,7 +11,7 @@ from typing import Any
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["DType", "parse_dtype"]
+__all__ = ["DType", "parse_cache_dtype", "parse_dtype"]
 
 
 class DType(enum.Enum):
@@ -28,6 +28,11 @@ class DType(enum.Enum):
     # Runtime bookkeeping types (ledger entries of host arrays and masks); never a cache dtype, so no alias parses to them.
     INT16 = "int16"
     BOOL = "bool"
+
+    @property
+    def is_floating(self) -> bool:
+        """Whether it holds floating-point values (what a K/V cache or a recurrent state stores)."""
+        return "float" in self.value
 
     @property
     def itemsize(self) -> int:
@@ -93,3 +98,21 @@ def parse_dtype(value: "DType | str", *, field: str = "dtype") -> DType:
             fix=f"pass a supported dtype name for {field}, e.g. 'bfloat16'",
         )
     )
+
+
+_CACHE_ADVICE = {"kv_cache_dtype": "bfloat16, float16 or fp8", "mamba_ssm_dtype": "float32, bfloat16 or float16"}
+
+
+def parse_cache_dtype(value: "DType | str", *, field: str) -> DType:
+    """:func:`parse_dtype` for a dtype a user gives a cache (``kv_cache_dtype``, ``mamba_ssm_dtype``):
+    an integer type (``uint8``, ``int32``, ``int64``) is refused too, since keys, values and recurrent
+    states are floating-point (an integer cache would truncate them; only graphkv's own indexer keys are
+    stored as uint8)."""
+    dtype = parse_dtype(value, field=field)
+    if not dtype.is_floating:
+        what = "recurrent states are" if field == "mamba_ssm_dtype" else "keys and values are"
+        raise SpecError(Problem(field=field, value=value, limit=f"is an integer type; {what} floating-point, so a "
+                                                                  f"cache of {dtype.value} would truncate them",
+                                fix=f"set {field} to {_CACHE_ADVICE.get(field, 'bfloat16')}, or leave it unset for "
+                                    "the model's"))
+    return dtype

@@ -40,7 +40,8 @@ from typing import Any, Mapping
 
 from graphkv.errors import SpecError
 from graphkv.spec.backends import BUILTIN_BACKENDS, get_backend
-from graphkv.spec.dtypes import DType, parse_dtype
+from graphkv.spec._checks import as_int
+from graphkv.spec.dtypes import DType, parse_cache_dtype, parse_dtype
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
@@ -108,12 +109,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
 
-def _dtype(cfg: ConfigReader, value: Any, field: str, fallback: DType | None) -> DType | None:
-    """``value`` parsed (``None`` / ``"auto"``: ``fallback``); a bad name records a problem."""
+def _dtype(cfg: ConfigReader, value: Any, field: str, fallback: DType | None, *, cache: bool = False) -> DType | None:
+    """``value`` parsed (``None`` / ``"auto"``: ``fallback``); a bad name (with ``cache``, an integer
+    type too: :func:`parse_cache_dtype`) records a problem."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return fallback
     try:
-        return parse_dtype(value, field=field)
+        return parse_cache_dtype(value, field=field) if cache else parse_dtype(value, field=field)
     except SpecError as err:
         cfg.check.problems.extend(err.problems)
         return fallback
@@ -123,18 +125,19 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
                      mamba_ssm_dtype: Any, attention_backend: Any) -> Options:
     """The overrides resolved; a bad one records a problem and falls back to its default, so the
     config's own problems are still collected and reported with it."""
+    tp = as_int(tp)  # a numpy int as a Python int
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         cfg.argument_problem("tp", tp, "must be an integer >= 1", "pass the tensor-parallel size, e.g. tp=2")
         tp = 1
     dtype_key = cfg.first_present("torch_dtype", "dtype")
     model_dtype = _dtype(cfg, cfg.get(dtype_key), f"config.{dtype_key}", _DEFAULT_DTYPE)
     assert model_dtype is not None
-    attention_dtype = _dtype(cfg, kv_cache_dtype, "kv_cache_dtype", model_dtype)
+    attention_dtype = _dtype(cfg, kv_cache_dtype, "kv_cache_dtype", model_dtype, cache=True)
     assert attention_dtype is not None
     ssm_key = cfg.first_present("mamba_ssm_cache_dtype", "mamba_ssm_dtype")
     family_ssm = parse_dtype(family.state_dtype) if family is not None and family.state_dtype else None
     config_ssm = _dtype(cfg, cfg.get(ssm_key), f"config.{ssm_key}", family_ssm)
-    ssm_dtype = _dtype(cfg, mamba_ssm_dtype, "mamba_ssm_dtype", config_ssm)
+    ssm_dtype = _dtype(cfg, mamba_ssm_dtype, "mamba_ssm_dtype", config_ssm, cache=True)
     backends = {"attention_backend": _ATTENTION_BACKEND, "mla_backend": _MLA_BACKEND}
     if attention_backend is not None:
         attention_names = sorted(n for n, b in BUILTIN_BACKENDS.items() if not b.is_ssm)

@@ -7,12 +7,13 @@ from typing import Any, Literal, Union
 
 import attrs
 
-from graphkv.spec._checks import Checker
+from graphkv.spec._checks import Checker, as_int
 from graphkv.spec.layers import MambaCacheMode
 
 __all__ = ["AUTO", "CudaGraphMode", "Limits", "MaxModelLen"]
 
 AUTO: Literal["auto"] = "auto"
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 MaxModelLen = Union[int, Literal["auto"]]
 
 
@@ -74,40 +75,37 @@ class Limits:
       model with chunked-local attention, on otherwise (:mod:`graphkv.plan.promotion`).
     """
 
-    max_model_len: MaxModelLen = AUTO
-    concurrency: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    num_blocks_override: int | None = None
+    max_model_len: MaxModelLen = attrs.field(default=AUTO, converter=as_int)
+    concurrency: int | None = attrs.field(default=None, converter=as_int)
+    max_num_seqs: int = attrs.field(default=256, converter=as_int)
+    max_num_batched_tokens: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, converter=as_int)
+    num_blocks_override: int | None = attrs.field(default=None, converter=as_int)
     mamba_cache_mode: MambaCacheMode = attrs.field(default=MambaCacheMode.NONE, converter=_enum(MambaCacheMode))
-    num_speculative_tokens: int = 0
-    tensor_parallel_size: int | None = None
-    block_size: int | None = None
-    mamba_block_size: int | None = None
+    num_speculative_tokens: int = attrs.field(default=0, converter=as_int)
+    tensor_parallel_size: int | None = attrs.field(default=None, converter=as_int)
+    block_size: int | None = attrs.field(default=None, converter=as_int)
+    mamba_block_size: int | None = attrs.field(default=None, converter=as_int)
     cudagraph_mode: CudaGraphMode = attrs.field(default=CudaGraphMode.FULL_AND_PIECEWISE,
                                                 converter=_enum(CudaGraphMode))
-    max_concurrent_batches: int | None = None
-    speculative_lookahead_tokens: int = 0
+    max_concurrent_batches: int | None = attrs.field(default=None, converter=as_int)
+    speculative_lookahead_tokens: int = attrs.field(default=0, converter=as_int)
     disable_hybrid_kv_cache_manager: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         check = Checker("Limits")
-        if self.max_model_len != AUTO and not check.positive_int("max_model_len", self.max_model_len):
-            last = check.problems[-1]  # the length may also be 'auto', which the generic check cannot say
-            check.problems[-1] = attrs.evolve(last, limit=last.limit.replace("must be an integer > 0",
-                                                                            "must be an integer > 0 or 'auto'"),
-                                              fix=last.fix + " or 'auto'")
+        if self.max_model_len != AUTO:
+            check.positive_int("max_model_len", self.max_model_len, limit="must be an integer > 0 or 'auto'",
+                               fix="set max_model_len to a positive integer or 'auto'")
         if self.concurrency is not None:
             check.positive_int("concurrency", self.concurrency)
         check.positive_int("max_num_seqs", self.max_num_seqs)
         check.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.num_blocks_override is not None:
-            if not check.positive_int("num_blocks_override", self.num_blocks_override):
-                last = check.problems[-1]  # 1 is positive too, but leaves no usable page: ask for what works
-                check.problems[-1] = attrs.evolve(
-                    last, limit=last.limit.replace("an integer > 0", "an integer >= 2 (page 0 is the null page)"),
-                    fix=last.fix.replace("a positive integer", "an integer >= 2"))
-            elif self.num_blocks_override < 2:
+            # 1 is positive too, but leaves no usable page: ask for what works
+            whole = check.positive_int("num_blocks_override", self.num_blocks_override,
+                                       limit="must be an integer >= 2 (page 0 is the null page)",
+                                       fix="set num_blocks_override to an integer >= 2")
+            if whole and self.num_blocks_override < 2:
                 check.add("num_blocks_override", self.num_blocks_override,
                           "must be >= 2 (page 0 is the null page, so 1 leaves no usable page)",
                           "raise num_blocks_override to at least 2")
@@ -131,10 +129,17 @@ class Limits:
         if not isinstance(self.cudagraph_mode, CudaGraphMode):
             check.add("cudagraph_mode", self.cudagraph_mode, f"must be one of {[m.value for m in CudaGraphMode]}",
                       "pick a CudaGraphMode")
-        if (not check.problems and self.max_num_batched_tokens < self.max_num_seqs):
-            check.add("max_num_batched_tokens", self.max_num_batched_tokens,
-                      f"must be >= max_num_seqs={self.max_num_seqs} (each running request decodes one token per step)",
-                      f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+        if not check.problems and self.max_num_batched_tokens < self.max_num_seqs:
+            if self.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:  # the default: max_num_seqs moved it
+                check.add("max_num_seqs", self.max_num_seqs,
+                          f"must be <= max_num_batched_tokens={self.max_num_batched_tokens} (each running request "
+                          "decodes one token per step)",
+                          f"lower max_num_seqs to <= {self.max_num_batched_tokens}, or raise max_num_batched_tokens "
+                          f"to >= {self.max_num_seqs}")
+            else:
+                check.add("max_num_batched_tokens", self.max_num_batched_tokens,
+                          f"must be >= max_num_seqs={self.max_num_seqs} (each running request decodes one token per "
+                          "step)", f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
         if not check.problems and self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
             check.add("max_num_batched_tokens", self.max_num_batched_tokens,
                       f"must be >= 1 + num_speculative_tokens={1 + self.num_speculative_tokens} (one speculative "

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import Checker
+from graphkv.spec._checks import Checker, as_int
 from graphkv.spec.backends import Backend, get_backend
 from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKeySpec, KVSharedSpec, LayerKind,
                                  LayerSpec, MambaSpec, MLASpec, NoCacheSpec, SlidingWindowSpec)
@@ -79,9 +79,9 @@ class ModelKV:
 
     name: str
     layers: tuple[LayerDecl, ...] = attrs.field(converter=_tuple)
-    max_position_embeddings: int | None = None
-    tensor_parallel_size: int = 1
-    hidden_size: int | None = None
+    max_position_embeddings: int | None = attrs.field(default=None, converter=as_int)
+    tensor_parallel_size: int = attrs.field(default=1, converter=as_int)
+    hidden_size: int | None = attrs.field(default=None, converter=as_int)
     cacheless: tuple[CachelessDecl, ...] = attrs.field(default=(), converter=_tuple)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     tensor_parallel_rank: int = 0

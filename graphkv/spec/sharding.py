@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import int_problems
+from graphkv.spec._checks import as_int, int_problems
 from graphkv.spec.layers import RankSpec
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ def shard_model(model: ModelKV, tp_size: int, tp_rank: int) -> ModelKV:
     """
     problems = int_problems("tp_size", tp_size, 1, "pass the tensor-parallel size, e.g. 2")
     problems += int_problems("tp_rank", tp_rank, 0, "pass this rank's index, 0 .. tp_size - 1")
+    tp_size, tp_rank = as_int(tp_size), as_int(tp_rank)  # numpy ints as Python ints (others are refused above)
     if not problems and tp_rank >= tp_size:
         problems.append(Problem(field="tp_rank", value=tp_rank, limit=f"must be < tp_size={tp_size}",
                                 fix=f"pass a rank in 0 .. {tp_size - 1}"))

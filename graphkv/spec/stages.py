@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import int_problems
+from graphkv.spec._checks import as_int, int_problems
 from graphkv.spec.layers import KVSharedSpec
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ def stage_model(model: ModelKV, pp_size: int, pp_rank: int, partition: Sequence[
     """
     problems = int_problems("pp_size", pp_size, 1, "pass the pipeline-parallel size, e.g. 2")
     problems += int_problems("pp_rank", pp_rank, 0, "pass this stage's index, 0 .. pp_size - 1")
+    pp_size, pp_rank = as_int(pp_size), as_int(pp_rank)  # numpy ints as Python ints (others are refused above)
     if not problems and pp_rank >= pp_size:
         problems.append(Problem(field="pp_rank", value=pp_rank, limit=f"must be < pp_size={pp_size}",
                                 fix=f"pass a stage index in 0 .. {pp_size - 1}"))

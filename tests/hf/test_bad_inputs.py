@@ -75,10 +75,10 @@ def test_numpy_prompts_run_like_lists(llama) -> None:
                 r"wrap it in a list: prompts=\[ids\]$"),
     (np.array([1, 2, 3]), r"^prompts='ndarray': must be a non-empty list of prompts \(token-id lists\), not one 1-D "
                           r"array; wrap one prompt in a list: prompts=\[ids\]$"),
-    ([[1, -2, 3]], r"^prompts\[0\]=-2: token 1 of the prompt is outside \[0, vocab_size=128\) \(-2 would read another "
-                   r"token's embedding\)"),
-    ([[4], [1, 2, 300]], r"^prompts\[1\]=300: token 2 of the prompt is outside \[0, vocab_size=128\) \(300 is past the "
-                         r"model's embedding table\)"),
+    ([[1, -2, 3]], r"^prompts\[0\]\[1\]=-2: token ids must be in \[0, vocab_size=128\); -2 would read another "
+                   r"token's embedding; pass token ids"),
+    ([[4], [1, 2, 300]], r"^prompts\[1\]\[2\]=300: token ids must be in \[0, vocab_size=128\); 300 is past the "
+                         r"embedding table; pass token ids"),
 ])
 def test_prompts_of_the_wrong_type_or_vocabulary_are_refused(llama, prompts, text) -> None:
     """Float / bool arrays, 2-D tensors, an empty prompt, one bare prompt and ids outside the vocabulary name the
@@ -101,3 +101,28 @@ def test_limits_must_be_limits(llama) -> None:
     """A dict of limits raised AttributeError ('dict' has no num_blocks_override)."""
     with pytest.raises(SpecError, match=r"^limits='dict': must be graphkv.Limits or None; pass graphkv.Limits\("):
         generate(llama, [[1, 2]], max_new_tokens=2, limits={"max_model_len": 64})
+
+
+@pytest.mark.parametrize("prompts, text", [
+    (np.zeros((0, 3), dtype=np.int64), r"^prompts='array of shape \(0, 3\)': holds no prompt \(0 rows\); generate "
+                                       r"needs at least one; pass one prompt per row"),
+    (torch.zeros((0, 3), dtype=torch.int64), r"^prompts='array of shape \(0, 3\)': holds no prompt"),
+    ([{5: 0}], r"^prompts\[0\]='dict': is unordered \(dict\), so its order is no order of token ids; pass token ids "
+               r"as a list or tuple, in order$"),
+    ([{5, 3}], r"^prompts\[0\]='set': is unordered \(set\)"),
+])
+def test_an_empty_batch_and_unordered_prompts_are_refused(llama, prompts, text) -> None:
+    """A 0-row array raised "max() arg is an empty sequence"; a dict or set prompt had its order taken as tokens."""
+    with pytest.raises(SpecError, match=text):
+        generate(llama, prompts, max_new_tokens=2)
+
+
+def test_max_new_tokens_beyond_the_model_is_named(llama) -> None:
+    """10**9 new tokens blamed max_model_len=1000000002, a limit the caller never set; a too-long prompt is named."""
+    cap = llama.config.max_position_embeddings
+    with pytest.raises(SpecError, match=rf"^max_new_tokens=1000000000: with the longest prompt \(prompts\[1\], 3 "
+                                        rf"tokens\) makes 1000000003 positions, beyond the model's "
+                                        rf"max_position_embeddings={cap}; lower max_new_tokens to <= {cap - 3}$"):
+        generate(llama, [[1, 2], [1, 2, 3]], max_new_tokens=10**9)
+    with pytest.raises(SpecError, match=rf"^prompts\[0\]='{cap} tokens': leaves no position to generate in"):
+        generate(llama, [[1] * cap], max_new_tokens=1)

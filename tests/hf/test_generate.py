@@ -54,8 +54,8 @@ def test_default_limits_fit_the_workload() -> None:
     ([[1, 2], "abc"], 4, "prompts[1]"),
     ([[1.5]], 4, "prompts[0]"),
     ([[True, 2]], 4, "prompts[0]"),
-    ([[1, 128]], 4, "prompts[0]"),
-    ([[-1]], 4, "prompts[0]"),
+    ([[1, 128]], 4, "prompts[0][1]"),  # the token that is out of the vocabulary
+    ([[-1]], 4, "prompts[0][0]"),
     ([[1]], 0, "max_new_tokens"),
     ([[1]], True, "max_new_tokens"),
 ])

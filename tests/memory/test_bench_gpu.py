@@ -28,15 +28,21 @@ def _rows(run) -> dict:
 
 
 def test_demo_and_a_preset_measure_the_pool_exactly_and_calibrate_the_graphs(tmp_path):
-    """Demo and llama-3.1-8b: KV pool to the byte; the demo's keys measured, within 10 % of the calibration,
-    held-out keys too; static buffers up to the allocator's rounding (512 B per allocation), not to the byte."""
+    """Demo and llama-3.1-8b: KV pool and static buffers allocated to the byte of the ledger's caching-allocator
+    charge, reserved too (no more than it when earlier tests left free blocks cached); the demo's keys measured,
+    within 10 % of the calibration, held-out keys too."""
     demo, llama = bench_memory(MemoryBenchOptions(models=("demo", "llama-3.1-8b"), device="cuda", kv_memory="2GiB",
                                                   out=str(tmp_path), progress=False))
     for run in (demo, llama):
-        pool = _rows(run)["kv_pool"]
-        assert pool.measured_bytes == pool.predicted_bytes, run.model
-        static = _rows(run)["static_buffers"]
-        assert 0 <= static.measured_bytes - static.predicted_bytes <= 512 * 64  # 512 B rounding per allocation
+        cached = any("free blocks in segments still in use" in n for n in run.notes)
+        for phase in ("kv_pool", "static_buffers"):
+            row = _rows(run)[phase]
+            assert row.measured_bytes == row.predicted_bytes, (run.model, phase)
+            assert row.measured_reserved_bytes is not None and row.predicted_reserved_bytes is not None
+            if cached:  # a cached free block may take an allocation that would have opened a segment
+                assert row.measured_reserved_bytes <= row.predicted_reserved_bytes, (run.model, phase)
+            else:
+                assert row.measured_reserved_bytes == row.predicted_reserved_bytes, (run.model, phase)
     keys = [r for r in demo.rows if r.num_tokens is not None]
     assert keys and all(r.measured_bytes is not None for r in keys)
     calibration = GraphPoolModel.from_file(tmp_path / "graph_calibration.json")

@@ -22,9 +22,11 @@ import math
 import attrs
 
 from graphkv.errors import Problem, SpecError
+from graphkv.plan.allocations.rounding import AllocatorCharge, charge_in_order
 from graphkv.spec.dtypes import DType
 
-__all__ = ["DEVICE_KINDS", "Allocation", "AllocationPart", "Placement", "RuntimeBytes", "check_device_kind"]
+__all__ = ["DEVICE_KINDS", "Allocation", "AllocationPart", "AllocatorBytes", "CudaMemory", "Placement", "RuntimeBytes",
+           "check_device_kind"]
 
 DEVICE_KINDS = ("cuda", "cpu")
 
@@ -124,3 +126,70 @@ class RuntimeBytes:
         """The sum of ``allocations`` by placement."""
         device = sum(a.nbytes for a in allocations if a.placement is Placement.DEVICE)
         return cls(device_bytes=device, host_bytes=sum(a.nbytes for a in allocations) - device)
+
+
+@attrs.frozen(kw_only=True)
+class AllocatorBytes:
+    """Some CUDA allocations as PyTorch's caching allocator counts them
+    (:mod:`~graphkv.plan.allocations.rounding`): ``tensor_bytes`` (the tensors' own bytes, as
+    :class:`RuntimeBytes` counts them), ``allocated_bytes`` (what ``torch.cuda.memory_allocated``
+    grows by) and ``reserved_bytes`` (what ``torch.cuda.memory_reserved`` grows by: new segments)."""
+
+    num_allocations: int
+    tensor_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+
+    @property
+    def rounding_bytes(self) -> int:
+        """``allocated_bytes - tensor_bytes``: the allocator's rounding."""
+        return self.allocated_bytes - self.tensor_bytes
+
+    @classmethod
+    def of(cls, charges: "tuple[AllocatorCharge, ...] | list[AllocatorCharge]") -> "AllocatorBytes":
+        """The sums of ``charges``."""
+        return cls(num_allocations=len(charges), tensor_bytes=sum(c.nbytes for c in charges),
+                   allocated_bytes=sum(c.allocated_bytes for c in charges),
+                   reserved_bytes=sum(c.reserved_bytes for c in charges))
+
+
+@attrs.frozen(kw_only=True)
+class CudaMemory:
+    """What ``allocate(plan, "cuda")`` and then ``Step(plan, "cuda")`` add to the caching allocator's
+    counters, per phase: ``pool`` (the ``kv_pool.*`` slots) and ``static_buffers`` (the step's device
+    buffers, which may fill what the pool's segments left), from the ledger's ``DEVICE`` allocations
+    in ledger order; ``names`` and ``charges`` give each allocation's own charge. Exact under the
+    conditions of :func:`~graphkv.plan.allocations.rounding.charge_in_order` (default allocator
+    settings, no cached free block before the pool, nothing freed in between)."""
+
+    pool: AllocatorBytes
+    static_buffers: AllocatorBytes
+    names: tuple[str, ...]
+    charges: tuple[AllocatorCharge, ...]
+
+    @property
+    def allocated_bytes(self) -> int:
+        """``memory_allocated`` growth of both phases."""
+        return self.pool.allocated_bytes + self.static_buffers.allocated_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """``memory_reserved`` growth of both phases."""
+        return self.pool.reserved_bytes + self.static_buffers.reserved_bytes
+
+    def charge(self, name: str) -> AllocatorCharge:
+        """The charge of the allocation called ``name``; ``KeyError`` when it is not a CUDA device buffer."""
+        for n, c in zip(self.names, self.charges):
+            if n == name:
+                return c
+        raise KeyError(f"no CUDA device allocation {name!r}")
+
+    @classmethod
+    def of(cls, allocations: "tuple[Allocation, ...] | list[Allocation]") -> "CudaMemory":
+        """The charges of the ``DEVICE`` entries of ``allocations`` (a plan's CUDA allocations), in order."""
+        device = [a for a in allocations if a.placement is Placement.DEVICE]
+        charges = charge_in_order(a.nbytes for a in device)
+        is_pool = [a.name.startswith("kv_pool.") for a in device]
+        return cls(pool=AllocatorBytes.of([c for c, p in zip(charges, is_pool) if p]),
+                   static_buffers=AllocatorBytes.of([c for c, p in zip(charges, is_pool) if not p]),
+                   names=tuple(a.name for a in device), charges=charges)

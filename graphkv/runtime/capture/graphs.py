@@ -372,7 +372,9 @@ class CapturedForward:
             outputs = captured.outputs
         else:  # PIECEWISE (the compiled forward's runners replay their pieces) or a rehearsal (eager, padded)
             outputs = self.fn(**self.inputs.views(shape.num_tokens_padded))
-        outputs = _tree_map(lambda t: t.narrow(0, 0, num_tokens) if t.dim() else t, outputs)
+        # Token-dim outputs are cut to the step's tokens; per-row outputs (fewer rows than the padded
+        # tokens, e.g. one logits row per request) keep their rows.
+        outputs = _tree_map(lambda t: t.narrow(0, 0, min(num_tokens, t.shape[0])) if t.dim() else t, outputs)
         return _tree_map(torch.clone, outputs) if self.copy_outputs else outputs
 
 

@@ -11,10 +11,17 @@ whole update, and the loop visits every token once per attention group); above t
 number of numpy calls. Anything unusual — a
 length that is not a plain int, a check that fails, a page another request shares — returns
 ``None`` with nothing changed, and the full path checks (and raises) as usual.
+
+A bool equals 1, so "the same query lengths" is decided by type too, at no cost a numpy pass would
+add: the Python loop looks at each length's type anyway; above it, a fresh tuple of plain ints (what
+a serving loop builds each step) is compared with the last step's as :mod:`marshal` bytes, one
+C-level pass that tells ``True`` from ``1``, and anything else (numpy ints) is compared by value and
+looked at for bools of every kind. A bool (a seq_len too) goes to the full path, which refuses it.
 """
 
 from __future__ import annotations
 
+import marshal
 import struct
 from typing import Callable
 
@@ -27,6 +34,8 @@ from graphkv.runtime.step.ownership import PageOwnership
 from graphkv.runtime.step.rows import LastStep
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.runtime.tables.page_ids import plain_int_bytes
+from graphkv.spec._checks import is_bool
 
 __all__ = ["PYTHON_TOKENS", "Parts", "RepeatStep"]
 
@@ -59,10 +68,13 @@ class RepeatStep:
         rows = self.rows = last.rows
         self.row_list = rows.tolist()
         self.qlens = np.asarray(last.query_lens, dtype=np.int64)
+        self.query_bytes = plain_int_bytes(last.query_lens)  # None: not all plain ints (numpy ints)
         tables = parts.tables
         held = tables.num_pages_np[:, rows].astype(np.int64)
         self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
+        self.max_slens = np.minimum(self.capacity, parts.plan.max_model_len)  # the longest seq_len each may have, [n]
+        self.pack = struct.Struct(f"{rows.shape[0]}q").pack
         self.num_tokens = last.shape.num_tokens
         st = parts.staging
         self.python = self.num_tokens <= PYTHON_TOKENS  # the per-token loop (else numpy)
@@ -73,8 +85,23 @@ class RepeatStep:
                                 g.block_size, tables.max_pages[g.index]) for g in parts.plan.groups if not g.is_ssm]
 
     def matches(self, batch: Batch) -> bool:
-        """Whether ``batch`` repeats the last step (same requests and query lengths, no new pages)."""
-        return not batch.new_pages and batch.req_ids == self.req_ids and batch.query_lens == self.query_lens
+        """Whether ``batch`` repeats the last step: the same requests, no new pages and the same query
+        lengths, none of them a bool (see the module docstring)."""
+        q = batch.query_lens
+        if batch.new_pages or batch.req_ids != self.req_ids:
+            return False
+        if q is self.query_lens:
+            return True
+        if self.python:  # a few requests: equal values here, and _python hands a bool to the full path
+            return q == self.query_lens
+        if self.query_bytes is not None:
+            try:
+                if marshal.dumps(q, 2) == self.query_bytes:
+                    return True
+            except ValueError:
+                pass
+        # other lengths, or other types (numpy ints): compare values, and let the full path refuse a bool
+        return q == self.query_lens and not any(map(is_bool, q))
 
     def prepare(self, batch: Batch, shape: StepShape) -> bool:
         """Fill the buffers for ``batch`` (which :meth:`matches`) of ``shape`` and return True, or
@@ -83,10 +110,8 @@ class RepeatStep:
         parts = self.parts
         if parts.ownership.num_shared or not (shape is self.shape or shape == self.shape):
             return False  # (a shared page: the full path checks writes)
-        if batch.query_lens is not self.query_lens and bool in set(map(type, batch.query_lens)):
-            return False  # True equals the last step's 1: the full path refuses the bool
         parts.staging.wait_until_read()
-        old = self._python(batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
+        old = self._python(batch.query_lens, batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
         if old is None:
             return False
         parts.remember_undo(self.rows, old)
@@ -94,13 +119,15 @@ class RepeatStep:
         parts.staging.copy_to_device()
         return True
 
-    def _python(self, seq_lens: tuple) -> list[int] | None:
-        """The few-token update; returns the requests' written tokens before it (for an undo)."""
+    def _python(self, query_lens: tuple, seq_lens: tuple) -> list[int] | None:
+        """The few-token update (``query_lens`` equal the last step's by value; a bool among them goes to the
+        full path); returns the requests' written tokens before it (for an undo)."""
         seq_mv, ctx_mv, pos_mv, written = self.views
         max_len = self.parts.plan.max_model_len
         old = []
-        for row, q, s, cap in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list):
-            if type(s) is not int or not q <= s <= max_len or s > cap or s - q > written[row]:
+        for row, q, s, cap, given in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list, query_lens):
+            if (type(given) is not int and is_bool(given)) or type(s) is not int or not q <= s <= max_len or s > cap \
+                    or s - q > written[row]:
                 return None
             old.append(written[row])
         t = 0
@@ -121,15 +148,15 @@ class RepeatStep:
         parts = self.parts
         n = self.rows.shape[0]
         try:
-            slens = np.frombuffer(struct.pack(f"{n}q", *seq_lens), dtype=np.int64)
+            slens = np.frombuffer(self.pack(*seq_lens), dtype=np.int64)
         except (struct.error, TypeError):
             return None
         ctx = slens - self.qlens
         written = parts.ownership.written
         old = written[self.rows]
-        # slens <= 1: a length struct may have packed from a bool (rare in a repeat: the full path decides)
-        if ((ctx < 0) | (slens <= 1) | (slens > parts.plan.max_model_len) | (slens > self.capacity)
-                | (ctx > old)).any():
+        # ctx < 1, not ctx < 0: a seq_len struct packed from a bool (0 or 1) is at most its query_len; a
+        # repeat with no context (the same prefill again) is rare, and the full path takes it
+        if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any():
             return None
         parts.staging.write_lengths(parts.tables, n, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens

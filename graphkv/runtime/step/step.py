@@ -56,6 +56,7 @@ from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import LastStep, RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
+from graphkv.spec._checks import count_arg
 
 __all__ = ["Step"]
 
@@ -137,6 +138,7 @@ class Step:
         self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
         self._repeat: RepeatStep | None = None
+        self._forward_vocab: tuple[Any, int | None] = (None, None)  # the last forward run and its vocab_size
         self._eager_shapes = ShapeMemo(self.max_num_seqs)  # a plain callable's shapes (decode ones remembered)
 
     # ---- the persistent buffers ----------------------------------------------------------------
@@ -248,17 +250,21 @@ class Step:
         token ids, packed in batch order, on the CPU or the step's device. Returns the forward's
         output for the step's ``num_tokens`` tokens. Raises as :meth:`prepare` does, and
         :class:`SpecError` for ``input_ids`` of another length, dtype or device, and with
-        ``vocab_size`` (the model's embedding rows) for a token id outside ``[0, vocab_size)`` naming
-        its request and position (one host reduction; a device tensor costs one sync), before changing
-        anything. When ``forward`` raises, the step is undone (:meth:`undo`) and the exception
+        ``vocab_size`` (the model's embedding rows, an int >= 1) for a token id outside
+        ``[0, vocab_size)`` naming its request and position (one host reduction; a device tensor costs
+        one sync), before changing anything. Without ``vocab_size`` the forward's own ``vocab_size``
+        (when it has one) checks host ids; ids already on the device (tokens the model sampled) are
+        then the caller's to keep in range. A dict or a set of ids is refused (its order is no order
+        of tokens). When ``forward`` raises, the step is undone (:meth:`undo`) and the exception
         propagates: K/V the forward wrote lie past every request's written tokens and are
         overwritten by the retry, but a state (Mamba) layer that updated a request's state in place
         before the error has advanced it — finish such requests or prefill them again.
         """
         captured = _is_captured(forward)
+        vocab = self._vocab_size(vocab_size, forward, input_ids)
         shape, ids = self._prepare(batch, self._shape_of(forward if captured else None),
                                    lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device,
-                                                                      vocab_size=vocab_size, batch=batch))
+                                                                      vocab_size=vocab, batch=batch))
         try:
             n = shape.num_tokens
             dst = self.input_ids[:n]
@@ -413,6 +419,21 @@ class Step:
                 return None
             self._repeat = RepeatStep(self._parts, last)
         return self._repeat if self._repeat.matches(batch) else None
+
+    def _vocab_size(self, given: Any, forward: Any, input_ids: Any) -> int | None:
+        """The vocabulary :meth:`run` checks ids against: ``given`` (an int >= 1), else the forward's
+        ``vocab_size`` (read once per forward) for ids on the host (a device tensor's check would cost a sync
+        the caller did not ask for)."""
+        if given is not None:
+            return count_arg("vocab_size", given, 1, "pass the model's vocabulary size (its embedding rows), e.g. "
+                                                     "model.config.vocab_size, or leave it unset")
+        if self._forward_vocab[0] is not forward:
+            own = getattr(forward, "vocab_size", None)
+            self._forward_vocab = (forward, None if own is None else count_arg(
+                "forward.vocab_size", own, 1, "give the forward a vocab_size >= 1 (its embedding rows), or none"))
+        vocab = self._forward_vocab[1]
+        on_device = vocab is not None and isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu"
+        return None if on_device else vocab
 
     def _forget_last(self) -> None:
         """Rows, pages or staging changed outside a step: the next step takes the full path."""

@@ -10,37 +10,41 @@ integer â€” floats (NaN included), strings, ``None``, bools, ints beyond int64 â
 Why :mod:`struct` and not ``np.asarray``: ``struct.pack("<n>q", *ids)`` converts ints at least as
 fast as numpy's slice assignment (the fastest of the candidates measured here) and raises on
 floats, strings and ``None``, which numpy would truncate (``3.7`` -> 3) or parse (``"3"`` -> 3).
-It accepts ``True``/``False`` (bool is an int), so bools are found separately, and only when a 0
-or a 1 is among the values (a bool converts to one of them): the common case pays one compare.
+It accepts ``True``/``False`` (bool is an int) and a 0-d bool tensor, so bools are found
+separately, and only when a 0 or a 1 is among the values (a bool converts to one of them): the
+common case pays one compare. Where every value may be 1 (a decode step's query lengths),
+:func:`has_bool` asks :func:`plain_ints` first: one C-level pass that proves a tuple holds plain
+ints only. A dict or a set is refused: its order is no order of ids.
 """
 
 from __future__ import annotations
 
 import itertools
+import marshal
 import struct
+from collections.abc import Mapping, Set
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from graphkv.errors import Problem, SpecError
+from graphkv.spec._checks import is_bool
 
-__all__ = ["PageEntries", "bool_among", "flatten_new_pages", "int_array"]
+__all__ = ["PageEntries", "bool_among", "flatten_new_pages", "has_bool", "int_array", "plain_int_bytes", "plain_ints"]
 
 _chain = itertools.chain.from_iterable
 _SMALL = 256  # page ids up to this many are range-checked with Python builtins
 _FEW = 8  # ids equal to 1 looked at one by one before one array pass finds the rest
+_PY_MIN = 48  # up to this many values Python's min beats a numpy reduction
+_min = np.minimum.reduce  # (np.min and ndarray.min add a Python-level call)
 _ZEROS = np.zeros(4096, dtype=np.int64)
 _ZEROS.flags.writeable = False  # a shared constant: the group of every segment of a one-group plan
-
-
-def _is_bool(x: Any) -> bool:
-    return isinstance(x, (bool, np.bool_))
 
 
 def _offender(values: Sequence[Any]) -> Any:
     """The first value of ``values`` that is not an int64 integer, or the sequence's type name."""
     for x in values:
-        if _is_bool(x) or not isinstance(x, (int, np.integer)) or not -(2**63) <= int(x) < 2**63:
+        if is_bool(x) or not isinstance(x, (int, np.integer)) or not -(2**63) <= int(x) < 2**63:
             return x
     return type(values).__name__
 
@@ -53,8 +57,48 @@ def _not_integers(field: str, values: Sequence[Any], what: str) -> SpecError:
 
 def int_array(values: Any, field: str, what: str = "values", *, bools: bool = False) -> np.ndarray:
     """``values`` (a sequence of ints, or a 1-D integer numpy array) as a 1-D int64 array; raises
-    :class:`SpecError` naming ``field`` for anything that is not a sequence of integers (floats,
-    NaN, strings, ``None``, ints beyond int64; bools too unless ``bools``, where they count as 0/1)."""
+    :class:`SpecError` naming ``field`` for anything that is not an ordered sequence of integers
+    (floats, NaN, strings, ``None``, ints beyond int64, a dict or a set; bools of every kind too
+    unless ``bools``, where the caller looks for them itself)."""
+    if not isinstance(values, (list, tuple)):
+        values = _ordered(values, field, what)
+        if isinstance(values, np.ndarray):
+            return values
+    try:
+        out = np.frombuffer(struct.pack(f"{len(values)}q", *values), dtype=np.int64)
+    except (struct.error, TypeError, OverflowError, ValueError):
+        raise _not_integers(field, values, what) from None
+    if not bools and out.size and (min(values) if len(values) <= _PY_MIN else _min(out)) <= 1:
+        check_no_bools(out, values, field, what)
+    return out
+
+
+def plain_int_bytes(values: Sequence[Any]) -> bytes | None:
+    """The tuple or list ``values`` as :mod:`marshal` bytes when it holds only plain Python ints within
+    int32 (no bool, no numpy int), else ``None``: one C-level pass, about half a ``type()`` pass.
+    Format 2 writes such an int as ``i`` and 4 bytes, a bool as ``T`` / ``F``, a larger int and a numpy
+    scalar (as its buffer) in more bytes, and refuses other types, so the values are plain ints exactly
+    when every 5th byte after the 5-byte header is ``i``; equal bytes are then equal values of equal types."""
+    try:
+        data = marshal.dumps(values, 2)
+    except ValueError:
+        return None
+    return data if len(data) == 5 + 5 * len(values) and not data[5::5].strip(b"i") else None
+
+
+def plain_ints(values: Sequence[Any]) -> bool:
+    """Whether ``values`` holds only plain ints (:func:`plain_int_bytes`); ``False`` says only "look closer"."""
+    return plain_int_bytes(values) is not None
+
+
+def has_bool(values: Sequence[Any]) -> bool:
+    """Whether a bool of any kind (Python, numpy, a 0-d bool tensor) is among ``values``."""
+    return not plain_ints(values) and any(map(is_bool, values))
+
+
+def _ordered(values: Any, field: str, what: str) -> "list[Any] | np.ndarray":
+    """``values`` other than a list or tuple: a 1-D integer array as int64, an iterable as a list; a
+    dict, a set, a non-integer array or something not iterable is refused naming ``field``."""
     if isinstance(values, np.ndarray):
         if values.ndim != 1 or values.dtype.kind not in "iu":
             raise SpecError(Problem(field=field, value=f"array of dtype {values.dtype}, shape {values.shape}",
@@ -63,16 +107,13 @@ def int_array(values: Any, field: str, what: str = "values", *, bools: bool = Fa
         if values.dtype.kind == "u" and values.size and int(values.max()) >= 2**63:
             raise _not_integers(field, values.tolist(), what)
         return values.astype(np.int64, copy=False)
+    if isinstance(values, (Mapping, Set)):
+        raise SpecError(Problem(field=field, value=type(values).__name__,
+                                limit=f"is unordered ({type(values).__name__}), so its order is no order of {what}",
+                                fix=f"pass {what} as a list or tuple, in order"))
     if not _iterable(values):
         raise _not_integers(field, [values], what)
-    values = values if isinstance(values, (list, tuple)) else list(values)
-    try:
-        out = np.frombuffer(struct.pack(f"{len(values)}q", *values), dtype=np.int64)
-    except (struct.error, TypeError, OverflowError, ValueError):
-        raise _not_integers(field, values, what) from None
-    if not bools and out.size and int(out.min()) <= 1:
-        check_no_bools(out, values, field, what)
-    return out
+    return list(values)
 
 
 def _iterable(values: Any) -> bool:
@@ -93,7 +134,7 @@ def check_no_bools(converted: np.ndarray, values: Sequence[Any], field: str, wha
 
 
 def bool_among(ids: np.ndarray, value_of: Callable[[int], Any], *, first: int | None = None,
-               suspect: Callable[[Any], bool] = _is_bool) -> bool:
+               suspect: Callable[[Any], bool] = is_bool) -> bool:
     """Whether an id equal to 0 or 1 among ``ids`` (whose smallest is at most 1; ``first``: its index
     when known) was given as a bool: ``suspect(value_of(i))`` for such an ``i``. When the smallest is
     1 (no id is 0 or below; page ids are distinct in practice) the 1s are visited in order, one

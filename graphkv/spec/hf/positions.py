@@ -13,8 +13,8 @@
 Implausible numbers are refused naming the field, not planned: a length field or a scaled length
 beyond ``CAPS["positions"]`` (16,777,216 tokens; the longest served context is 10,485,760, Llama 4
 Scout), a RoPE ``factor`` that is not a finite number in (0, :data:`MAX_ROPE_FACTOR`], RoPE
-parameters that are not an object (a list, a string), a ``rope_type`` that is not a string and an
-``original_max_position_embeddings`` that is not a positive integer.
+parameters that are not an object (a list, a string), a ``rope_type`` that is not a string or not one
+of :data:`ROPE_TYPES` and an ``original_max_position_embeddings`` that is not a positive integer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import attrs
 
 from graphkv.spec.hf._reader import CAPS, ConfigReader
 
-__all__ = ["ASSUMED_MAX_LEN", "LENGTH_KEYS", "MAX_ROPE_FACTOR", "PositionCap", "read_position_cap"]
+__all__ = ["ASSUMED_MAX_LEN", "LENGTH_KEYS", "MAX_ROPE_FACTOR", "ROPE_TYPES", "PositionCap", "read_position_cap"]
 
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
@@ -39,6 +39,10 @@ MAX_ROPE_FACTOR = 1024.0
 """Plausibility cap on a RoPE scaling ``factor``: served models use 2 to 64."""
 
 _ALREADY_SCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+ROPE_TYPES = ("default", "linear", "dynamic", "ntk", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "llama3",
+              "longrope", "su", "mrope", "mllama4", "xdrope", "proportional")
+"""The RoPE types vLLM 0.33's ``get_rope`` builds (``su`` and ``mrope`` as its config patching renames them)
+and transformers' ``ROPE_INIT_FUNCTIONS`` hold; another ``rope_type`` is refused, not guessed at."""
 _NESTING_KEYS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "linear_attention",
                            "mamba", "conv", "main", "compress", "attention", "hybrid"})
 
@@ -123,6 +127,10 @@ def _checked_params(cfg: ConfigReader, params: Mapping[str, Any], prefix: str) -
                                                       "'yarn' or 'llama3'",
                     f"copy {prefix}.{type_key} from the model's config.json")
         rope_type = "default"
+    elif rope_type not in ROPE_TYPES:  # an unknown type may or may not scale the length: refuse, not guess
+        cfg.problem(f"{prefix}.{type_key}", rope_type, f"is not a RoPE type vLLM or transformers knows "
+                                                      f"({', '.join(ROPE_TYPES)})",
+                    f"copy {prefix}.{type_key} from the model's config.json, or set it to 'default' for unscaled RoPE")
     original = params.get("original_max_position_embeddings")
     if original is not None and (isinstance(original, bool) or not isinstance(original, int)
                                  or not 1 <= original <= CAPS["positions"]):
@@ -144,6 +152,6 @@ def _checked_params(cfg: ConfigReader, params: Mapping[str, Any], prefix: str) -
                     f"set {key} to the model's factor (such as 8.0) from its config.json, or remove {prefix} for "
                     "unscaled RoPE")
         return None
-    if rope_type in _ALREADY_SCALED:
+    if rope_type in _ALREADY_SCALED or rope_type not in ROPE_TYPES:
         return None
     return float(value), key

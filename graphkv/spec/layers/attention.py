@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import Checker, cdiv
+from graphkv.spec._checks import Checker, as_int, cdiv
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers._base import LayerKind, PageDemand, RankSpec, check_dtype, dtype_or_raw
 from graphkv.spec.split_rules import Refusal, SplitRule, split_count
@@ -40,11 +40,11 @@ class FullAttentionSpec:
     ``page_size_padded`` when set (which must not be smaller).
     """
 
-    num_kv_heads: int
-    head_size: int
-    head_size_v: int | None = None
+    num_kv_heads: int = attrs.field(converter=as_int)
+    head_size: int = attrs.field(converter=as_int)
+    head_size_v: int | None = attrs.field(default=None, converter=as_int)
     dtype: DType = attrs.field(default=DType.BFLOAT16, converter=dtype_or_raw)
-    page_size_padded: int | None = None
+    page_size_padded: int | None = attrs.field(default=None, converter=as_int)
 
     kind = LayerKind.FULL_ATTENTION
     is_ssm = False
@@ -128,7 +128,7 @@ class SlidingWindowSpec(FullAttentionSpec):
     is because a window can start inside a page.
     """
 
-    window: int
+    window: int = attrs.field(converter=as_int)
 
     kind = LayerKind.SLIDING_WINDOW
 
@@ -164,7 +164,7 @@ class ChunkedLocalSpec(FullAttentionSpec):
     max_model_len), block_size)``.
     """
 
-    chunk: int
+    chunk: int = attrs.field(converter=as_int)
 
     kind = LayerKind.CHUNKED_LOCAL
 

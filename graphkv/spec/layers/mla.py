@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from graphkv.spec._checks import Checker, cdiv
+from graphkv.spec._checks import Checker, as_int, cdiv
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers._base import LayerKind, PageDemand, RankSpec, check_dtype, dtype_or_raw
 
@@ -89,10 +89,10 @@ class MLASpec(_LatentCache):
     page bytes = ``block_size * (kv_lora_rank + rope_dim) * itemsize`` (or ``page_size_padded``).
     """
 
-    kv_lora_rank: int
-    rope_dim: int
+    kv_lora_rank: int = attrs.field(converter=as_int)
+    rope_dim: int = attrs.field(converter=as_int)
     dtype: DType = attrs.field(default=DType.BFLOAT16, converter=dtype_or_raw)
-    page_size_padded: int | None = None
+    page_size_padded: int | None = attrs.field(default=None, converter=as_int)
 
     kind = LayerKind.MLA
 
@@ -128,9 +128,9 @@ class IndexerKeySpec(_LatentCache):
     their scales as raw bytes (:func:`indexer_key_bytes`).
     """
 
-    head_size: int
+    head_size: int = attrs.field(converter=as_int)
     dtype: DType = attrs.field(default=DType.UINT8, converter=dtype_or_raw)
-    page_size_padded: int | None = None
+    page_size_padded: int | None = attrs.field(default=None, converter=as_int)
 
     kind = LayerKind.INDEXER
 

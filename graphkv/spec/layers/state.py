@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.spec._checks import Checker, cdiv
+from graphkv.spec._checks import Checker, as_int, cdiv
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers._base import LayerKind, MambaCacheMode, PageDemand, RankSpec, check_dtype, dtype_or_raw
 from graphkv.spec.layers.state_split import StateSplit
@@ -76,9 +76,10 @@ class MambaSpec:
     shapes: tuple[tuple[int, ...], ...] = attrs.field(converter=_shapes)
     dtypes: tuple[DType, ...] = attrs.field(converter=_dtypes)
     variant: str = "mamba2"
-    chunk_size: int = 256
-    page_size_padded: int | None = None
-    prefill_checkpoint_pages: int = attrs.field(default=attrs.Factory(_default_checkpoint_pages, takes_self=True))
+    chunk_size: int = attrs.field(default=256, converter=as_int)
+    page_size_padded: int | None = attrs.field(default=None, converter=as_int)
+    prefill_checkpoint_pages: int = attrs.field(default=attrs.Factory(_default_checkpoint_pages, takes_self=True),
+                                                converter=as_int)
     tp_split: StateSplit | None = None
 
     kind = LayerKind.MAMBA

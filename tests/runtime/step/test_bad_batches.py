@@ -105,3 +105,77 @@ def test_token_ids_in_the_vocabulary_run():
     h = _live()
     logits = h.step.run(h.model, _decode(h), input_ids=[0, VOCAB - 1], vocab_size=VOCAB)
     assert logits.shape == (2, VOCAB)
+
+
+@pytest.mark.parametrize("query_lens", [(np.True_, 1), (torch.tensor(True), 1), torch.tensor([True, True]),
+                                        np.array([True, True])], ids=["numpy-bool", "0-d-tensor", "bool-tensor",
+                                                                      "bool-array"])
+def test_bools_of_every_kind_as_query_lengths_of_a_repeated_step_are_refused(query_lens):
+    """A numpy bool, a 0-d bool tensor, a bool tensor or a bool array equals the last step's (1, 1); the repeat path
+    hands it to the full check, which refuses it, and nothing changes."""
+    h = _live()
+    _refused(h, _decode(h, query_lens=query_lens), r"batch.query_lens.*query lengths must be integers \(not bool",
+             ids=[1, 2])
+
+
+@pytest.mark.parametrize("query_lens", [torch.tensor([True]), (torch.tensor(True),), (np.True_,)],
+                         ids=["bool-tensor", "0-d-tensor", "numpy-bool"])
+def test_bools_of_every_kind_as_query_lengths_of_a_joining_request_are_refused(query_lens):
+    """A joining request's query length as a bool tensor or numpy bool is refused on the full path (struct would
+    pack a 0-d bool tensor as 1)."""
+    h = _live()
+    h.add("x", 1)
+    batch = Batch(req_ids=("x",), query_lens=query_lens, seq_lens=(1,), new_pages=(h.group_pages([30], [31]),))
+    _refused(h, batch, r"batch.query_lens.*query lengths must be integers \(not bool", ids=[3])
+
+
+def test_a_repeated_step_with_numpy_int_query_lengths_runs():
+    """numpy ints equal to the last step's lengths repeat it (compared by value), and the logits are the dense ones."""
+    h = _live()
+    batch = _decode(h, query_lens=(np.int64(1), np.int32(1)))
+    logits = h.step.run(h.model, batch, input_ids=[1, 2])
+    assert logits.shape == (2, VOCAB) and h.step._repeat is not None
+
+
+@pytest.mark.parametrize("ids", [{5: 0, 6: 1}, {5, 6}, frozenset({5, 6}), {5: 0, 6: 1}.keys()],
+                         ids=["dict", "set", "frozenset", "keys"])
+def test_unordered_token_ids_are_refused(ids):
+    """A dict or a set as input_ids (its order silently taken as the token order) is refused naming input_ids."""
+    h = _live()
+    _refused(h, _decode(h), r"^input_ids='\w+': is unordered \(\w+\), so its order is no order of token ids; pass "
+                            r"token ids as a list or tuple, in order$", ids=ids)
+
+
+@pytest.mark.parametrize("ids", [[np.True_, 2], [torch.tensor(True), 2]], ids=["numpy-bool", "0-d-tensor"])
+def test_bool_token_ids_of_every_kind_are_refused(ids):
+    """A numpy bool or a 0-d bool tensor among a list's token ids is refused like a Python bool."""
+    h = _live()
+    _refused(h, _decode(h), r"^input_ids=.*True.*: token ids must be integers \(not bool", ids=ids)
+
+
+@pytest.mark.parametrize("vocab", ["97", 0, -1, 1.5, True], ids=["str", "zero", "negative", "float", "bool"])
+def test_a_vocab_size_that_is_not_a_count_is_refused(vocab):
+    """vocab_size "97" raised a TypeError from the comparison; 0, -1, 1.5 and True checked nothing sensible."""
+    h = _live()
+    _refused(h, _decode(h), r"^vocab_size=.*: must be an integer >= 1.*pass the model's vocabulary size",
+             ids=[1, 2], vocab_size=vocab)
+
+
+def test_the_forward_s_vocab_size_checks_ids_when_none_is_given():
+    """Without vocab_size, the forward's own (the paged model's 97 rows) refuses an id past the table."""
+    h = _live()
+    assert h.model.vocab_size == VOCAB
+    _refused(h, _decode(h), rf"^input_ids\[1\] \(batch row 1, request 'b', position \d+\)={VOCAB}: token ids must be "
+                            rf"in \[0, vocab_size={VOCAB}\)", ids=[5, VOCAB])
+
+
+def test_plain_ints_tells_a_bool_from_one():
+    """The one-pass check the repeat path relies on: plain ints within int32 pass; a bool, a numpy int, a larger int
+    or a float anywhere does not, and has_bool then finds the bools of every kind."""
+    from graphkv.runtime.tables.page_ids import has_bool, plain_ints
+
+    assert plain_ints((1,) * 300) and plain_ints([105, -5, 2**31 - 1]) and plain_ints(())
+    for values in ((1, True), (True,), (1, np.int64(1)), (1, 2**31), (1, 1.0), (1, torch.tensor(1))):
+        assert not plain_ints(values)
+    assert has_bool((1, True)) and has_bool((np.False_, 1)) and has_bool((1, torch.tensor(True)))
+    assert not has_bool((1, np.int64(1), 2**40))

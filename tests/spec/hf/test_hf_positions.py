@@ -90,3 +90,21 @@ def test_a_pure_mamba_config_plans_at_2048_tokens_by_default():
     plan = graphkv.compile(model, Limits(max_num_seqs=16), Budget.kv_bytes("4GiB"))
     assert plan.max_model_len == 2048
     assert any("2048 assumed" in note for note in plan.notes)
+
+
+def test_an_unknown_rope_type_is_refused_not_scaled():
+    """rope_type "bogus" with factor 4 multiplied the length by 4; now it is refused naming the known types."""
+    with pytest.raises(SpecError, match=r"^config.rope_scaling.rope_type='bogus': is not a RoPE type vLLM or "
+                                        r"transformers knows \(default, linear, dynamic, .*\); copy "
+                                        r"rope_scaling.rope_type from the model's config.json, or set it to 'default'"):
+        cap(max_position_embeddings=8192, rope_scaling={"rope_type": "bogus", "factor": 4})
+    assert cap(max_position_embeddings=8192, rope_scaling={"type": "dynamic", "factor": 4})[0] == 32768
+
+
+def test_every_rope_type_transformers_knows_is_known():
+    """graphkv's list holds every key of transformers' ROPE_INIT_FUNCTIONS (a new one would be refused)."""
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils",
+                                     reason="transformers is optional; its RoPE types are checked where installed")
+    from graphkv.spec.hf.positions import ROPE_TYPES
+
+    assert set(rope_utils.ROPE_INIT_FUNCTIONS) <= set(ROPE_TYPES)
