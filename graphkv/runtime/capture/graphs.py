@@ -372,10 +372,25 @@ class CapturedForward:
             outputs = captured.outputs
         else:  # PIECEWISE (the compiled forward's runners replay their pieces) or a rehearsal (eager, padded)
             outputs = self.fn(**self.inputs.views(shape.num_tokens_padded))
-        # Token-dim outputs are cut to the step's tokens; per-row outputs (fewer rows than the padded
-        # tokens, e.g. one logits row per request) keep their rows.
-        outputs = _tree_map(lambda t: t.narrow(0, 0, min(num_tokens, t.shape[0])) if t.dim() else t, outputs)
+        outputs = _tree_map(lambda t: _cut(t, shape), outputs)
         return _tree_map(torch.clone, outputs) if self.copy_outputs else outputs
+
+
+def _cut(t: torch.Tensor, shape: StepShape) -> torch.Tensor:
+    """A padded step's output cut to the step: dim 0 is its padded tokens (cut to ``num_tokens``)
+    or its padded request rows (one row per request, e.g. the last token's logits: cut to at most
+    ``num_tokens`` rows, as the eager forward returns them); anything else is refused."""
+    if not t.dim():
+        return t
+    rows = t.shape[0]
+    if rows == shape.num_tokens_padded:
+        return t.narrow(0, 0, shape.num_tokens)
+    if rows == shape.num_reqs_padded:
+        return t.narrow(0, 0, min(shape.num_tokens, rows))
+    raise CaptureError(Problem(field="forward output", value=tuple(t.shape),
+                               limit=f"dim 0 must be the step's padded tokens ({shape.num_tokens_padded}) or its "
+                                     f"padded request rows ({shape.num_reqs_padded})",
+                               fix="return token-major outputs ([num_tokens, ...]) or one row per request"))
 
 
 def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
