@@ -25,7 +25,7 @@ from graphkv.emit.vllm_dtypes import vllm_kv_cache_dtype, vllm_mamba_ssm_dtype
 from graphkv.plan.plan import Plan
 from graphkv.printable import printable
 from graphkv.spec.budget import format_bytes
-from graphkv.spec.layers import LayerKind, MambaCacheMode, PromotedLocalSpec
+from graphkv.spec.layers import MambaCacheMode, PromotedLocalSpec
 from graphkv.spec.limits import CudaGraphMode
 
 __all__ = ["VLLM_VERSION", "VllmTarget", "vllm_default_capture_sizes", "vllm_serve_command"]
@@ -175,8 +175,7 @@ def _hybrid_manager_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[
     attention when the plan keeps it (returned, ``""`` when none)."""
     wanted = plan.limits.disable_hybrid_kv_cache_manager
     promoted = [layer for layer in plan.layers if isinstance(layer.spec, PromotedLocalSpec)]
-    chunked = any(layer.spec.kind is LayerKind.CHUNKED_LOCAL or getattr(layer.spec, "chunk", None) is not None
-                  for layer in plan.layers)
+    chunked = any(getattr(layer.spec, "chunk", None) is not None for layer in plan.layers)  # promoted or not
     if wanted:
         flags.append(("--disable-hybrid-kv-cache-manager", ""))
         planned = (f"planned with {len(promoted)} local-attention layer(s) allocated as full attention (every token's "

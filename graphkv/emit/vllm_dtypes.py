@@ -39,24 +39,27 @@ def vllm_kv_cache_dtype(typed: "str | DType", planned: DType | None = None) -> s
     ``typed`` as :func:`parse_dtype` reads it). Raises :class:`SpecError` on ``kv_cache_dtype``
     when vLLM has no such cache dtype (float32, integers)."""
     dtype = planned if planned is not None else parse_dtype(typed, field="kv_cache_dtype")
-    if dtype in _KV_NAMES:
-        return _KV_NAMES[dtype]
-    raise SpecError(Problem(
-        field="kv_cache_dtype", value=typed,
-        limit=f"plans the attention cache in {dtype.value}, which vLLM 0.33 cannot hold: its --kv-cache-dtype takes "
-              f"{', '.join(VLLM_CACHE_DTYPES)} (float32 only as 'auto', the dtype of a float32 model)",
-        fix="set kv_cache_dtype to bfloat16, float16, fp8 or fp8_e5m2 (graphkv plans them and vLLM takes them), or "
-            "leave it unset for the model's dtype"))
+    return _vllm_name(dtype, typed, _KV_NAMES, field="kv_cache_dtype", what="the attention cache",
+                      flag="--kv-cache-dtype", accepted=f"{', '.join(VLLM_CACHE_DTYPES)} (float32 only as 'auto', the "
+                                                        "dtype of a float32 model)",
+                      fix="set kv_cache_dtype to bfloat16, float16, fp8 or fp8_e5m2 (graphkv plans them and vLLM "
+                          "takes them), or leave it unset for the model's dtype")
 
 
 def vllm_mamba_ssm_dtype(typed: "str | DType") -> str:
     """The ``--mamba-ssm-cache-dtype`` value for the state dtype ``typed``. Raises :class:`SpecError`
     on ``mamba_ssm_dtype`` for a dtype vLLM's ``MambaDType`` does not list (fp8, integers)."""
     dtype = parse_dtype(typed, field="mamba_ssm_dtype")
-    if dtype in _MAMBA_NAMES:
-        return _MAMBA_NAMES[dtype]
-    raise SpecError(Problem(
-        field="mamba_ssm_dtype", value=typed,
-        limit=f"plans the states in {dtype.value}, which vLLM 0.33 cannot hold: its --mamba-ssm-cache-dtype takes "
-              f"{', '.join(VLLM_MAMBA_DTYPES)}",
-        fix="set mamba_ssm_dtype to float32, bfloat16 or float16, or leave it unset for the model's"))
+    return _vllm_name(dtype, typed, _MAMBA_NAMES, field="mamba_ssm_dtype", what="the states",
+                      flag="--mamba-ssm-cache-dtype", accepted=", ".join(VLLM_MAMBA_DTYPES),
+                      fix="set mamba_ssm_dtype to float32, bfloat16 or float16, or leave it unset for the model's")
+
+
+def _vllm_name(dtype: DType, typed: "str | DType", names: Mapping[DType, str], *, field: str, what: str, flag: str,
+               accepted: str, fix: str) -> str:
+    """vLLM's name for ``dtype`` in ``names``, or a :class:`SpecError` on ``field`` listing what ``flag`` takes."""
+    if dtype in names:
+        return names[dtype]
+    raise SpecError(Problem(field=field, value=typed,
+                            limit=f"plans {what} in {dtype.value}, which vLLM 0.33 cannot hold: its {flag} takes "
+                                  f"{accepted}", fix=fix))

@@ -26,10 +26,10 @@ import attrs
 from graphkv.errors import PlanError, Problem
 from graphkv.plan.promotion import Promotion, fallback_refusal, promote_layers
 from graphkv.spec._checks import cdiv
-from graphkv.spec.layers import LayerKind, LayerSpec, PromotedLocalSpec
+from graphkv.spec.layers import LayerSpec, PromotedLocalSpec
 from graphkv.spec.model import LayerDecl
 
-__all__ = ["GroupDraft", "Grouping", "build_groups", "group_size_rule"]
+__all__ = ["GroupDraft", "Grouping", "build_groups", "group_size_rule", "group_spec"]
 
 
 @attrs.frozen(kw_only=True)
@@ -84,7 +84,7 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
             if not spec.is_ssm and largest % page == 0:
                 bucket_bs = block_size * (largest // page)
                 notes.append(f"{spec.describe()}: page {page} B < {largest} B, block size scaled to {bucket_bs} tokens")
-            elif not spec.is_ssm and spec.kind not in _UNPADDABLE:
+            elif not spec.is_ssm and not spec.kind.is_latent:  # latent caches are read in whole token rows
                 # vLLM 0.33 unify_kv_cache_spec_page_size: a non-MLA attention page that does not divide is padded
                 notes.append(f"{spec.describe()}: page {page} B does not divide {largest} B, padded to {largest} B "
                              f"({largest - page} B padding per page, a ledger entry)")
@@ -115,14 +115,18 @@ def build_groups(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
     return Grouping(groups=tuple(groups), group_size=gs, slot_page_bytes=(largest,) * gs, notes=tuple(notes))
 
 
+def group_spec(layers: Sequence[LayerDecl]) -> LayerSpec:
+    """The spec a one-group-of-slots group reports: a layer that keeps every token by its own
+    spec, not a promoted local layer (which keeps its window for attention), where there is one."""
+    return next((layer.spec for layer in layers if not isinstance(layer.spec, PromotedLocalSpec)), layers[0].spec)
+
+
 def _one_group(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
     """Layers that all need the same pages per request: one group, one slot per layer sized to
     its own page (vLLM's ``UniformTypeKVCacheSpecs``)."""
     pages = {layer.spec: layer.spec.page_size_bytes(block_size) for layer in layers}
     slot_pages = tuple(pages[layer.spec] for layer in layers)
-    # A promoted layer keeps its window for attention; the group's own spec is one that keeps every token.
-    spec = next((layer.spec for layer in layers if not isinstance(layer.spec, PromotedLocalSpec)), layers[0].spec)
-    group = GroupDraft(spec=spec, layers=tuple(layers), block_size=block_size, page_size_bytes=max(slot_pages))
+    group = GroupDraft(spec=group_spec(layers), layers=tuple(layers), block_size=block_size, page_size_bytes=max(slot_pages))
     promoted = any(isinstance(layer.spec, PromotedLocalSpec) for layer in layers)
     note = ("layers need the same pages per request" + (" once local attention is allocated as full" if promoted else "")
             + (" but differ in page size" if len(set(slot_pages)) > 1 else "")
@@ -131,7 +135,6 @@ def _one_group(layers: Sequence[LayerDecl], block_size: int) -> Grouping:
                     notes=(note,))
 
 
-_UNPADDABLE = (LayerKind.MLA, LayerKind.INDEXER)  # latent caches are indexed in whole token rows
 
 
 def _uniform_type(buckets: dict[LayerSpec, list[LayerDecl]]) -> bool:

@@ -37,7 +37,6 @@ __all__ = ["Promotion", "fallback_refusal", "one_type", "promote_for_limits", "p
            "promotion_note"]
 
 _LOCAL_KINDS = (LayerKind.SLIDING_WINDOW, LayerKind.CHUNKED_LOCAL)
-_LATENT_KINDS = (LayerKind.MLA, LayerKind.INDEXER)  # vLLM declares both as MLAAttentionSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -95,7 +94,8 @@ def promote_on_purpose(layers: Sequence[LayerDecl], *, why: str,
     refuses to start."""
     if one_type(layers):
         return tuple(layers), None
-    keeps_every_token = any(layer.spec.kind in (LayerKind.FULL_ATTENTION, *_LATENT_KINDS) for layer in layers)
+    keeps_every_token = any(layer.spec.kind is LayerKind.FULL_ATTENTION or layer.spec.kind.is_latent
+                            for layer in layers)
     if keeps_every_token:
         promoted, promotion = promote_layers(layers, reason=why)
         if one_type(promoted):
@@ -126,7 +126,7 @@ def fallback_refusal(layers: Sequence[LayerDecl]) -> str | None:
     kinds = {layer.spec.kind for layer in layers}
     if LayerKind.CHUNKED_LOCAL in kinds:
         return "the model has chunked-local layers"
-    if not kinds & set(_LATENT_KINDS):
+    if not any(kind.is_latent for kind in kinds):
         return "the model has no MLA layer"
     if LayerKind.SLIDING_WINDOW not in kinds:
         return "the model has no sliding-window layer to promote"

@@ -13,8 +13,7 @@ from typing import AbstractSet
 
 import attrs
 
-from graphkv.plan.groups import Grouping
-from graphkv.spec.layers import PromotedLocalSpec
+from graphkv.plan.groups import Grouping, group_spec
 
 __all__ = ["project_grouping"]
 
@@ -31,8 +30,7 @@ def project_grouping(grouping: Grouping, held: AbstractSet[int], stage: str) -> 
         (group,) = groups
         slots = tuple(x.spec.page_size_bytes(group.block_size) for x in group.layers)
         # The group's spec and page as this stage holds them (a stage may hold only one kind of its layers).
-        spec = next((x.spec for x in group.layers if not isinstance(x.spec, PromotedLocalSpec)), group.layers[0].spec)
-        groups = (attrs.evolve(group, spec=spec, page_size_bytes=max(slots)),)
+        groups = (attrs.evolve(group, spec=group_spec(group.layers), page_size_bytes=max(slots)),)
     else:
         slots = (grouping.slot_page_bytes[0],) * max(len(g.layers) for g in groups)
     assert slots, "a stage holds at least one cache entry"

@@ -10,15 +10,14 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, as_int
 from graphkv.spec.backends import Backend, get_backend
-from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKeySpec, KVSharedSpec, LayerKind,
-                                 LayerSpec, MambaSpec, MLASpec, NoCacheSpec, SlidingWindowSpec)
+from graphkv.spec.layers import (ChunkedLocalSpec, FullAttentionSpec, IndexerKeySpec, KVSharedSpec, LayerSpec,
+                                 MambaSpec, MLASpec, NoCacheSpec, SlidingWindowSpec)
 from graphkv.spec.stages import PipelineStage
 
 __all__ = ["CachelessDecl", "LayerDecl", "ModelKV"]
 
 _LAYER_SPEC_TYPES = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalSpec, MLASpec, IndexerKeySpec, MambaSpec)
 _CACHELESS_SPEC_TYPES = (KVSharedSpec, NoCacheSpec)
-_LATENT_KINDS = (LayerKind.MLA, LayerKind.INDEXER)  # one-"head" caches: need an MLA (latent) backend
 
 
 @attrs.frozen(kw_only=True)
@@ -144,7 +143,7 @@ class ModelKV:
             want = "a state backend such as 'mamba' or 'gdn'" if layer.spec.is_ssm else "an attention backend"
             check.add(f"layers[{i}].backend", layer.backend.name,
                       f"{layer.spec.kind.value} layers need {want}", "pick a backend that matches the layer kind")
-        elif not layer.spec.is_ssm and (layer.spec.kind in _LATENT_KINDS) != layer.backend.is_mla:
+        elif not layer.spec.is_ssm and layer.spec.kind.is_latent != layer.backend.is_mla:
             check.add(f"layers[{i}].backend", layer.backend.name,
                       "MLA and indexer layers need an MLA backend and other attention layers a non-MLA one",
                       "use 'flashmla' / 'triton_mla' for MLA layers, 'indexer' for indexer keys")

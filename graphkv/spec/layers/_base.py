@@ -32,6 +32,12 @@ class LayerKind(enum.Enum):
     KV_SHARED = "kv_shared"
     NO_CACHE = "none"
 
+    @property
+    def is_latent(self) -> bool:
+        """A one-"head" latent cache (MLA, the indexer's keys): read in whole token rows, so never
+        padded; it needs an MLA backend, and vLLM declares both as ``MLAAttentionSpec``."""
+        return self in (LayerKind.MLA, LayerKind.INDEXER)
+
 
 class MambaCacheMode(enum.Enum):
     """How Mamba states are cached: one live state (none), two for prefix alignment (align), or
