@@ -120,7 +120,8 @@ def measure_masks(repeats: int) -> list[dict[str, Any]]:
 
             slow = median_ms(create, max(3, repeats // 10))
             ref = create()
-            ours = block_sets(mask.kv_num_blocks, mask.kv_indices)
+            ours = [partial | full for partial, full in zip(block_sets(mask.kv_num_blocks, mask.kv_indices),
+                                                             block_sets(mask.full_kv_num_blocks, mask.full_kv_indices))]
             theirs = [a | b for a, b in zip(block_sets(ref.kv_num_blocks, ref.kv_indices),
                                             block_sets(ref.full_kv_num_blocks, ref.full_kv_indices))]
             rows.append({"cached_tokens": cached, "batch": kind, "query_tokens": n, "kv_slots": kv_len,

@@ -152,7 +152,7 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
     lines = [
         f"graphkv plan: {plan.model_name}",
         f"  layers          {len(plan.layers)} KV {'layer' if len(plan.layers) == 1 else 'layers'}: {_layer_kinds(plan)}",
-        f"  budget          {budget}",
+        *(f"  budget          {budget}".split("\n")),  # the GPU budget's breakdown is several lines
         f"  block size      {plan.block_size} tokens per page — {block.reason}",
         f"  mamba block     {mamba_bs}",
         "",

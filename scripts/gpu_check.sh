@@ -138,7 +138,8 @@ if [ "$QUICK" -eq 0 ]; then
   run bench-flex-mask info 1200 "decode|ratio|sdpa|flex" python benchmarks/flex_mask.py --gpu
   run bench-block-tables info 1200 "ratio|gather|write" python benchmarks/block_tables.py --gpu
   run bench-pool-scaling info 1200 "largest|True|model" python benchmarks/pool_scaling.py --gpu --pools 64MiB,8GiB
-  run bench-memory info 1800 "kv_pool|static|graph" graphkv bench memory --out "$OUT/bench_memory"
+  run bench-memory info 3000 "kv_pool|static|graph|held-out|calibration" graphkv bench memory --model demo \
+    --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
 fi
 
 {

@@ -252,6 +252,13 @@ def test_gpu_budget_subtracts_the_preset_weights(capsys: pytest.CaptureFixture[s
     assert "- weights 7.48 GiB (preset: the meta-llama/Llama-3.1-8B checkpoint, 16060522496 B / tp 2)" in out
     assert "- activations 2.00 GiB (--activation-memory)" in out
     assert "- graph reserve 1.00 GiB (--graph-reserve)" in out
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100")
+    lines = out.splitlines()  # the breakdown is lines of its own, not one line with escaped newlines
+    at = next(i for i, line in enumerate(lines) if line.startswith("  budget          H100 79.65 GiB"))
+    assert lines[at + 1].strip().startswith("- weights 14.96 GiB") and "\\n" not in lines[at]
+    assert ("- graph reserve 548.59 MiB (auto: the plan's static buffers + allocator rounding + estimated graph pool; "
+            "graph pool uncalibrated: no shipped graph calibration for llama-3.1-8b on H100 (sm_90) — shipped: none has "
+            "been measured on a GPU yet;") in out
 
 
 def test_weights_from_a_checkpoint_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

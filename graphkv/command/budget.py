@@ -1,11 +1,11 @@
 """The memory budget a ``graphkv plan`` command describes, planned and explained.
 
 Three sources: ``--kv-memory SIZE`` (the pool itself), ``--gpu NAME`` (total x utilization minus
-weights, activations and the graph reserve; the plan's static buffers and graph pool must fit
-the reserve, see :mod:`graphkv.plan.gpu_fit`) or only ``--num-blocks-override``. Weights come from
-``--weights-memory``, else from the checkpoint (the preset's recorded bytes or the directory's
-safetensors metadata) divided by ``--tp``; an unknown weight is said to be unknown, never
-silently zero.
+weights, activations and the graph reserve; the plan's static buffers, allocator rounding and
+graph pool must fit the reserve, see :mod:`graphkv.plan.gpu_fit`) or only
+``--num-blocks-override``. Weights come from ``--weights-memory``, else from the checkpoint (the
+preset's recorded bytes or the directory's safetensors metadata) divided by ``--tp``; an unknown
+weight is said to be unknown, never silently zero.
 """
 
 from __future__ import annotations
@@ -110,8 +110,22 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
              "activations": "--activation-memory" if flags.activation_memory is not None
              else "not estimated: give --activation-memory SIZE, the forward's peak temporaries",
              "graph_reserve": "--graph-reserve" if flags.graph_reserve is not None
-             else "auto: the plan's static buffers + estimated graph pool"}
+             else "auto: the plan's static buffers + allocator rounding + estimated graph pool"}
     return budget, notes
+
+
+def _shipped_graph_pool(gpu: str, source: ModelSource, notes: dict[str, str]) -> GraphPoolModel | None:
+    """The graph-memory calibration shipped for ``source``'s model on ``gpu``'s architecture
+    (:mod:`graphkv.calibrations`), named in the graph reserve's note; ``None`` (the uncalibrated
+    default) when none ships, which the note says too."""
+    from graphkv.calibrations import missing_reason, shipped_calibration
+
+    found = shipped_calibration(gpu, source.model.name)
+    if found is None:
+        notes["graph_reserve"] += f"; graph pool uncalibrated: {missing_reason(gpu, source.model.name)}"
+        return None
+    notes["graph_reserve"] += f"; graph pool from the shipped calibration of {found.label}"
+    return found.graph_pool
 
 
 def _gpu_text(budget: Budget, notes: dict[str, str]) -> str:
@@ -153,7 +167,13 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
         if flags.graph_calibration is not None else None
     if flags.gpu is not None:
         budget, notes = _gpu_budget(flags, source, limits, tp, pp)
+        if graph_pool is None and flags.graph_reserve is None:
+            graph_pool = _shipped_graph_pool(flags.gpu, source, notes)
         fitted = compile_for_gpu(source.model, limits, budget, graph_pool=graph_pool)
+        if fitted.reserve_is_auto and fitted.budget.graph_reserve_bytes > fitted.beside_bytes:
+            slack = fitted.budget.graph_reserve_bytes - fitted.beside_bytes
+            notes["graph_reserve"] += (f"; {format_bytes(slack)} of it above what sits beside the pool, left unused: "
+                                       "with one more page the pool's allocator segments would not fit")
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
                              as_json=_json(fitted.budget, "gpu", notes))
     if flags.kv_memory is None and flags.num_blocks_override is not None:

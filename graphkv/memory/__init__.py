@@ -6,6 +6,11 @@
   else (a CPU) live storages, naming the method used;
 - :mod:`~graphkv.memory.storages` — :func:`live_storages`: the tensors and arrays reachable from
   objects, summed by address (independent of any ledger);
+- :mod:`~graphkv.memory.graph_pool_reader` — each capture key's memory read through the capture's own
+  pool (reserved, kept, peak) on a GPU;
+- :mod:`~graphkv.memory.held_out` — the graph-memory model checked on keys left out of its fit;
+- :mod:`~graphkv.memory.preset_forward`, :mod:`~graphkv.memory.depth_fit` — a preset's real shapes at
+  two reduced depths through graphkv.hf, extrapolated to its own depth;
 - :mod:`~graphkv.memory.bench`, :mod:`~graphkv.memory.command` — ``graphkv bench memory``.
 
 Names are imported lazily, so ``import graphkv.memory`` imports neither torch nor pynvml.

@@ -16,22 +16,37 @@ Phases and how each is measured (the row's ``method`` says which applied):
   ``plan.ledger.runtime_bytes(device).device_bytes - plan.pool_bytes``.
 - ``host_buffers``: the step's pinned staging and host arrays; predicted
   ``runtime_bytes(device).host_bytes``; live storages on either device (NVML sees no host memory).
+- ``lazy workspaces (cuBLAS)`` (GPU, graphs captured): every key is warmed up and captured on one
+  explicit capture stream; before the first capture one small matmul in the model's dtype runs on
+  it, so cuBLAS allocates that stream's workspace outside the graph pool. Measured:
+  ``torch.cuda.memory_allocated`` growth over that matmul and every key's warm-up; predicted 0
+  unless ``run_phases(graph_pool=...)`` gives a calibration that knows it.
 - ``graph_pool <key>``: each capture key, largest first; predicted ``plan.ledger.graph_keys``.
-  GPU: device memory after each key's capture minus before it (the warm-up's cached blocks are
-  released first); only the demo model has a forward to capture. CPU: not measured (CUDA graphs
-  need a GPU).
+  GPU: read through the capture's own pool (:mod:`graphkv.memory.graph_pool_reader`): the pool's
+  allocated bytes kept after the key's capture minus before (``measured_kept_bytes``), the capture's
+  peak above what was allocated before it (``torch.cuda.max_memory_allocated`` after a reset,
+  ``measured_peak_bytes``) and the pool's new segment bytes (``measured_reserved_bytes``). The row's
+  measured bytes are the kept bytes plus, for the first key, its workspace (peak - kept), so the
+  rows sum to what the pool holds at its peak: the model's shape. A note compares the pool's
+  reserved bytes with the model's sum, and one gives the process meter's (NVML's) growth over the
+  whole capture, which adds the graphs' driver-side memory. Only the demo model has a forward to
+  capture. CPU: not measured (CUDA graphs need a GPU). This pool-based measurement has not yet run
+  on a GPU.
 - ``total``: the sum of the rows above that were measured, against the same rows' predictions.
 
-A GPU run with graphs measured also fits the graph-memory model (:func:`graphkv.plan.graph_pool.fit_graph_pool`),
-which ``--out DIR`` writes as ``graph_calibration.json`` for ``graphkv plan --graph-calibration``.
+A GPU run with graphs measured also fits the graph-memory model (:func:`graphkv.plan.graph_pool.fit_graph_pool`:
+a line through every key's kept bytes, the first key's peak above them as the workspace), which
+``--out DIR`` writes as ``graph_calibration.json`` for ``graphkv plan --graph-calibration``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import attrs
 
+from graphkv.memory.graph_pool_reader import CaptureMemory, CapturePoolReader, KeyMemory
 from graphkv.memory.meters import MeterChoice
 from graphkv.memory.progress import Progress
 from graphkv.memory.storages import live_storages
@@ -39,11 +54,17 @@ from graphkv.plan.allocations.entries import AllocatorBytes
 from graphkv.plan.graph_keys import capture_keys
 from graphkv.plan.graph_pool import GraphPoolModel, fit_graph_pool
 from graphkv.plan.plan import Plan
+from graphkv.spec.dtypes import DType
 
-__all__ = ["MemoryRun", "PhaseRow", "run_phases"]
+__all__ = ["LAZY_WORKSPACES", "GraphRows", "MemoryRun", "PhaseRow", "graph_rows", "run_phases"]
 
 _ALLOCATED = "torch.cuda.memory_allocated vs the caching allocator's charge (plan.ledger.cuda_memory())"
 _HOST = "live storages (host memory: pinned staging and numpy arrays)"
+LAZY_WORKSPACES = "lazy workspaces (cuBLAS)"
+_LAZY = ("torch.cuda.memory_allocated growth over a matmul on the capture stream and every key's warm-up on it "
+         "(cuBLAS keeps a workspace per stream)")
+_POOL_FIRST = "capture pool (memory_snapshot): kept + peak workspace (max_memory_allocated)"
+_POOL_LATER = "capture pool (memory_snapshot): kept"
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +78,9 @@ class PhaseRow:
     num_tokens: int | None = None  # graph_pool rows: the key's token count
     uniform: bool | None = None  # graph_pool rows: a decode key
     predicted_reserved_bytes: int | None = None  # GPU kv_pool / static_buffers: new allocator segments predicted
-    measured_reserved_bytes: int | None = None  # ... and torch.cuda.memory_reserved's growth
+    measured_reserved_bytes: int | None = None  # ... and torch.cuda.memory_reserved's growth (graph rows: the pool's)
+    measured_peak_bytes: int | None = None  # GPU graph rows: the capture's peak above what was allocated before it
+    measured_kept_bytes: int | None = None  # ... and the pool bytes its graph keeps
 
     @property
     def error_pct(self) -> float | None:
@@ -68,12 +91,16 @@ class PhaseRow:
 
     def to_dict(self, model: str) -> dict[str, Any]:
         """The ``memory.json`` row (with ``predicted_reserved_bytes`` / ``measured_reserved_bytes`` where
-        reserved bytes were measured)."""
+        reserved bytes were measured, and ``measured_peak_bytes`` / ``measured_kept_bytes`` for a graph
+        key read through its pool)."""
         out = {"model": model, "phase": self.phase, "predicted_bytes": self.predicted_bytes,
                "measured_bytes": self.measured_bytes, "method": self.method}
         if self.predicted_reserved_bytes is not None:
-            out.update(predicted_reserved_bytes=self.predicted_reserved_bytes,
-                       measured_reserved_bytes=self.measured_reserved_bytes)
+            out.update(predicted_reserved_bytes=self.predicted_reserved_bytes)
+        if self.predicted_reserved_bytes is not None or self.measured_reserved_bytes is not None:
+            out.update(measured_reserved_bytes=self.measured_reserved_bytes)
+        if self.measured_peak_bytes is not None or self.measured_kept_bytes is not None:
+            out.update(measured_peak_bytes=self.measured_peak_bytes, measured_kept_bytes=self.measured_kept_bytes)
         return out
 
     @property
@@ -99,11 +126,14 @@ class MemoryRun:
 
 
 def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, progress: Progress,
-               forward_for: Callable[[Any, Any], Any] | None = None, hidden_size: int | None = None) -> MemoryRun:
+               forward_for: Callable[[Any, Any], Any] | None = None, hidden_size: int | None = None,
+               graph_pool: GraphPoolModel | None = None) -> MemoryRun:
     """Allocate ``plan`` on ``device``, build its :class:`~graphkv.runtime.Step`, capture its keys when
     ``forward_for(pool, step)`` gives a capturable forward on a GPU, and measure every phase with
-    ``choice``'s meter (live storages on a CPU). ``hidden_size``: the model's, recorded with a fitted
-    calibration. Everything allocated is released on return."""
+    ``choice``'s meter (live storages on a CPU; graph keys through their capture pool). ``hidden_size``:
+    the model's, recorded with a fitted calibration. ``graph_pool``: the calibration ``plan`` was
+    compiled with, if any (it predicts the lazy workspaces row). Everything allocated is released on
+    return."""
     import torch
 
     from graphkv.runtime import Step, allocate
@@ -150,9 +180,17 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
                          method=_HOST if cuda else "live storages: numpy arrays"))
     notes += [r.reserved_note for r in rows if r.reserved_note is not None]
 
-    graph_rows, calibration = _graph_phases(plan, device, choice, pool, step, forward_for, progress, notes,
-                                            hidden_size)
-    rows += graph_rows
+    why = _why_not_captured(device, forward_for)
+    keys = capture_keys(plan.cudagraph, plan.limits)
+    captured: CaptureMemory | None = None
+    if why is None and keys:
+        assert forward_for is not None
+        captured = _capture(plan, device, choice, pool, step, forward_for, progress, keys)
+    graphs = graph_rows(plan, captured, why=why or "not measured", hidden_size=hidden_size, graph_pool=graph_pool,
+                        device=str(device), process_method=choice.method)
+    rows += graphs.rows
+    notes += graphs.notes
+    calibration = graphs.calibration
     measured = [r for r in rows if r.measured_bytes is not None]
     rows.append(PhaseRow(phase="total", predicted_bytes=sum(r.predicted_bytes for r in measured),
                          measured_bytes=sum(r.measured_bytes or 0 for r in measured),
@@ -192,71 +230,144 @@ def _cuda_row(phase: str, charged: AllocatorBytes, before: _Counters, after: _Co
                     measured_reserved_bytes=after.reserved - before.reserved)
 
 
-def _graph_phases(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,
-                  forward_for: Callable[[Any, Any], Any] | None, progress: Progress, notes: list[str],
-                  hidden_size: int | None) -> tuple[list[PhaseRow], GraphPoolModel | None]:
-    """One row per capture key; measured on a GPU when there is a forward to capture."""
+def _why_not_captured(device: Any, forward_for: Callable[[Any, Any], Any] | None) -> str | None:
+    """Why the graph rows are not measured (``None``: they are)."""
+    if device.type != "cuda":
+        return "not measured: CUDA graphs need a GPU (a CPU runs every step eagerly)"
+    if forward_for is None:
+        return "not measured: no forward to capture for this model (the demo model has one)"
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class GraphRows:
+    """The graph rows of a run (a lazy workspaces row first when measured), their notes, and the
+    calibration fitted to them (``None`` unless every key was measured)."""
+
+    rows: tuple[PhaseRow, ...]
+    notes: tuple[str, ...]
+    calibration: GraphPoolModel | None
+
+
+def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_size: int | None,
+               graph_pool: GraphPoolModel | None, device: str, process_method: str) -> GraphRows:
+    """One row per capture key beside the ledger's estimate, from ``captured`` (``None``: not measured,
+    ``why``). Pure: a CPU test passes recorded or synthetic measurements. ``graph_pool``: the
+    calibration the plan was compiled with (predicts the lazy workspaces row); ``process_method``: the
+    process meter named in the note on its growth."""
     keys = capture_keys(plan.cudagraph, plan.limits)
     estimates = plan.ledger.graph_keys
     assert len(estimates) in (0, len(keys)), "the ledger estimates every capture key"
-    if device.type != "cuda":
-        why = "not measured: CUDA graphs need a GPU (a CPU runs every step eagerly)"
-    elif forward_for is None:
-        why = "not measured: no forward to capture for this model (the demo model has one)"
-    elif choice.meter is None:
-        why = "not measured: no device meter"
-    else:
-        why = None
-    measured: dict[int, int] = {}
-    if why is None and keys:
-        measured = _capture(plan, device, choice, pool, step, forward_for, progress, keys)
-    rows = []
-    for i, key in enumerate(keys):
-        est = estimates[i].nbytes if estimates else 0
-        label = f"graph_pool {'decode' if key.uniform else 'mixed'}({key.num_tokens})"
-        rows.append(PhaseRow(phase=label, predicted_bytes=est, measured_bytes=measured.get(i),
-                             method=choice.method if i in measured else (why or "not measured"),
-                             num_tokens=key.num_tokens, uniform=key.uniform))
+    notes: list[str] = []
     if not estimates and keys:
         notes.append(f"graph pool not estimated: {plan.ledger.entries[-1].reason}")
-    calibration = None
-    if len(measured) == len(keys) and keys:
-        values = [measured[i] for i in range(len(keys))]
-        calibration = fit_graph_pool(keys, values, hidden_size=hidden_size,
-                                     source=f"fitted to {len(keys)} keys of {plan.model_name} on {device}")
-    return rows, calibration
+    if captured is None or not keys:
+        rows = tuple(PhaseRow(phase=_key_phase(key), predicted_bytes=estimates[i].nbytes if estimates else 0,
+                              measured_bytes=None, method=why, num_tokens=key.num_tokens, uniform=key.uniform)
+                     for i, key in enumerate(keys))
+        return GraphRows(rows=rows, notes=tuple(notes), calibration=None)
+    measured = captured.keys
+    assert [(m.num_tokens, m.uniform) for m in measured] == [(k.num_tokens, k.uniform) for k in keys], \
+        "one measurement per capture key, in capture order"
+    lazy_predicted = round(graph_pool.lazy_workspace_bytes) if graph_pool is not None else 0
+    rows = [PhaseRow(phase=LAZY_WORKSPACES, predicted_bytes=lazy_predicted,
+                     measured_bytes=captured.lazy_workspace_bytes, method=_LAZY)]
+    for i, (key, m) in enumerate(zip(keys, measured)):
+        rows.append(_key_row(key, m, estimates[i].nbytes if estimates else 0, first=i == 0))
+    predicted_pool = sum(e.nbytes for e in estimates)
+    notes.append(f"graph_pool (pool reserved): the capture pool's segments hold {captured.pool.reserved_bytes:,} B "
+                 f"({captured.pool.allocated_bytes:,} B allocated) after {len(keys)} keys; the keys' rows sum to "
+                 f"{captured.pool_bytes:,} B measured, the model to {predicted_pool:,} B "
+                 f"({captured.pool.reserved_bytes - predicted_pool:+,} B reserved vs the model)")
+    if captured.process_bytes is not None:
+        notes.append(f"warming up and capturing every key cost this process {captured.process_bytes:,} B of device "
+                     f"memory ({process_method}; NVML adds the graphs' driver-side memory to the pool and the lazy "
+                     "workspaces)")
+    calibration = fit_graph_pool(keys, [m.kept_bytes for m in measured], first_peak_bytes=measured[0].peak_bytes,
+                                 hidden_size=hidden_size, lazy_workspace_bytes=captured.lazy_workspace_bytes,
+                                 source=f"fitted to {len(keys)} keys of {plan.model_name} on {device}")
+    return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration)
+
+
+def _key_phase(key: Any) -> str:
+    return f"graph_pool {'decode' if key.uniform else 'mixed'}({key.num_tokens})"
+
+
+def _key_row(key: Any, m: KeyMemory, predicted_bytes: int, *, first: bool) -> PhaseRow:
+    """A measured key: its kept bytes, plus its workspace when captured first (later keys reuse it)."""
+    return PhaseRow(phase=_key_phase(key), predicted_bytes=predicted_bytes, measured_bytes=m.pool_bytes(first=first),
+                    method=_POOL_FIRST if first else _POOL_LATER, num_tokens=key.num_tokens, uniform=key.uniform,
+                    measured_reserved_bytes=m.reserved_bytes, measured_peak_bytes=m.peak_bytes,
+                    measured_kept_bytes=m.kept_bytes)
+
+
+def _matmul_dtype(plan: Plan) -> Any:
+    """The dtype of the workspace warm-up's matmul: the first 2- or 4-byte floating cache dtype of the
+    plan's groups (the model's activations, as a rule: the demo's float32), else float32."""
+    import torch
+
+    for group in plan.groups:
+        dtype = getattr(group.spec, "dtype", None)
+        if isinstance(dtype, DType) and dtype.is_floating and dtype.itemsize >= 2:
+            return dtype.to_torch()
+    return torch.float32
+
+
+def _warm_workspaces(stream: Any, dtype: Any, device: Any) -> None:
+    """A small matmul (and a linear with a bias, cuBLASLt's path) on ``stream``: cuBLAS allocates that
+    stream's workspace now, outside any graph pool, instead of inside the first capture."""
+    import torch
+
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        x = torch.ones(16, 16, dtype=dtype, device=device)
+        torch.matmul(x, x)
+        torch.nn.functional.linear(x, x, x[0])
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
 
 
 def _capture(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,
-             forward_for: Callable[[Any, Any], Any], progress: Progress, keys: tuple) -> dict[int, int]:
-    """Capture every key, measuring this process's device memory after each one."""
+             forward_for: Callable[[Any, Any], Any], progress: Progress, keys: tuple) -> CaptureMemory:
+    """Warm lazy workspaces on an explicit capture stream, then warm up and capture every key into a
+    pool of its own, reading the pool around each capture (GPU only)."""
     import torch
 
     from graphkv.runtime.capture.graphs import capture
 
-    forward = capture(plan, static_inputs={"input_ids": step.input_ids})(forward_for(pool, step))
+    graph_pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+    reader = CapturePoolReader(graph_pool, device)
+    forward = capture(plan, static_inputs={"input_ids": step.input_ids}, pool=graph_pool,
+                      stream=stream)(forward_for(pool, step))
     meter = choice.meter
-    assert meter is not None
-    state: dict[str, Any] = {"last": None, "index": 0}
-    measured: dict[int, int] = {}
+    process_before = meter.read() if meter is not None else None
+    allocated_before = reader.allocated_bytes()
+    _warm_workspaces(stream, _matmul_dtype(plan), device)
+    state: dict[str, Any] = {"index": 0, "lazy": None, "start": None}
+    measured: list[KeyMemory] = []
     label = f"{plan.model_name}: capture graphs"
 
+    @contextlib.contextmanager
+    def prepare(key: Any) -> Iterator[Any]:
+        with step.capture_context(key) as context:
+            if state["lazy"] is not None:  # capturing: read just before the capture (the dummy step is staged)
+                state["start"] = reader.start()
+            yield context
+
     def on_key(phase: str, key: Any) -> None:
-        torch.cuda.synchronize(device)
         if phase == "warm-up":
             progress.update(f"{plan.model_name}: warm up", state["index"] + 1, len(keys))
             state["index"] += 1
-            if state["index"] == len(keys):  # every key warmed up: release the warm-up's cached blocks
-                torch.cuda.empty_cache()
-                state["last"], state["index"] = meter.read(), 0
+            if state["index"] == len(keys):  # every key warmed up: what stays allocated is lazy state
+                state["lazy"], state["index"] = reader.allocated_bytes() - allocated_before, 0
                 progress.start(label)
             return
-        now = meter.read()
-        measured[state["index"]] = now - state["last"]
-        state["last"] = now
+        measured.append(reader.finish(state["start"], num_tokens=key.num_tokens, uniform=key.uniform))
         state["index"] += 1
         progress.update(label, state["index"], len(keys))
 
-    forward.capture(progress=False, prepare=step.capture_context, on_key=on_key)
+    forward.capture(progress=False, prepare=prepare, on_key=on_key)
     progress.done(label)
-    return measured
+    after = reader.read()
+    process = meter.read() - process_before if meter is not None and process_before is not None else None
+    return CaptureMemory(keys=tuple(measured), lazy_workspace_bytes=state["lazy"], pool=after, process_bytes=process)

@@ -4,8 +4,13 @@ Runs :func:`graphkv.memory.bench.run_phases` for each model (``demo``, the tiny 
 forward to capture, and bundled presets with a KV budget scaled to the available memory), prints
 predicted vs measured per phase with the error in %, and with ``--out DIR`` writes ``memory.json``
 (one row per model and phase: ``phase``, ``predicted_bytes``, ``measured_bytes``, ``method``; on a GPU
-the ``kv_pool`` and ``static_buffers`` rows add ``predicted_reserved_bytes`` and ``measured_reserved_bytes``),
+the ``kv_pool`` and ``static_buffers`` rows add ``predicted_reserved_bytes`` and ``measured_reserved_bytes``,
+and each graph key ``measured_peak_bytes`` / ``measured_kept_bytes`` read through its capture pool),
 ``memory.png`` and, after a GPU run that captured graphs, ``graph_calibration.json``.
+
+For a preset graphkv.hf runs, :func:`preset_graphs` also measures graph memory at the preset's real
+shapes (two reduced depths, extrapolated to its own) and ``--out`` writes ``<preset>.<arch>.json``,
+labelled to ship in :mod:`graphkv.calibrations`. On a CPU it prints why nothing was measured.
 """
 
 from __future__ import annotations
@@ -139,6 +144,112 @@ def _demo(device: Any) -> tuple[Any, str, Any, int]:
     return demo_plan(options, config), f"{options.kv_memory} (the demo's default)", forward_for, config.hidden_size
 
 
+@attrs.frozen(kw_only=True)
+class PresetGraphs:
+    """A preset's graph memory measured at its real shapes: the ``runs`` at two reduced depths, the
+    calibration extrapolated to its own depth (``None`` unless both depths captured every key), the
+    held-out check's line and a one-line ``summary``."""
+
+    name: str
+    runs: tuple[Any, ...]
+    calibration: Any
+    num_layers: int
+    summary: str
+    held_out: str | None = None
+
+    def write(self, directory: Path, device: Any) -> Path:
+        """Write ``<name>.<arch>.json`` into ``directory``: the calibration with the labels
+        :mod:`graphkv.calibrations` needs to ship it (card, compute capability, versions)."""
+        import torch
+
+        from graphkv import __version__
+
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        path = directory / f"{self.name}.{arch}.json"
+        deep = self.runs[-1]
+        self.calibration.write(path, model=self.name, arch=arch, device_name=torch.cuda.get_device_name(device),
+                               graphkv=__version__, torch=torch.__version__, cuda=str(torch.version.cuda),
+                               num_layers=self.num_layers, held_out=self.held_out,
+                               keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform, "layers": deep.model,
+                                      "peak_bytes": r.measured_peak_bytes, "kept_bytes": r.measured_kept_bytes,
+                                      "reserved_bytes": r.measured_reserved_bytes}
+                                     for r in deep.rows if r.num_tokens is not None])
+        return path
+
+
+def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits: Any, kv_bytes: int | None = None,
+                  dtype: str = "bfloat16", **overrides: Any) -> PresetGraphs:
+    """Measure preset ``name``'s graph memory at its real shapes: a random-weight model served by
+    graphkv.hf at the two depths of :func:`~graphkv.memory.preset_forward.depths`, each planned for
+    ``limits`` (the preset plan's: the same capture keys) with ``max_model_len`` cut to 4096 and a
+    pool of ``kv_bytes`` (default: a quarter of the available memory), captured key by key through
+    its pool; the two fits extrapolated to the preset's depth (:func:`~graphkv.memory.depth_fit.extrapolate`).
+    On a CPU nothing is built (CUDA graphs need a GPU) unless ``overrides`` shrink the widths (tests:
+    the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
+    from graphkv.memory.available import available_bytes
+    from graphkv.memory.bench import run_phases
+    from graphkv.memory.depth_fit import extrapolate
+    from graphkv.memory.held_out import held_out, held_out_line
+    from graphkv.memory.preset_forward import depths, preset_forward, served_presets
+    from graphkv.presets import load_preset_config
+
+    total = int(load_preset_config(name)["num_hidden_layers"])
+    shallow, deep = depths(name)
+    if name not in served_presets():
+        return PresetGraphs(name=name, runs=(), calibration=None, num_layers=total,
+                            summary=f"graph memory not measured: graphkv.hf does not run this preset's family "
+                                    f"(measured presets: {', '.join(served_presets())})")
+    if device.type != "cuda" and not overrides:
+        return PresetGraphs(name=name, runs=(), calibration=None, num_layers=total,
+                            summary=f"graph memory not measured: CUDA graphs need a GPU (there, a random-weight model "
+                                    f"at its shapes is captured at {shallow} and {deep} layers and extrapolated to "
+                                    f"{total})")
+    import torch
+
+    graph_limits = attrs.evolve(limits, max_model_len=min(4096, limits.max_model_len or 4096))
+    runs = []
+    for layers in (shallow, deep):
+        if kv_bytes is None:
+            have, _ = available_bytes(device)
+            pool_bytes = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
+        else:
+            pool_bytes = kv_bytes
+        target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
+                                **overrides)
+        runs.append(run_phases(target.plan, device, choice, budget=f"{pool_bytes:,} B (graph measurement)",
+                               progress=progress, forward_for=target.forward_for, hidden_size=target.hidden_size))
+        del target
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    fits = [r.calibration for r in runs]
+    if any(f is None for f in fits):
+        first = next((r for r in runs[0].rows if r.num_tokens is not None), None)
+        why = first.method if first is not None else "not measured: the plan captures no key"
+        return PresetGraphs(name=name, runs=tuple(runs), calibration=None, num_layers=total,
+                            summary=f"graph memory at {shallow} and {deep} layers {why}; no calibration")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    calibration = extrapolate(fits[0], fits[1], shallow_layers=shallow, deep_layers=deep, num_layers=total,
+                              source=f"{name} on {where}")
+    measured = [r for r in runs[-1].rows if r.num_tokens is not None]
+    checked = held_out(_keys_of(measured), [r.measured_kept_bytes or 0 for r in measured],
+                       first_peak_bytes=measured[0].measured_peak_bytes or 0)
+    line = held_out_line(checked)
+    summary = (f"graph calibration extrapolated to {total} layers: {calibration.per_graph_bytes:,.0f} B per graph, "
+               f"outputs {calibration.output_bytes_per_token:,.1f} B and workspace "
+               f"{calibration.workspace_bytes_per_token:,.1f} B per token, lazy workspaces "
+               f"{calibration.lazy_workspace_bytes:,.0f} B" + (f"; {line}" if line else ""))
+    return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary,
+                        held_out=line)
+
+
+def _keys_of(rows: Sequence[Any]) -> list[Any]:
+    """The capture keys of measured graph rows (their token counts and kinds, in capture order)."""
+    from graphkv.plan.graph_keys import GraphKey
+
+    return [GraphKey(num_tokens=int(r.num_tokens), num_reqs=None, uniform=bool(r.uniform)) for r in rows]
+
+
 def _fmt(n: int | None) -> str:
     return "n/a" if n is None else f"{n:,} B"
 
@@ -195,19 +306,33 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     print(f"measured with: {choice.method}", file=out)
     progress = Progress(options.progress)
     runs = []
+    shippable: list[PresetGraphs] = []
     try:
-        for plan, budget, forward_for, hidden in targets:
+        for name, (plan, budget, forward_for, hidden) in zip(options.models, targets):
             run = run_phases(plan, device, choice, budget=budget, progress=progress, forward_for=forward_for,
                              hidden_size=hidden)
             runs.append(run)
             print("", file=out)
             print("\n".join(format_run(run)), file=out)
+            if name != "demo":
+                graphs = preset_graphs(name, device, choice, progress, limits=plan.limits)
+                for depth_run in graphs.runs:
+                    runs.append(depth_run)
+                    print("", file=out)
+                    print("\n".join(format_run(depth_run)), file=out)
+                print("", file=out)
+                print(f"{name}: {graphs.summary}", file=out)
+                if graphs.calibration is not None:
+                    shippable.append(graphs)
     finally:
         if choice.meter is not None:
             choice.meter.close()
     if directory is not None:
         try:
             _write(directory, runs, device, choice, out)
+            for graphs in shippable:
+                path = graphs.write(directory, device)
+                print(f"wrote {path} (copy it into graphkv/calibrations to ship it)", file=out)
         except OSError as e:
             raise SpecError(Problem(field="--out", value=str(directory), limit=f"cannot be written ({e.strerror or e})",
                                     fix="pass a writable directory")) from None
@@ -227,7 +352,9 @@ def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: 
     if calibrated:
         run = calibrated[0]
         run.calibration.write(directory / "graph_calibration.json", model=run.model, device=run.device,
-                              keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform, "measured_bytes": r.measured_bytes}
+                              keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform,
+                                     "measured_bytes": r.measured_bytes, "peak_bytes": r.measured_peak_bytes,
+                                     "kept_bytes": r.measured_kept_bytes, "reserved_bytes": r.measured_reserved_bytes}
                                     for r in run.rows if r.num_tokens is not None])
         written.append("graph_calibration.json")
     else:

@@ -1,13 +1,18 @@
-"""Plan on a GPU: the KV pool gets what weights, activations and the graph reserve leave, and the
-plan's own static buffers and CUDA-graph pool must fit in that reserve.
+"""Plan on a GPU: the KV pool gets what weights, activations and the graph reserve leave, and what
+the plan allocates beside the pool must fit in that reserve.
 
 On a GPU, ``total x utilization = weights + activations + graph reserve + KV pool``. The graph
-reserve holds what the plan allocates beside the pool: its static step buffers and its estimated
-CUDA-graph pool. Left to ``None`` it is sized from the plan itself (planned once with no reserve,
-then again with that reserve — the second plan's pool is smaller, so its buffers are never
-larger); set explicitly, the plan is refused when its buffers and graph pool exceed it. When
-those cannot fit, the error names the largest ``max_num_batched_tokens`` that does (both grow
-with the step's token budget).
+reserve holds what the plan allocates beside the pool (:attr:`Ledger.beside_pool_device_bytes`): its
+static step buffers, the CUDA caching allocator's rounding (the segments ``memory_reserved`` grows
+by beyond the pool's and the static buffers' tensors: each pool slot ends on a whole segment) and
+its estimated CUDA-graph pool. Left to ``None`` it is sized from the plan itself: the largest pool
+whose pages and what sits beside them fit together, found from the plan with no reserve (the
+rounding can grow as the pool shrinks, but pool and rounding together never grow as it shrinks, so
+a bisection on the pool's pages finds it), with the smallest reserve that leaves that pool — at least what sits
+beside it, more when a larger pool's last segments would not fit. Set explicitly, the plan is
+refused when what sits beside its pool exceeds the reserve (and the budget's unallocated
+remainder). When that cannot fit, the error names the largest ``max_num_batched_tokens`` that does
+(the static buffers and the graph pool grow with the step's token budget).
 """
 
 from __future__ import annotations
@@ -24,22 +29,21 @@ from graphkv.spec.model import ModelKV
 
 __all__ = ["GpuPlan", "beside_pool_bytes", "compile_for_gpu"]
 
-_MAX_PASSES = 4
-
 
 @attrs.frozen(kw_only=True)
 class GpuPlan:
-    """A plan whose pool, static buffers and graph pool fit the GPU together."""
+    """A plan whose pool, static buffers, allocator rounding and graph pool fit the GPU together."""
 
     plan: Plan
     budget: Budget  # the budget the plan was compiled with (its graph reserve filled in)
-    reserve_is_auto: bool  # True: the reserve was sized from the plan's own buffers and graph pool
-    beside_bytes: int  # the plan's static buffers + estimated graph pool
+    reserve_is_auto: bool  # True: the reserve was sized from what the plan puts beside its pool
+    beside_bytes: int  # the plan's static buffers + allocator rounding + estimated graph pool
 
 
 def beside_pool_bytes(plan: Plan) -> int:
     """GPU bytes the plan allocates beside the KV pool: the runtime's static device buffers on a CUDA
-    device + the estimated graph pool (host buffers are host memory and do not count)."""
+    device + the caching allocator's rounding of the pool and those buffers + the estimated graph pool
+    (host buffers are host memory and do not count)."""
     return plan.ledger.beside_pool_device_bytes
 
 
@@ -55,31 +59,83 @@ def _with_reserve(budget: Budget, reserve: int) -> Budget | None:
     return attrs.evolve(budget, graph_reserve_bytes=reserve)
 
 
+def _room(budget: Budget) -> int:
+    """What weights and activations leave of the GPU x utilization: the pool and what sits beside it."""
+    return _usable(budget) - budget.weights_bytes - budget.activation_bytes
+
+
+def _fits(plan: Plan, budget: Budget) -> bool:
+    """Whether the plan's pool pages and what it allocates beside them fit what weights and activations leave."""
+    return plan.num_blocks * plan.pool_bytes_per_block + beside_pool_bytes(plan) <= _room(budget)
+
+
+def _fit_auto(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphPoolModel | None) -> GpuPlan | None:
+    """The plan with the largest pool that fits beside what it allocates, its reserve sized from it.
+
+    The allocator rounding makes what sits beside the pool jump as the pool shrinks (its slots' last
+    segments round up), so a reserve of the first plan's beside bytes may still not fit; but the pool
+    and everything beside it together only grow with the pool, so the largest fitting pool is found by
+    bisection on its pages. ``None`` when no pool the limits accept fits."""
+    room = _room(budget)
+
+    def at(reserve: int) -> Plan | None:
+        sized = _with_reserve(budget, reserve)
+        if sized is None:
+            return None
+        try:
+            return compile_plan(model, limits, sized, graph_pool=graph_pool)
+        except CapacityError:
+            if reserve == 0:
+                raise  # the pool is too small even with nothing beside it: not the buffers' fault
+            return None
+
+    first = at(0)
+    if first is None:
+        return None
+    ppb = first.pool_bytes_per_block
+
+    def with_pages(pages: int) -> Plan | None:  # a pool of ``pages`` pages, its budget 1 B short of one more
+        return at(room - (pages + 1) * ppb + 1) if pages >= 1 else None
+
+    best = first
+    if not _fits(first, budget):  # from the pool the first plan's beside bytes leave, gallop down, then bisect
+        failing, step = first, 0
+        pages = (room - beside_pool_bytes(first)) // ppb
+        while True:
+            plan = with_pages(pages)
+            if plan is None:
+                return None  # the pool the limits need and what sits beside it do not fit together
+            if _fits(plan, budget):
+                break
+            over = plan.num_blocks * ppb + beside_pool_bytes(plan) - room
+            failing, step = plan, max(-(-over // ppb), 2 * step)  # at least the pages it is over by
+            pages = plan.num_blocks - step
+        best, fails = plan, failing.num_blocks
+        while fails - best.num_blocks > 1:
+            mid = (best.num_blocks + fails) // 2
+            plan = with_pages(mid)
+            if plan is not None and _fits(plan, budget):
+                best = plan
+            else:
+                fails = mid
+    # the smallest reserve that holds what sits beside the pool and still leaves it best's pages
+    reserve = max(beside_pool_bytes(best), room - (best.num_blocks + 1) * ppb + 1)
+    plan = best if best.ledger.budget_bytes == room - reserve else at(reserve)
+    assert plan is not None and plan.num_blocks == best.num_blocks and _fits(plan, budget), (reserve, best.num_blocks)
+    sized = _with_reserve(budget, reserve)
+    assert sized is not None
+    return GpuPlan(plan=plan, budget=sized, reserve_is_auto=True, beside_bytes=beside_pool_bytes(plan))
+
+
 def _try(model: ModelKV, limits: Limits, budget: Budget, auto: bool,
          graph_pool: GraphPoolModel | None = None) -> GpuPlan | None:
-    """The fitting plan, or ``None`` when the buffers and graph pool beside the pool do not fit."""
+    """The fitting plan, or ``None`` when the pool and what sits beside it do not fit together."""
     if auto:
-        reserve = 0
-        for _ in range(_MAX_PASSES):
-            sized = _with_reserve(budget, reserve)
-            if sized is None:
-                return None
-            try:
-                plan = compile_plan(model, limits, sized, graph_pool=graph_pool)
-            except CapacityError:
-                if reserve == 0:
-                    raise  # the pool is too small even with nothing beside it: not the buffers' fault
-                return None
-            beside = beside_pool_bytes(plan)
-            if beside <= reserve:
-                return GpuPlan(plan=plan, budget=sized, reserve_is_auto=True, beside_bytes=beside)
-            reserve = beside
-        return None
+        return _fit_auto(model, limits, budget, graph_pool)
     plan = compile_plan(model, limits, budget, graph_pool=graph_pool)
-    beside = beside_pool_bytes(plan)
-    if beside > budget.graph_reserve_bytes:
+    if not _fits(plan, budget):
         return None
-    return GpuPlan(plan=plan, budget=budget, reserve_is_auto=False, beside_bytes=beside)
+    return GpuPlan(plan=plan, budget=budget, reserve_is_auto=False, beside_bytes=beside_pool_bytes(plan))
 
 
 def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: bool,
@@ -108,13 +164,15 @@ def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: b
 def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
                     graph_pool: GraphPoolModel | None = None) -> GpuPlan:
     """Compile ``model`` for ``budget`` (a :meth:`Budget.for_gpu` budget) so that the pool, the
-    plan's static buffers and its estimated CUDA-graph pool fit the GPU together.
+    plan's static buffers, the caching allocator's rounding of both and its estimated CUDA-graph pool
+    fit the GPU together (``GpuPlan.beside_bytes`` is :attr:`Ledger.beside_pool_device_bytes`).
 
     ``budget.graph_reserve_bytes == 0`` means "size the reserve from the plan"; a positive one
-    must hold the plan's buffers and graph pool. ``graph_pool``: calibrated graph-memory coefficients
-    (as :func:`graphkv.compile`). Raises :class:`CapacityError` on
-    ``max_num_batched_tokens`` naming the largest value that fits (or, with an explicit reserve
-    too small, on ``graph_reserve_bytes``); other planning errors propagate unchanged.
+    must hold what the plan puts beside the pool (with the budget's unallocated remainder).
+    ``graph_pool``: calibrated graph-memory coefficients (as :func:`graphkv.compile`). Raises
+    :class:`CapacityError` on ``max_num_batched_tokens`` naming the largest value that fits (or, with
+    an explicit reserve too small, on ``graph_reserve_bytes``, naming the automatic reserve); other
+    planning errors propagate unchanged.
     """
     if budget.gpu is None:
         raise CapacityError(Problem(field="budget", value=budget.describe(), limit="compile_for_gpu needs a GPU budget",
@@ -130,15 +188,20 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
     tokens = _largest_step_tokens(model, limits, budget, auto, graph_pool)
     lower = (f"lower max_num_batched_tokens to <= {tokens}" if tokens is not None
              else "no max_num_batched_tokens fits at this max_num_seqs; lower max_num_seqs or max_model_len")
-    need = f"{format_bytes(beside)} of static buffers and estimated graph pool" if beside is not None \
-        else "the static buffers and estimated graph pool"
-    left = _usable(budget) - budget.weights_bytes - budget.activation_bytes
+    need = f"{format_bytes(beside)} of static buffers, allocator rounding and estimated graph pool" \
+        if beside is not None else "the static buffers, allocator rounding and estimated graph pool"
+    left = _room(budget)
     if not auto:
+        try:  # the automatic reserve fits, and so does any larger one (the pool only shrinks)
+            fits_auto = _fit_auto(model, limits, attrs.evolve(budget, graph_reserve_bytes=0), graph_pool)
+        except GraphkvError:
+            fits_auto = None
         raise CapacityError(Problem(
             field="graph_reserve_bytes", value=budget.graph_reserve_bytes,
             limit=(f"the plan needs {need} beside the KV pool (max_num_batched_tokens="
                    f"{limits.max_num_batched_tokens}) but the graph reserve is {format_bytes(budget.graph_reserve_bytes)}"),
-            fix=(f"raise graph_reserve_bytes to >= {beside}, or {lower}" if beside is not None else lower)))
+            fix=(f"raise graph_reserve_bytes to >= {fits_auto.budget.graph_reserve_bytes} (what the automatic "
+                 f"reserve picks), or {lower}" if fits_auto is not None else lower)))
     raise CapacityError(Problem(
         field="max_num_batched_tokens", value=limits.max_num_batched_tokens,
         limit=(f"the plan needs {need} beside the KV pool, and with them the "

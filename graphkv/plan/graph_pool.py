@@ -8,16 +8,22 @@ forward allocates inside the graph. Graphs are captured largest first into one s
   num_tokens``) is reserved once, by the largest key, and reused by every later key;
 - each key keeps its **outputs** alive (the static outputs a replay writes into,
   ``output_bytes_per_token x num_tokens``);
-- each key pays a **per-graph** cost (the instantiated graph and allocator rounding,
+- each key pays a **per-graph** cost (allocator rounding and anything else a graph keeps,
   ``per_graph_bytes``).
 
 ``key_bytes(first) = per_graph + output x n + workspace x n``, ``key_bytes(later) = per_graph +
-output x n``; the graph pool is their sum.
+output x n``; the graph pool is their sum: the largest key's peak plus what every graph keeps.
+Beside it, ``lazy_workspace_bytes`` records what lazily allocated workspaces (cuBLAS's, one per
+stream) cost once before the first capture; it is carried in the calibration, not in a key.
 
 The coefficients depend on the model and the GPU, so they come from measurement: ``graphkv bench
-memory --out DIR`` fits them to each key's measured memory and writes ``graph_calibration.json``,
-which :meth:`GraphPoolModel.from_file` reads and ``compile(..., graph_pool=...)`` (``graphkv plan
---graph-calibration PATH``) uses. The planner reads a calibration only when given one.
+memory --out DIR`` reads each key's capture through the capture's own pool
+(:mod:`graphkv.memory.graph_pool_reader`: the pool's allocated bytes kept after the capture, and
+the capture's peak), :func:`fit_graph_pool` fits a line ``per_graph + output x n`` through every
+key's kept bytes and takes the first key's peak above what it keeps as the workspace, and the
+benchmark writes ``graph_calibration.json``, which :meth:`GraphPoolModel.from_file` reads and
+``compile(..., graph_pool=...)`` (``graphkv plan --graph-calibration PATH``) uses. The planner
+reads a calibration only when given one. This pool-based measurement has not yet run on a GPU.
 
 Without a calibration the default is **uncalibrated**: a workspace of ``4 x hidden_size x 2``
 bytes per token (four live bf16 hidden-sized activations, the earlier fixed guess), outputs of
@@ -67,6 +73,7 @@ class GraphPoolModel:
     calibrated: bool
     source: str  # where the coefficients come from, for the ledger's reasons
     hidden_size: int | None = None  # the hidden size they were measured at (scaled to the planned model's)
+    lazy_workspace_bytes: float = 0.0  # lazy workspaces (cuBLAS) allocated once before the first capture (no key's)
 
     @classmethod
     def default(cls, hidden_size: int | None) -> "GraphPoolModel | None":
@@ -111,7 +118,8 @@ class GraphPoolModel:
         """The calibration file's JSON object (``measured``: extra fields, e.g. the device and keys)."""
         return {"format": CALIBRATION_FORMAT, "per_graph_bytes": self.per_graph_bytes,
                 "output_bytes_per_token": self.output_bytes_per_token,
-                "workspace_bytes_per_token": self.workspace_bytes_per_token, "hidden_size": self.hidden_size,
+                "workspace_bytes_per_token": self.workspace_bytes_per_token,
+                "lazy_workspace_bytes": self.lazy_workspace_bytes, "hidden_size": self.hidden_size,
                 "source": self.source, **measured}
 
     def write(self, path: "str | os.PathLike[str]", **measured: Any) -> None:
@@ -128,7 +136,7 @@ class GraphPoolModel:
         most 64 levels, so a FIFO, ``/dev/zero`` or a deeply nested file is refused, never a hang or a
         traceback. Raises :class:`SpecError` naming ``field`` and the file for a missing, unreadable,
         special or oversized file, bad JSON, another format, or coefficients that are not finite
-        numbers >= 0."""
+        numbers >= 0. A file without ``lazy_workspace_bytes`` (written before it was measured) reads it as 0."""
         data = read_json_file(os.fspath(path), field=field, what=_CALIBRATION_FILE)
         return cls.from_dict(data, origin=str(path), field=field)
 
@@ -141,8 +149,8 @@ class GraphPoolModel:
                                     fix="write it with `graphkv bench memory --out DIR` (graph_calibration.json)"))
         problems = []
         values: dict[str, float] = {}
-        for name in ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token"):
-            v = data.get(name)
+        for name in ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token", "lazy_workspace_bytes"):
+            v = data.get(name, 0.0) if name == "lazy_workspace_bytes" else data.get(name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 problems.append(Problem(field=f"{field}.{name}", value=v, limit=f"in {origin} must be a finite number >= 0",
                                         fix="measure again with `graphkv bench memory --out DIR`"))
@@ -159,27 +167,47 @@ class GraphPoolModel:
                    source=f"calibrated: {origin}" + (f" ({where})" if where else ""))
 
 
-def fit_graph_pool(keys: Sequence[GraphKey], measured: Sequence[int], *, hidden_size: int | None,
-                   source: str) -> GraphPoolModel:
-    """Fit the model to ``measured`` bytes of ``keys`` (capture order, largest first): a least-squares
-    line ``per_graph + output x n`` through the later keys, and the first key's excess over that line
-    as the workspace. Coefficients are clamped at 0 (a negative cost is measurement noise)."""
-    if len(keys) != len(measured) or not keys:
-        raise SpecError(Problem(field="measured", value=len(measured), limit=f"needs one value per key ({len(keys)})",
-                                fix="measure every captured key"))
-    later_n = [k.num_tokens for k in keys[1:]]
-    later_b = [float(b) for b in measured[1:]]
-    if len(later_n) >= 2 and len(set(later_n)) >= 2:
-        mean_n, mean_b = sum(later_n) / len(later_n), sum(later_b) / len(later_b)
-        var = sum((n - mean_n) ** 2 for n in later_n)
-        slope = sum((n - mean_n) * (b - mean_b) for n, b in zip(later_n, later_b)) / var
-        slope = max(slope, 0.0)
-        per_graph = max(mean_b - slope * mean_n, 0.0)
-    elif later_n:
-        slope, per_graph = 0.0, max(later_b[0], 0.0)
-    else:
-        slope, per_graph = 0.0, 0.0
+def fit_graph_pool(keys: Sequence[GraphKey], kept_bytes: Sequence[float], *, first_peak_bytes: float,
+                   hidden_size: int | None, source: str, lazy_workspace_bytes: float = 0.0) -> GraphPoolModel:
+    """Fit the model to what each key's capture left in its pool (pure; planning time).
+
+    ``keys`` in capture order (largest first), ``kept_bytes`` the pool bytes each key's graph keeps
+    after its capture, ``first_peak_bytes`` the first key's capture peak above what was allocated
+    before it (:class:`graphkv.memory.graph_pool_reader.KeyMemory`). A least-squares line
+    ``kept(n) = per_graph + output x n`` through every key's kept bytes gives the per-graph and
+    output terms; ``workspace = (first_peak - kept_first) / n_first``. Coefficients are clamped at 0
+    (a negative cost is measurement noise): a negative slope refits a flat line, a negative
+    intercept a line through the origin. ``lazy_workspace_bytes`` is carried as measured.
+
+    >>> keys = [GraphKey(num_tokens=n, num_reqs=None, uniform=True) for n in (8, 4, 2, 1)]
+    >>> fit = fit_graph_pool(keys, [1080, 1040, 1020, 1010], first_peak_bytes=1080 + 300 * 8, hidden_size=None,
+    ...                      source="doc")
+    >>> fit.per_graph_bytes, fit.output_bytes_per_token, fit.workspace_bytes_per_token
+    (1000.0, 10.0, 300.0)
+    """
+    if len(keys) != len(kept_bytes) or not keys:
+        raise SpecError(Problem(field="kept_bytes", value=len(kept_bytes),
+                                limit=f"needs one value per key ({len(keys)})", fix="measure every captured key"))
+    per_graph, slope = _kept_line([k.num_tokens for k in keys], [float(b) for b in kept_bytes])
     first_n = keys[0].num_tokens
-    workspace = max((measured[0] - per_graph - slope * first_n) / first_n, 0.0)
+    workspace = max((float(first_peak_bytes) - float(kept_bytes[0])) / first_n, 0.0)
     return GraphPoolModel(per_graph_bytes=per_graph, output_bytes_per_token=slope, workspace_bytes_per_token=workspace,
-                          calibrated=True, source=source, hidden_size=hidden_size)
+                          calibrated=True, source=source, hidden_size=hidden_size,
+                          lazy_workspace_bytes=max(float(lazy_workspace_bytes), 0.0))
+
+
+def _kept_line(num_tokens: Sequence[int], kept_bytes: Sequence[float]) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line through ``(n, kept)``, both >= 0."""
+    count = len(num_tokens)
+    mean_n, mean_b = sum(num_tokens) / count, sum(kept_bytes) / count
+    var = sum((n - mean_n) ** 2 for n in num_tokens)
+    if var == 0:  # one size only: no slope to fit
+        return max(mean_b, 0.0), 0.0
+    slope = sum((n - mean_n) * (b - mean_b) for n, b in zip(num_tokens, kept_bytes)) / var
+    if slope < 0:
+        return max(mean_b, 0.0), 0.0
+    intercept = mean_b - slope * mean_n
+    if intercept < 0:  # through the origin instead
+        slope = max(sum(n * b for n, b in zip(num_tokens, kept_bytes)) / sum(n * n for n in num_tokens), 0.0)
+        return 0.0, slope
+    return intercept, slope

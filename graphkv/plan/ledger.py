@@ -4,13 +4,20 @@ The pool's pages are shared by all groups, so the split is stated at the plan's 
 ``max_concurrency`` requests of ``max_model_len`` tokens, each holding its worst-case pages in
 every group. Per group, those pages' bytes split into real KV data, page padding (Mamba states
 padded up to the attention page) and empty slots (a group with fewer layers than ``gs``).
+
+Beside the pool: the CUDA step's static device buffers (their tensor bytes), the allocator rounding
+(what PyTorch's caching allocator reserves beyond the pool's and the static buffers' tensors — whole
+segments, :meth:`~graphkv.plan.ledger_entries.Ledger.cuda_memory`'s reserved minus tensor bytes),
+the host buffers (host memory) and the estimated graph pool. The device entries sum to
+:attr:`~graphkv.plan.ledger_entries.Ledger.beside_pool_device_bytes`, which
+:func:`graphkv.plan.gpu_fit.compile_for_gpu` fits beside the pool.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from graphkv.plan.allocations.entries import Allocation, Placement
+from graphkv.plan.allocations.entries import Allocation, CudaMemory, Placement
 from graphkv.plan.graph_pool import GraphKeyEstimate
 from graphkv.plan.plan import Capacity, GroupPlan, Ledger, LedgerEntry, SlotPlan
 
@@ -20,7 +27,8 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
                  cpu_allocations: tuple[Allocation, ...], cuda_allocations: tuple[Allocation, ...],
                  graph_keys: tuple[GraphKeyEstimate, ...], graph_pool_reason: str) -> Ledger:
     """Every byte of ``budget_bytes`` attributed; the runtime's static and host buffers on a GPU
-    (from ``cuda_allocations``) and the graph pool (the sum of ``graph_keys``) listed beside it."""
+    (from ``cuda_allocations``), the caching allocator's rounding of the pool and the static buffers
+    and the graph pool (the sum of ``graph_keys``) listed beside it."""
     ppb = capacity.pool_bytes_per_block
     conc = capacity.max_concurrency
     entries: list[LedgerEntry] = []
@@ -69,6 +77,17 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
     entries.append(LedgerEntry(name="static buffers", nbytes=sum(a.nbytes for a in on_device), in_kv_budget=False,
                                reason=f"{len(on_device)} persistent device buffers of a CUDA step ({owners}); "
                                       "ledger.allocations('cuda') lists each"))
+    memory = CudaMemory.of(cuda_allocations)
+    pool_extra = memory.pool.reserved_bytes - memory.pool.tensor_bytes
+    static_extra = memory.static_buffers.reserved_bytes - memory.static_buffers.tensor_bytes
+    inside = ", in what the pool's segments left" if static_extra < 0 else ""
+    entries.append(LedgerEntry(name="allocator rounding", nbytes=pool_extra + static_extra, in_kv_budget=False,
+                               reason=f"the CUDA caching allocator's segments beyond the tensors (memory_reserved, "
+                                      f"what the GPU loses): pool {pool_extra:+d} B ({memory.pool.num_allocations} "
+                                      f"slot(s)), static buffers {static_extra:+d} B "
+                                      f"({memory.static_buffers.num_allocations} buffer(s){inside}); 512 B blocks in "
+                                      "2 MiB, 20 MiB or 2 MiB-rounded segments, "
+                                      "plan.ledger.cuda_memory() itemises it"))
     entries.append(LedgerEntry(name="host buffers", nbytes=sum(a.nbytes for a in on_host), in_kv_budget=False,
                                on_device=False,
                                reason=f"{len(on_host)} pinned staging and host bookkeeping arrays "

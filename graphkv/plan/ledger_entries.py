@@ -29,7 +29,7 @@ class LedgerEntry:
 @attrs.frozen(kw_only=True)
 class Ledger:
     """Step 7: every byte of the KV budget attributed (``kv_entries`` sum to ``budget_bytes``),
-    plus what is allocated beside the pool (static buffers, host buffers, estimated graph pool).
+    plus what is allocated beside the pool (static buffers, allocator rounding, host buffers, estimated graph pool).
 
     ``cpu_allocations`` / ``cuda_allocations``: every tensor and array the runtime allocates on that
     device kind (KV pool, block tables, staging, page ownership, flex masks), which the runtime
@@ -94,7 +94,9 @@ class Ledger:
     @property
     def beside_pool_device_bytes(self) -> int:
         """GPU bytes allocated beside the KV pool: the runtime's static device buffers on a CUDA device +
-        the estimated graph pool (host buffers are host memory and do not count)."""
+        the caching allocator's rounding (the segments ``memory_reserved`` grows by beyond the pool's and
+        the static buffers' tensors, :meth:`cuda_memory`) + the estimated graph pool (host buffers are
+        host memory and do not count)."""
         return sum(e.nbytes for e in self.other_entries if e.on_device)
 
     @property

@@ -57,7 +57,8 @@ def test_demo_and_a_preset_measure_the_pool_exactly_and_calibrate_the_graphs(tmp
     held_out = set(range(3, len(graph_keys), 3))
     kept = [i for i in range(len(graph_keys)) if i not in held_out]
     assert held_out and len(graph_keys) == len(measured)
-    fit = fit_graph_pool([graph_keys[i] for i in kept], [measured[i] for i in kept], hidden_size=None, source="test")
+    fit = fit_graph_pool([graph_keys[i] for i in kept], [keys[i].measured_kept_bytes for i in kept],
+                         first_peak_bytes=keys[0].measured_peak_bytes, hidden_size=None, source="test")
     for i, est in enumerate(fit.estimate(graph_keys)):
         if i in held_out:
             assert abs(measured[i] - est.nbytes) <= TOLERANCE * max(est.nbytes, 1), (keys[i].phase, est.nbytes)

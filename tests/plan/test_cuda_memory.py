@@ -17,14 +17,16 @@ from graphkv.presets import preset_model
 H100_LLAMA_BUDGET = 21_116_223_488  # llama-3.1-8b's KV budget in `graphkv bench memory` on an H100, 2026-11-25
 
 
-def test_demo_static_buffers_are_31_blocks_of_512_b_in_one_small_segment():
-    """Demo: 31 buffers of 35,680 B are charged 43,520 B (each rounded to 512 B, the +22 % the H100 measured) in
-    one new 2 MiB segment, as the pool's two 1 MiB slots fill theirs exactly."""
+def test_demo_static_buffers_are_38_blocks_of_512_b_in_one_small_segment():
+    """Demo: 38 buffers of 39,176 B are charged 49,152 B (each rounded to 512 B) in one new 2 MiB segment, as the
+    pool's two 1 MiB slots fill theirs exactly. The H100 run of 2026-11-25 measured this rule at 43,520 B for the
+    31 buffers of 35,680 B the demo had then; full-block marking (issue 20) added 7 flex buffers (+1,456 B,
+    charged 6 x 512 + 1,024) and widened full_kv_indices from 8 B to 2,048 B (charged 512 -> 2,048)."""
     plan = demo_plan(DemoOptions())
     memory = plan.ledger.cuda_memory()
     assert memory.pool == AllocatorBytes(num_allocations=2, tensor_bytes=2 * MIB, allocated_bytes=2 * MIB,
                                          reserved_bytes=2 * MIB)
-    assert memory.static_buffers == AllocatorBytes(num_allocations=31, tensor_bytes=35_680, allocated_bytes=43_520,
+    assert memory.static_buffers == AllocatorBytes(num_allocations=38, tensor_bytes=39_176, allocated_bytes=49_152,
                                                    reserved_bytes=2 * MIB)
     device = [a for a in plan.ledger.allocations("cuda") if a.placement is Placement.DEVICE]
     assert memory.static_buffers.allocated_bytes == sum(rounded_bytes(a.nbytes) for a in device
@@ -72,11 +74,27 @@ def test_tensor_bytes_are_the_runtime_bytes_on_the_device(plan):
         memory.charge("staging.int64_host")  # pinned host memory: not the CUDA caching allocator's
 
 
+@pytest.mark.parametrize("plan", [demo_plan(DemoOptions()), widths_plan(),
+                                  compile_plan(preset_model("llama-3.1-8b"), Limits(),
+                                               Budget.kv_bytes(H100_LLAMA_BUDGET))],
+                         ids=["demo", "three-groups", "llama-h100"])
+def test_the_ledgers_allocator_rounding_is_reserved_minus_tensor_bytes(plan):
+    """The ledger's "allocator rounding" entry is what cuda_memory() reserves beyond the pool's and the static
+    buffers' tensors (three groups: the buffers fill the pool's small segment, so their part is negative)."""
+    memory = plan.ledger.cuda_memory()
+    entry = next(e for e in plan.ledger.other_entries if e.name == "allocator rounding")
+    pool = memory.pool.reserved_bytes - memory.pool.tensor_bytes
+    static = memory.static_buffers.reserved_bytes - memory.static_buffers.tensor_bytes
+    assert entry.nbytes == pool + static == memory.reserved_bytes - plan.ledger.runtime_bytes("cuda").device_bytes
+    assert f"pool {pool:+d} B ({memory.pool.num_allocations} slot(s)), static buffers {static:+d} B" in entry.reason
+    assert entry.on_device and not entry.in_kv_budget
+
+
 def test_plan_json_carries_the_charge_per_phase():
     """--json: ledger.runtime.cuda.caching_allocator has the pool's and the static buffers' bytes; the CPU none."""
     data = json.loads(json.dumps(demo_plan(DemoOptions()).to_dict()))
     runtime = data["ledger"]["runtime"]
     assert runtime["cuda"]["caching_allocator"] == {
         "pool": {"tensor_bytes": 2 * MIB, "allocated_bytes": 2 * MIB, "reserved_bytes": 2 * MIB},
-        "static_buffers": {"tensor_bytes": 35_680, "allocated_bytes": 43_520, "reserved_bytes": 2 * MIB}}
+        "static_buffers": {"tensor_bytes": 39_176, "allocated_bytes": 49_152, "reserved_bytes": 2 * MIB}}
     assert "caching_allocator" not in runtime["cpu"]

@@ -92,22 +92,59 @@ def test_compile_refuses_a_graph_pool_that_is_not_a_model():
         _plan(graph_pool="cal.json")
 
 
+def test_the_fit_takes_a_line_through_every_kept_and_the_first_peak_above_it_as_workspace():
+    """Keys 8, 4, 2, 1 keeping 1000 + 10 n B, the first peaking 300 B x 8 above it: 1000 B, 10 B and 300 B per token."""
+    keys = _keys(8, 4, 2, 1)
+    kept = [1000 + 10 * k.num_tokens for k in keys]
+    fitted = fit_graph_pool(keys, kept, first_peak_bytes=kept[0] + 300 * 8, hidden_size=64, source="fit",
+                            lazy_workspace_bytes=33_554_432)
+    assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token) == (1000.0, 10.0,
+                                                                                                            300.0)
+    assert fitted.hidden_size == 64 and fitted.lazy_workspace_bytes == 33_554_432.0 and fitted.calibrated
+    assert [e.nbytes for e in fitted.estimate(keys)] == [kept[0] + 300 * 8, *kept[1:]]
+
+
 def test_the_fit_recovers_the_coefficients_of_exact_measurements():
-    """Measurements made by a known model fit back to it: 2048 B per graph, 12 B outputs, 300 B workspace per token."""
+    """What a known model keeps per key, and its first key's peak, fit back to it: 2048 B, 12 B, 300 B per token."""
     truth = GraphPoolModel(per_graph_bytes=2048.0, output_bytes_per_token=12.0, workspace_bytes_per_token=300.0,
                            calibrated=True, source="truth")
     keys = _keys(64, 32, 16, 8, 4, 2, 1)
-    fitted = fit_graph_pool(keys, [e.nbytes for e in truth.estimate(keys)], hidden_size=64, source="fit")
+    kept = [2048 + 12 * k.num_tokens for k in keys]
+    fitted = fit_graph_pool(keys, kept, first_peak_bytes=truth.estimate(keys)[0].nbytes, hidden_size=None, source="fit")
     assert fitted.per_graph_bytes == pytest.approx(2048.0)
     assert fitted.output_bytes_per_token == pytest.approx(12.0)
     assert fitted.workspace_bytes_per_token == pytest.approx(300.0)
-    assert fitted.hidden_size == 64
+    assert fitted.lazy_workspace_bytes == 0.0
 
 
 def test_the_fit_clamps_noise_below_zero_and_needs_one_value_per_key():
-    """Later keys costing less than nothing fit to 0; a missing measurement is a SpecError."""
-    fitted = fit_graph_pool(_keys(8, 4, 2), [8000, 0, 0], hidden_size=None, source="fit")
-    assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token) == (0.0, 0.0,
-                                                                                                            1000.0)
-    with pytest.raises(SpecError, match="needs one value per key"):
-        fit_graph_pool(_keys(8, 4), [1], hidden_size=None, source="fit")
+    """A falling line fits flat, a negative intercept through the origin, a peak below kept no workspace; a
+    missing measurement is a SpecError."""
+    flat = fit_graph_pool(_keys(8, 4, 2), [900, 1000, 1100], first_peak_bytes=8900, hidden_size=None, source="fit")
+    assert (flat.per_graph_bytes, flat.output_bytes_per_token, flat.workspace_bytes_per_token) == (1000.0, 0.0,
+                                                                                                    1000.0)
+    origin = fit_graph_pool(_keys(4, 2, 1), [400, 100, 0], first_peak_bytes=0, hidden_size=None, source="fit")
+    assert origin.per_graph_bytes == 0.0 and origin.output_bytes_per_token == pytest.approx(1800 / 21)
+    assert origin.workspace_bytes_per_token == 0.0
+    one_size = fit_graph_pool(_keys(4, 4), [100, 300], first_peak_bytes=100, hidden_size=None, source="fit")
+    assert (one_size.per_graph_bytes, one_size.output_bytes_per_token) == (200.0, 0.0)
+    with pytest.raises(SpecError, match="kept_bytes=1: needs one value per key \\(2\\)"):
+        fit_graph_pool(_keys(8, 4), [1], first_peak_bytes=1, hidden_size=None, source="fit")
+
+
+def test_lazy_workspace_bytes_round_trip_and_an_older_file_reads_them_as_0(tmp_path):
+    """lazy_workspace_bytes is written and read back; a file written before it existed reads 0; a negative one is
+    refused naming the field."""
+    path = tmp_path / "cal.json"
+    GraphPoolModel(per_graph_bytes=512.0, output_bytes_per_token=4.0, workspace_bytes_per_token=64.0, calibrated=True,
+                   source="fit", lazy_workspace_bytes=33_685_504.0).write(path, model="demo", device="H100")
+    assert json.loads(path.read_text())["lazy_workspace_bytes"] == 33_685_504.0
+    assert GraphPoolModel.from_file(path).lazy_workspace_bytes == 33_685_504.0
+    old = {"format": CALIBRATION_FORMAT, "per_graph_bytes": 512.0, "output_bytes_per_token": 4.0,
+           "workspace_bytes_per_token": 64.0, "hidden_size": None, "source": "fit"}
+    path.write_text(json.dumps(old))
+    model = GraphPoolModel.from_file(path)
+    assert model.lazy_workspace_bytes == 0.0 and model.workspace_bytes_per_token == 64.0
+    path.write_text(json.dumps({**old, "lazy_workspace_bytes": -1}))
+    with pytest.raises(SpecError, match="graph_calibration.lazy_workspace_bytes=-1: in .* must be a finite number"):
+        GraphPoolModel.from_file(path)

@@ -102,3 +102,19 @@ def test_static_buffers_and_graph_pool_sit_beside_the_budget():
     assert other["graph pool"].nbytes == sum(tokens) * 8192 + 64 * 4 * 8192 == 4636672
     assert "UNCALIBRATED" in other["graph pool"].reason
     assert plan.ledger.kv_total_bytes == 2**30
+
+
+def test_allocator_rounding_sits_beside_the_budget_on_the_device():
+    """Two full layers in 1 GiB: the pool's two 512 MiB slots fill whole 2 MiB segments (+0 B); the step's 369,300 B
+    of device buffers take one 2 MiB small segment (+1,727,852 B); the GPU loses that much beside the pool."""
+    model = ModelKV.from_specs("tiny", [(FULL, "flash_attn")] * 2)
+    plan = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=8), Budget.kv_bytes("1GiB"))
+    other = {e.name: e for e in plan.ledger.other_entries}
+    rounding = other["allocator rounding"]
+    assert other["static buffers"].nbytes == 369_300
+    assert rounding.nbytes == 0 + (2 * 2**20 - 369_300) == 1_727_852
+    assert rounding.on_device and not rounding.in_kv_budget
+    assert "pool +0 B (2 slot(s)), static buffers +1727852 B (8 buffer(s))" in rounding.reason
+    assert [e.name for e in plan.ledger.other_entries] == ["static buffers", "allocator rounding", "host buffers",
+                                                           "graph pool"]
+    assert plan.ledger.beside_pool_device_bytes == 369_300 + 1_727_852 + other["graph pool"].nbytes

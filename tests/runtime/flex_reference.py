@@ -14,7 +14,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PagedBatch", "builder_for", "dense_reference", "listed_blocks", "make_paged_batch", "needed_blocks"]
+__all__ = ["BlockLists", "PagedBatch", "block_lists", "block_sparse_reference", "builder_for", "dense_reference",
+           "listed_blocks", "make_paged_batch", "needed_blocks", "wholly_visible_blocks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -140,7 +141,7 @@ def needed_blocks(mask_mod, *, num_tokens_padded: int, kv_tokens: int, q_tile: i
 
 
 def builder_for(batch: PagedBatch, *, bpk: int = 1, window: int | None = None, q_tile: int = 128,
-                budget: int | None = None):
+                budget: int | None = None, mark_full_blocks: bool = True):
     """A :class:`FlexMaskBuilder` bound to ``batch``'s tensors, sized like a plan would size it
     (``max_num_batched_tokens`` = ``budget``, by default the padded query length; the pool = the cache)."""
     from graphkv.runtime.flex.geometry import FlexMaskGeometry
@@ -153,13 +154,91 @@ def builder_for(batch: PagedBatch, *, bpk: int = 1, window: int | None = None, q
                                 max_num_batched_tokens=budget or batch.query.shape[0], block_table_width=width,
                                 kv_indices_width=min(min(q_tile, seqs) * width, nkb), window=window)
     return FlexMaskBuilder(geometry, block_table=batch.block_table, query_start_loc=batch.query_start_loc,
-                           seq_lens=batch.seq_lens)
+                           seq_lens=batch.seq_lens, mark_full_blocks=mark_full_blocks)
 
 
 def listed_blocks(builder, num_tokens_padded: int) -> torch.Tensor:
-    """``[num_q_tiles, num_kernel_blocks]`` bool: the blocks ``builder``'s buffers list per tile."""
-    tiles = -(-num_tokens_padded // builder.geometry.q_tile_tokens)
-    out = torch.zeros(tiles, builder.geometry.num_kernel_blocks, dtype=torch.bool)
+    """``[num_q_tiles, num_kernel_blocks]`` bool: the blocks ``builder``'s buffers list per tile, partial or full."""
+    lists = block_lists(builder, num_tokens_padded)
+    return lists.partial | lists.full
+
+
+@attrs.frozen(kw_only=True)
+class BlockLists:
+    """A built mask's block lists as ``[num_q_tiles, num_kernel_blocks]`` bool tensors, and how many
+    list entries repeat a block already in the same list."""
+
+    partial: torch.Tensor
+    full: torch.Tensor
+    repeats: int
+
+
+def block_lists(builder, num_tokens_padded: int) -> BlockLists:
+    """The partial (``kv_indices``) and full (``full_kv_indices``) kernel blocks of each query tile."""
+    g = builder.geometry
+    tiles = -(-num_tokens_padded // g.q_tile_tokens)
+    out, repeats = [], 0
+    lists = ((builder.kv_num_blocks, builder.kv_indices), (builder.full_kv_num_blocks, builder.full_kv_indices))
+    for num, idx in lists:
+        listed = torch.zeros(tiles, g.num_kernel_blocks, dtype=torch.bool)
+        for t in range(tiles):
+            flex_blocks = idx[t, :int(num[t])].long()
+            assert (flex_blocks % g.kv_block_stride == 0).all()
+            kernel_blocks = flex_blocks // g.kv_block_stride
+            repeats += kernel_blocks.numel() - kernel_blocks.unique().numel()
+            listed[t, kernel_blocks] = True
+        out.append(listed)
+    return BlockLists(partial=out[0], full=out[1], repeats=repeats)
+
+
+def _dense_mask(builder, num_tokens_padded: int) -> torch.Tensor:
+    """``[num_tokens_padded, kv_tokens]`` bool: ``builder.mask_mod`` evaluated for every (query, key) pair."""
+    q = torch.arange(num_tokens_padded)[:, None]
+    kv = torch.arange(builder.geometry.kv_tokens)[None, :]
+    return builder.mask_mod(torch.zeros(()), torch.zeros(()), q, kv)
+
+
+def wholly_visible_blocks(builder, num_tokens_padded: int) -> torch.Tensor:
+    """``[num_q_tiles, num_kernel_blocks]`` bool, by brute force: the kernel blocks whose every key every
+    query of the tile keeps (queries below ``num_tokens_padded``), for tiles whose queries all belong
+    to one request (what full blocks must be). Padding queries keep nothing, so a tile holding one has none."""
+    g = builder.geometry
+    tile, kbs, span = g.q_tile_tokens, g.kernel_block_size, g.kernel_block_size * g.kv_block_stride
+    keep = _dense_mask(builder, num_tokens_padded)
+    tiles = -(-num_tokens_padded // tile)
+    out = torch.zeros(tiles, g.num_kernel_blocks, dtype=torch.bool)
     for t in range(tiles):
-        out[t, builder.kv_indices[t, :int(builder.kv_num_blocks[t])].long()] = True
+        rows = slice(t * tile, min((t + 1) * tile, num_tokens_padded))
+        if builder.token_row[rows].unique().numel() != 1:
+            continue
+        per_key = torch.ones(g.num_kernel_blocks * span, dtype=torch.bool)  # padded to whole strides
+        per_key[:g.kv_tokens] = keep[rows].all(dim=0)
+        out[t] = per_key.view(-1, span)[:, :kbs].all(dim=1)
     return out
+
+
+def block_sparse_reference(batch: PagedBatch, builder, *, num_tokens_padded: int,
+                           scale: float | None = None) -> torch.Tensor:
+    """``[num_tokens_padded, Hq, D]`` float64: attention over the flat K/V view with ``BlockMask``
+    semantics, as flex kernels compute it (eager flex evaluates the mask_mod everywhere instead): a key
+    counts iff its block is listed full for the query's tile, or listed partial and the mask_mod keeps
+    it. Queries keeping no key give zeros."""
+    from graphkv.runtime.flex.views import paged_kv_views
+
+    g = builder.geometry
+    lists = block_lists(builder, num_tokens_padded)
+    kv = torch.arange(g.kv_tokens)
+    kernel_block = kv // (g.kernel_block_size * g.kv_block_stride)
+    at_block = kv % (g.kernel_block_size * g.kv_block_stride) < g.kernel_block_size  # keys between kernel blocks: none
+    tile_of = torch.arange(num_tokens_padded) // g.q_tile_tokens
+    partial = lists.partial[tile_of][:, kernel_block] & at_block
+    full = lists.full[tile_of][:, kernel_block] & at_block
+    keep = (partial & _dense_mask(builder, num_tokens_padded)) | full
+    k, v = (x[0].double() for x in paged_kv_views(batch.kv_cache))  # [Hkv, kv_tokens, D]
+    q = batch.query[:num_tokens_padded].double().transpose(0, 1)  # [Hq, T, D]
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scores = (q @ k.transpose(1, 2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    weights = torch.where(keep.any(dim=-1, keepdim=True), weights, 0.0)
+    return (weights @ v).transpose(0, 1)

@@ -1,12 +1,15 @@
 """Ledger entries of one flex-attention group's mask builder: its masks, workspace and constants.
 
 Sizes (``S = max_num_seqs``, ``T = max_padded_tokens``, ``W`` = block table width in kernel
-blocks, ``Q`` query tiles, ``N`` kernel blocks of the pool, ``K`` columns of ``kv_indices``): the
-masks take ``4 * (3Q + Q K + 2T + N)`` bytes, the per-table-entry workspace ``18 * S * W`` (two
-bool masks, two int32 bounds and an int64 scatter index), the per-tile counts ``4 * (Q + 2) * N``,
-the per-row and per-token scratch ``13 S + 5 T`` and the constants ``4 * (S + T + 2W + Q K + Q + 6)``.
-The two large terms — ``18 S W`` and ``4 (Q + 2) N`` — grow with the pool and the table width. The same function
-sizes the plan's ledger and the runtime's :class:`~graphkv.runtime.flex.mask.FlexMaskBuilder`.
+blocks, ``Q`` query tiles, ``N`` kernel blocks of the pool, ``K`` columns of ``kv_indices``, ``F =
+min(W, searched columns)`` full blocks a tile can have): the masks (partial and full block lists)
+take ``4 * (2Q + 2QK + 2T + N)`` bytes, the per-table-entry workspace ``18 * S * W`` (two bool
+masks, two int32 bounds and an int64 scatter index), the per-tile counts ``4 * (Q + 2) * N``, the
+full-block search ``21 * Q * F`` (three int32, a bool and an int64 per column) and ``30 Q``
+per-tile scratch, the per-row and per-token scratch ``13 S + 5 T`` and the constants ``4 * (S + T
++ 2W + Q K + 3Q + 15)``. The large terms — ``18 S W``, ``4 (Q + 2) N`` and the two block lists'
+``4 Q K`` each — grow with the pool and the table width. The same function sizes the plan's ledger
+and the runtime's :class:`~graphkv.runtime.flex.mask.FlexMaskBuilder`.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from graphkv.spec.backends import CacheOrder
 from graphkv.spec.dtypes import DType
 from graphkv.spec.model import LayerDecl
 
-__all__ = ["FlexSizes", "flex_allocations", "flex_sizes"]
+__all__ = ["FULL_SCALARS", "TILE_INTS", "FlexSizes", "flex_allocations", "flex_sizes"]
 
 _I32, _I64, _BOOL = DType.INT32, DType.INT64, DType.BOOL
+# Views of the full-block search's per-tile scratch and 0-d constants (graphkv.runtime.flex.full_blocks).
+TILE_INTS = ("row", "rowbase", "last", "lmax", "lmin", "first", "count")
+FULL_SCALARS = ("zero", "minus_one", "one_minus_kbs", "kernel_block_size", "table_width", "last_entry",
+                "last_kernel_block", "kv_block_stride", "full_width")
 
 
 @attrs.frozen(kw_only=True)
@@ -80,11 +87,12 @@ def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
     s, t, w = sizes.max_num_seqs, sizes.max_padded_tokens, sizes.block_table_width
     q, n, k = sizes.num_q_tiles, sizes.num_kernel_blocks, sizes.kv_indices_width
     searched = k if sizes.searched_width is None else sizes.searched_width
+    full = min(w, searched)  # a tile's full blocks are one request's table entries, and listed blocks
     rows = [
         ("kv_num_blocks", (q,), _I32, f"kernel blocks each of the {q} query tiles attends"),
         ("kv_indices", (q, k), _I32, f"the kernel blocks of each query tile, {k} columns"),
-        ("full_kv_num_blocks", (q,), _I32, "zero full blocks (compiled CPU decode needs full-block tensors)"),
-        ("full_kv_indices", (q, 1), _I32, "zero full-block indices"),
+        ("full_kv_num_blocks", (q,), _I32, "full blocks of each query tile: seen whole by every query (no mask_mod)"),
+        ("full_kv_indices", (q, k), _I32, f"the full blocks of each query tile, {k} columns like kv_indices"),
         ("token_row", (t,), _I32, f"batch row of each packed query token ({t} = {q} tiles, padded)"),
         ("token_pos", (t,), _I32, "position of each packed query token (-1: padding)"),
         ("kernel_block_logical", (n,), _I32, f"logical index of each of the pool's {n} kernel blocks (-1: not live)"),
@@ -97,6 +105,14 @@ def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
         ("entry_lo", (s, w), _I32, "workspace per table entry: first query token needing it"),
         ("entry_hi", (s, w), _I32, "workspace per table entry: logical index, then last query token needing it"),
         ("entry_index", (s, w), _I64, "workspace per table entry: scatter index (torch's scatter ops take int64)"),
+        ("tile_ints", (len(TILE_INTS), q), _I32, "workspace per query tile: first row, its first table entry, last "
+                                                 "query, full range's bounds (logical, then table entries), length"),
+        ("tile_flags", (2, q), _BOOL, "workspace per query tile: several requests or padding, whole range read back"),
+        ("full_ints", (3, q, full), _I32, f"workspace per (query tile, full-list column), {full} columns: table "
+                                          "entry, kernel block, logical index it is read at"),
+        ("full_read_back", (q, full), _BOOL, "workspace per (query tile, full-list column): read at its own index"),
+        ("full_index", (q, full), _I64, "workspace per (query tile, full-list column): (tile, kernel block) index "
+                                        "cleared from the partial counts"),
         ("tile_counts", (q + 2, n), _I32, "per (query tile, kernel block): difference array, then ranks; a step over "
                                           "t tiles dumps dead entries in row t + 1"),
         ("row_ids", (s,), _I32, "constant 0 .. max_num_seqs - 1"),
@@ -105,6 +121,9 @@ def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
         ("ranks", (q, searched), _I32, "constant 1 .. searched kv_indices columns per tile (the batched binary "
                                        "search's targets)"),
         ("dump_index", (q + 2,), _I32, "constant: first (tile, kernel block) index of each tile's dump row"),
+        ("tile_consts", (2, q), _I32, "constants per query tile: its last token, and kbs - window - its first token"),
+        ("full_scalars", (len(FULL_SCALARS),), _I32, "0-d constants of the full-block search: " +
+                                                     ", ".join(FULL_SCALARS)),
         ("scalars", (4,), _I32, "0-d values: the step's request count, +1, -1 and INT32_MAX"),
     ]
     if searched < k:
@@ -121,6 +140,12 @@ def _parts(name: str, shape: tuple[int, ...]) -> tuple[AllocationPart, ...]:
         s = shape[1]
         return tuple(AllocationPart(name=p, offset=i * s, shape=(s,)) for i, p in enumerate(("row_ctx", "row_ends",
                                                                                               "row_last")))
+    if name in ("tile_ints", "tile_consts"):
+        q = shape[1]
+        names = TILE_INTS if name == "tile_ints" else ("tile_last", "tile_window")
+        return tuple(AllocationPart(name=p, offset=i * q, shape=(q,)) for i, p in enumerate(names))
+    if name == "full_scalars":  # 0-d each
+        return tuple(AllocationPart(name=p, offset=i, shape=()) for i, p in enumerate(FULL_SCALARS))
     if name == "logical_ids":
         w = shape[1]
         return (AllocationPart(name="logical_ids", offset=0, shape=(w,)),

@@ -107,16 +107,19 @@ class CapturedForward:
     Outputs of a replayed step alias static graph buffers: they are overwritten by the next replay
     (of any key). Pass ``copy_outputs=True`` to get clones instead, or copy what you keep. The
     forward always runs under ``torch.no_grad()`` (a replayed graph cannot backpropagate, and one
-    grad mode keeps a compiled forward from recompiling between capture and serving).
+    grad mode keeps a compiled forward from recompiling between capture and serving). ``stream``
+    (optional): the ``torch.cuda.Stream`` every key is warmed up and captured on, instead of a new
+    side stream per warm-up and torch's own capture stream (see :func:`capture`).
     """
 
     def __init__(self, fn: Callable[..., Any], plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
                  pad_values: Mapping[str, float] | None = None, token_dims: Mapping[str, int] | None = None,
-                 copy_outputs: bool = False, pool: Any = None) -> None:
+                 copy_outputs: bool = False, pool: Any = None, stream: Any = None) -> None:
         self.fn = fn
         self.plan = plan
         self.copy_outputs = copy_outputs
         self.pool = pool
+        self.stream = stream
         self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
         self._graphs: dict[GraphKey, _Captured] = {}
         self._shapes = ShapeMemo(plan.limits.max_num_seqs)  # decode steps' shapes (cleared by capture)
@@ -291,7 +294,8 @@ class CapturedForward:
             except RuntimeError as e:
                 raise self._failed(key, "warm-up", e) from e
             return
-        side = torch.cuda.Stream()  # torch's recipe: warm up on a side stream before capture
+        # torch's recipe: warm up on a side stream before capture (the capture stream itself when given)
+        side = self.stream if self.stream is not None else torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(side):
@@ -311,10 +315,11 @@ class CapturedForward:
                     self.fn(**views)
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
-                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool)
+                on = {} if self.stream is None else {"stream": self.stream}  # (the call as before without one)
+                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, **on)
                 self._graphs[key] = _Captured(graph=graph, outputs=outputs)
                 return
-            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed) as scope:
+            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream) as scope:
                 self.fn(**views)
         except RuntimeError as e:
             raise self._failed(key, f"{mode.value} capture", e) from e
@@ -395,17 +400,21 @@ def _cut(t: torch.Tensor, shape: StepShape) -> torch.Tensor:
 
 def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
             pad_values: Mapping[str, float] | None = None, token_dims: Mapping[str, int] | None = None,
-            copy_outputs: bool = False, pool: Any = None) -> Callable[[Callable[..., Any]], CapturedForward]:
+            copy_outputs: bool = False, pool: Any = None,
+            stream: Any = None) -> Callable[[Callable[..., Any]], CapturedForward]:
     """Wrap a forward for CUDA-graph capture under ``plan``: ``@capture(plan)`` or
     ``capture(plan, static_inputs=...)(model.forward)``; compile first, then capture.
 
     ``static_inputs``: persistent input buffers by forward argument name, token dim (dim 0, or
     ``token_dims[name]``) sized >= the largest capture size. ``pad_values``: value of padding rows
     per input (default 0, and -1 for names ending in ``slot_mapping``). ``pool``: a
-    ``torch.cuda.graph_pool_handle()`` to share (default: a new one at capture). Returns a
+    ``torch.cuda.graph_pool_handle()`` to share (default: a new one at capture). ``stream``: a
+    ``torch.cuda.Stream`` to warm up and capture every key on (default: a new side stream per
+    warm-up, torch's own capture stream per capture); warm lazy workspaces such as cuBLAS's (one
+    per stream) on it before ``.capture()`` so that none lands in the graph pool. Returns a
     :class:`CapturedForward`; call ``.capture()`` once the model is loaded.
     """
     def wrap(fn: Callable[..., Any]) -> CapturedForward:
         return CapturedForward(fn, plan, static_inputs=static_inputs, pad_values=pad_values, token_dims=token_dims,
-                               copy_outputs=copy_outputs, pool=pool)
+                               copy_outputs=copy_outputs, pool=pool, stream=stream)
     return wrap

@@ -124,6 +124,7 @@ class PiecewiseCaptureScope:
 
     pool: Any
     rehearse: bool = False
+    stream: Any = None  # the torch.cuda.Stream pieces are captured on (None: torch's own capture stream)
     num_captured: int = 0
     num_replayed: int = 0
     num_rehearsed: int = 0
@@ -134,25 +135,31 @@ _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.Conte
 
 
 @contextlib.contextmanager
-def piecewise_capture(pool: Any = None, *, rehearse: bool = False) -> Iterator[PiecewiseCaptureScope]:
+def piecewise_capture(pool: Any = None, *, rehearse: bool = False,
+                      stream: Any = None) -> Iterator[PiecewiseCaptureScope]:
     """Inside this block, :class:`PiecewiseRunner` s capture a graph for each new input signature
-    into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use). With
-    ``rehearse`` they capture nothing and only count the pieces that would be captured (on any
-    device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would."""
-    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse))
+    into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use), on
+    ``stream`` when given (else torch's own capture stream). With ``rehearse`` they capture nothing
+    and only count the pieces that would be captured (on any device), so a CPU run decides which
+    keys run PIECEWISE exactly as a GPU would."""
+    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse, stream=stream))
     try:
         yield _SCOPE.get()
     finally:
         _SCOPE.reset(token)
 
 
-def capture_graph(fn: Callable[[], Any], pool: Any) -> tuple[Any, Any]:
+def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple[Any, Any]:
     """Capture ``fn()`` into a new CUDA graph allocating from ``pool``; return ``(graph, outputs)``.
 
-    ``outputs`` are static: each ``graph.replay()`` rewrites them. The one place graphkv captures.
+    ``stream``: the ``torch.cuda.Stream`` to capture on (default: torch's class-level capture
+    stream); pass the same one for every graph of a pool, and warm lazy workspaces (cuBLAS keeps
+    one per stream) on it first, so that none is allocated inside the capture. ``outputs`` are
+    static: each ``graph.replay()`` rewrites them. The one place graphkv captures.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    on = {} if stream is None else {"stream": stream}  # without one: torch's class-level capture stream
+    with torch.cuda.graph(graph, pool=pool, **on):
         outputs = fn()
     return graph, outputs
 
@@ -226,7 +233,8 @@ class PiecewiseRunner(torch.nn.Module):
         if scope.pool is None:
             scope.pool = torch.cuda.graph_pool_handle()
         self.piece(*args)  # warm-up: lazy init and autotuning must not happen during capture
-        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool)
+        on = {} if scope.stream is None else {"stream": scope.stream}  # (the call as before without one)
+        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool, **on)
         scope.num_captured += 1
         static = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
         return _PieceGraph(graph=graph, static_args=static, outputs=outputs)

@@ -20,6 +20,11 @@ use left the window). A block shared by several rows (prefix sharing) must sit a
 index in all of them. The mask_mod then checks ``table[r, L] == b``, so a query never reads
 another row's blocks even when both rows share a query tile.
 
+Each query tile lists its blocks in two lists (``BlockMask`` semantics, a block in at most one):
+*full* blocks, seen whole by every query of the tile, which flex attends without evaluating the
+mask_mod, and *partial* ones, on which it does (:mod:`graphkv.runtime.flex.full_blocks` says which
+blocks are full). ``mark_full_blocks=False`` lists every block as partial (for comparisons).
+
 Example (one step)::
 
     builder = FlexMaskBuilder.from_plan(plan, 0, block_table=tables[0], query_start_loc=qsl,
@@ -46,6 +51,7 @@ from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.plan.allocations.flex import FlexSizes, flex_allocations
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
+from graphkv.runtime.flex.full_blocks import FullBlockMarker
 from graphkv.runtime.flex.geometry import FlexMaskGeometry
 
 __all__ = ["FlexMaskBuilder", "paged_mask_mod"]
@@ -118,23 +124,25 @@ class FlexMaskBuilder:
 
     Persistent buffers (allocated once, see :meth:`named_buffers`): ``kv_num_blocks
     [num_q_tiles] int32``, ``kv_indices [num_q_tiles, kv_indices_width] int32`` (the plan's
-    ``flex.{g}.*``), zero ``full_kv_num_blocks [num_q_tiles]`` / ``full_kv_indices
-    [num_q_tiles, 1]`` (compiled CPU decode needs full-block tensors), ``token_row`` /
+    ``flex.{g}.*``: the partial blocks of each query tile), ``full_kv_num_blocks [num_q_tiles]`` /
+    ``full_kv_indices [num_q_tiles, kv_indices_width] int32`` (its full blocks), ``token_row`` /
     ``token_pos [max_padded_tokens] int32``, ``kernel_block_logical [num_kernel_blocks] int32``
     and scratch (``_Workspace``). ``kv_indices`` holds flex kv blocks of the flat K/V view (kernel
     block ``b`` times :attr:`kv_block_stride`); on CPU it has ``num_kv_blocks`` columns
     (:meth:`FlexMaskGeometry.for_device`). Bound inputs, read at every build: ``block_table
     [max_num_seqs, width] int32`` in kernel blocks, ``query_start_loc [max_num_seqs + 1] int32``,
-    ``seq_lens [max_num_seqs] int32``.
+    ``seq_lens [max_num_seqs] int32``. ``mark_full_blocks=False``: every block is listed as partial
+    (the full lists stay empty), e.g. to compare outputs with and without full blocks.
     """
 
     def __init__(self, geometry: FlexMaskGeometry, *, block_table: torch.Tensor, query_start_loc: torch.Tensor,
                  seq_lens: torch.Tensor, kv_num_blocks: torch.Tensor | None = None,
-                 kv_indices: torch.Tensor | None = None) -> None:
+                 kv_indices: torch.Tensor | None = None, mark_full_blocks: bool = True) -> None:
         g = geometry.for_device(block_table.device)
         g.check_inputs(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens,
                        kv_num_blocks=kv_num_blocks, kv_indices=kv_indices)
         self.geometry = g
+        self.mark_full_blocks = mark_full_blocks
         self.block_table, self.query_start_loc, self.seq_lens = block_table, query_start_loc, seq_lens
         device = block_table.device
         seqs, width, tiles, nkb = g.max_num_seqs, block_table.shape[1], g.num_q_tiles, g.num_kernel_blocks
@@ -197,6 +205,14 @@ class FlexMaskBuilder:
         self._plus_one.fill_(1)
         self._minus_one.fill_(-1)
         self._int32_max.fill_(_INT32_MAX)
+        self._full = FullBlockMarker(
+            take=new, part=part, kernel_block_size=g.kernel_block_size, q_tile_tokens=g.q_tile_tokens,
+            window=g.window, kv_block_stride=g.kv_block_stride, full_kv_num_blocks=self.full_kv_num_blocks,
+            full_kv_indices=self.full_kv_indices, token_row=self.token_row, token_pos=self.token_pos,
+            row_last=self._ws.row_last, kernel_block_logical=self.kernel_block_logical, block_table=block_table,
+            ranks=self._ranks, tile_offsets=self._dump_index, tile_counts=self._ws.tile_counts)
+        # No block is whole to a query whose window is narrower than a kernel block: nothing to mark.
+        self._full_possible = g.window is None or g.window >= g.kernel_block_size
         assert not b.untaken(), b.untaken()
         self.allocations = b.taken()  # what this builder allocated: flex.{g}.* entries, as in the plan's ledger
         self.mask_mod = paged_mask_mod(token_row=self.token_row, token_pos=self.token_pos,
@@ -213,13 +229,13 @@ class FlexMaskBuilder:
     @classmethod
     def from_plan(cls, plan: Plan, group_index: int, *, block_table: torch.Tensor, query_start_loc: torch.Tensor,
                   seq_lens: torch.Tensor, kv_num_blocks: torch.Tensor | None = None,
-                  kv_indices: torch.Tensor | None = None) -> "FlexMaskBuilder":
+                  kv_indices: torch.Tensor | None = None, mark_full_blocks: bool = True) -> "FlexMaskBuilder":
         """A builder for ``plan.groups[group_index]`` (a ``flex`` group) whose masks fit the group's
         caches in ``allocate(plan)`` (split or page-local); buffers default to new ones shaped as
         the plan's ``flex.{g}.kv_num_blocks`` / ``flex.{g}.kv_indices``."""
         builder = cls(FlexMaskGeometry.from_plan(plan, group_index), block_table=block_table,
                       query_start_loc=query_start_loc, seq_lens=seq_lens, kv_num_blocks=kv_num_blocks,
-                      kv_indices=kv_indices)
+                      kv_indices=kv_indices, mark_full_blocks=mark_full_blocks)
         if kv_num_blocks is None and kv_indices is None:  # all its own: exactly the plan's flex.{g}.* entries
             assert builder.allocations == tuple(a for a in plan.ledger.allocations(block_table.device.type)
                                                 if a.name.startswith(f"flex.{group_index}.")), "flex ledger drift"
@@ -231,6 +247,9 @@ class FlexMaskBuilder:
                                                       "full_kv_indices", "token_row", "token_pos",
                                                       "kernel_block_logical")}
         out.update({f"workspace.{f.name}": getattr(self._ws, f.name) for f in attrs.fields(_Workspace)})
+        out.update({f"full.{name}": getattr(self._full, name) for name in ("row", "rowbase", "last", "lmax", "lmin",
+                                                                          "count", "dead", "whole", "ints",
+                                                                          "read_back", "index")})
         return out
 
     def build(self, num_reqs: int | torch.Tensor, *, num_tokens_padded: int) -> BlockMask:
@@ -316,9 +335,14 @@ class FlexMaskBuilder:
             index.copy_(torch.where(live, bound, self._dump_index[tiles + 1], out=bound))
             counts.view(-1).scatter_add_(0, index.view(-1), step.expand(index.numel()))
         ranks = counts[:tiles]
-        ranks.cumsum_(0).clamp_(0, 1).cumsum_(1)
+        ranks.cumsum_(0)
+        if self.mark_full_blocks and self._full_possible:  # full blocks go to the full lists; their counts are cleared
+            self._full.mark(tiles=tiles, num_tokens_padded=num_tokens_padded)
+        else:
+            self.full_kv_num_blocks[:tiles].zero_()
+        ranks.clamp_(0, 1).cumsum_(1)
 
-        # 6. ranks[t, b] now counts the used kernel blocks <= b of tile t, so the k-th used block
+        # 6. ranks[t, b] now counts the partial kernel blocks <= b of tile t, so the k-th one
         # (ascending ids) is the first b whose rank reaches k + 1: one batched binary search
         # writes kv_indices; columns past kv_num_blocks are clamped into range and never read.
         # Kernel block b is flex kv block b * r of the flat K/V view.

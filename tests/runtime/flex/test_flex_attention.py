@@ -156,7 +156,7 @@ def test_compiled_attention_does_not_recompile_when_the_batch_changes():
 
 @pytest.mark.slow
 def test_compiled_single_token_decode():
-    """A compiled one-token decode over a long cache works (zero full-block tensors are always passed)."""
+    """A compiled one-token decode over a long cache works (its tile lists most blocks as full)."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -71,9 +71,11 @@ def test_window_keeps_only_blocks_touching_the_window():
                              width=64, num_tokens_padded=1)
     builder = builder_for(batch, window=100)
     builder.build(1, num_tokens_padded=1)
-    # Positions 900..999 live in logical kernel blocks 56..62.
-    assert int(builder.kv_num_blocks[0]) == 7
-    assert sorted(builder.kv_indices[0, :7].tolist()) == sorted(batch.block_table[0, 56:63].tolist())
+    # Positions 900..999 live in logical kernel blocks 56..62: 57..61 (912..991) whole, 56 (896..911, 900 on)
+    # and 62 (992..1007, up to 999) in part.
+    assert (int(builder.kv_num_blocks[0]), int(builder.full_kv_num_blocks[0])) == (2, 5)
+    assert builder.kv_indices[0, :2].tolist() == sorted(batch.block_table[0, [56, 62]].tolist())
+    assert builder.full_kv_indices[0, :5].tolist() == batch.block_table[0, 57:62].tolist()
 
 
 def test_reused_page_maps_to_its_latest_logical_index():

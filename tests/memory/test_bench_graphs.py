@@ -1,0 +1,189 @@
+"""`graphkv bench memory`'s graph rows on a CPU: synthetic pool measurements become rows, notes and a calibration,
+and the capture's reads happen where they must (torch.cuda faked: lazy workspaces, then each key's capture)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import graphkv
+from graphkv.memory.bench import LAZY_WORKSPACES, PhaseRow, _capture, graph_rows
+from graphkv.memory.graph_pool_reader import CaptureMemory, KeyMemory, PoolUsage
+from graphkv.memory.meters import MeterChoice
+from graphkv.memory.progress import Progress
+from graphkv.models.demo import DemoOptions, demo_plan
+from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+from graphkv.plan.graph_keys import capture_keys
+from graphkv.spec.budget import Budget
+
+from fake_cuda_memory import MIB, POOL, FakeAllocator
+
+LAZY = 33_685_504  # a cuBLAS workspace on Hopper: 32 MiB + 128 KiB
+DEMO_KEYS = (8, 4, 2, 1)  # the demo's decode keys (token counts), largest first
+
+
+def _kept(n):
+    return 1000 + 10 * n
+
+
+def _captured(process_bytes=None):
+    """Keys 8, 4, 2, 1 keeping 1000 + 10 n B; the first peaking 300 B x 8 above what it keeps; one 2 MiB segment."""
+    keys = tuple(KeyMemory(num_tokens=n, uniform=True, peak_bytes=_kept(n) + (300 * n if n == 8 else 0),
+                           kept_bytes=_kept(n), reserved_bytes=2 * MIB if n == 8 else 0) for n in DEMO_KEYS)
+    pool = PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=sum(_kept(n) for n in DEMO_KEYS))
+    return CaptureMemory(keys=keys, lazy_workspace_bytes=LAZY, process_bytes=process_bytes, pool=pool)
+
+
+def _rows(plan, captured, graph_pool=None):
+    return graph_rows(plan, captured, why="not measured: CUDA graphs need a GPU",
+                      hidden_size=TinyHybridConfig().hidden_size,
+                      graph_pool=graph_pool, device="cuda:0", process_method="NVML per-process used memory")
+
+
+def test_each_key_row_is_what_it_keeps_and_the_first_adds_its_workspace():
+    """A lazy workspaces row first (predicted 0 uncalibrated), then keys 8, 4, 2, 1: 3,480, 1,040, 1,020, 1,010 B with
+    peak, kept and reserved in memory.json; notes compare the pool and name the process meter's growth."""
+    plan = demo_plan(DemoOptions())
+    graphs = _rows(plan, _captured(process_bytes=40 * MIB))
+    lazy, *keys = graphs.rows
+    assert (lazy.phase, lazy.predicted_bytes, lazy.measured_bytes, lazy.num_tokens) == (LAZY_WORKSPACES, 0, LAZY, None)
+    assert [r.phase for r in keys] == [f"graph_pool decode({n})" for n in DEMO_KEYS]
+    assert [r.measured_bytes for r in keys] == [1080 + 2400, 1040, 1020, 1010]
+    assert [r.predicted_bytes for r in keys] == [e.nbytes for e in plan.ledger.graph_keys]
+    assert keys[0].to_dict("tiny-hybrid") == {
+        "model": "tiny-hybrid", "phase": "graph_pool decode(8)", "predicted_bytes": plan.ledger.graph_keys[0].nbytes,
+        "measured_bytes": 3480, "method": "capture pool (memory_snapshot): kept + peak workspace "
+                                          "(max_memory_allocated)",
+        "measured_reserved_bytes": 2 * MIB, "measured_peak_bytes": 3480, "measured_kept_bytes": 1080}
+    assert keys[1].method == "capture pool (memory_snapshot): kept" and keys[1].reserved_note is None
+    model_sum = sum(e.nbytes for e in plan.ledger.graph_keys)
+    assert graphs.notes == (
+        f"graph_pool (pool reserved): the capture pool's segments hold 2,097,152 B (4,150 B allocated) after 4 keys; "
+        f"the keys' rows sum to 6,550 B measured, the model to {model_sum:,} B ({2 * MIB - model_sum:+,} B reserved "
+        "vs the model)",
+        "warming up and capturing every key cost this process 41,943,040 B of device memory (NVML per-process used "
+        "memory; NVML adds the graphs' driver-side memory to the pool and the lazy workspaces)")
+
+
+def test_the_fit_follows_the_rows_and_a_plan_calibrated_by_it_predicts_them_exactly():
+    """Fitted: 1000 B per graph, 10 B outputs and 300 B workspace per token, the lazy workspace as measured; the demo
+    compiled with it predicts every graph row and the lazy row to the byte."""
+    plan = demo_plan(DemoOptions())
+    fitted = _rows(plan, _captured()).calibration
+    assert fitted is not None and fitted.calibrated and fitted.hidden_size == 64
+    assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token,
+            fitted.lazy_workspace_bytes) == (1000.0, 10.0, 300.0, float(LAZY))
+    assert fitted.source == "fitted to 4 keys of tiny-hybrid on cuda:0"
+    calibrated = graphkv.compile(model_kv(TinyHybridConfig()), plan.limits, Budget.kv_bytes(DemoOptions().kv_memory),
+                                 graph_pool=fitted)
+    again = _rows(calibrated, _captured(), graph_pool=fitted)
+    assert all(r.predicted_bytes == r.measured_bytes for r in again.rows)
+
+
+def test_unmeasured_graph_rows_say_why_and_fit_nothing():
+    """No capture (a CPU): one row per key, measured None with the reason, no lazy row, no calibration, no note."""
+    plan = demo_plan(DemoOptions())
+    graphs = _rows(plan, None)
+    assert [r.measured_bytes for r in graphs.rows] == [None] * 4 and graphs.calibration is None and not graphs.notes
+    assert all(r.method == "not measured: CUDA graphs need a GPU" for r in graphs.rows)
+    assert set(graphs.rows[0].to_dict("m")) == {"model", "phase", "predicted_bytes", "measured_bytes", "method"}
+
+
+def test_a_row_with_only_reserved_bytes_writes_them_without_a_prediction():
+    """A graph row's reserved bytes go to memory.json without predicted_reserved_bytes (none is predicted)."""
+    row = PhaseRow(phase="graph_pool decode(1)", predicted_bytes=128, measured_bytes=512, method="m", num_tokens=1,
+                   uniform=True, measured_reserved_bytes=0, measured_peak_bytes=512, measured_kept_bytes=512)
+    assert row.to_dict("m") == {"model": "m", "phase": "graph_pool decode(1)", "predicted_bytes": 128,
+                                "measured_bytes": 512, "method": "m", "measured_reserved_bytes": 0,
+                                "measured_peak_bytes": 512, "measured_kept_bytes": 512}
+
+
+class _Stream:
+    """A stand-in for torch.cuda.Stream (the capture stream and torch's current stream)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+class _Meter:
+    """A process meter (as NVML's) over the fake allocator."""
+
+    method = "fake meter"
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+
+    def read(self):  # the allocator's bytes plus 1 MiB of driver-side memory per captured graph
+        return self.allocator.allocated + MIB * self.allocator.num_graphs
+
+
+def test_capture_warms_workspaces_on_the_capture_stream_then_reads_the_pool_around_each_key(monkeypatch):
+    """The workspace warm-up and every key's warm-up land in the lazy row; each key's capture runs on the same
+    stream into the pool read around it: kept 1000 + 10 n B, the first peaking 300 B x 8 above it."""
+    from graphkv.memory import bench
+    from graphkv.runtime import Step, allocate
+    from graphkv.runtime.capture import piecewise
+
+    plan = demo_plan(DemoOptions())
+    kv, step = allocate(plan, "cpu"), Step(plan, "cpu")
+    fake = FakeAllocator().install(monkeypatch)
+    streams, entered, log = [], [], []
+
+    def warm(stream, dtype, device):
+        streams.append(stream)
+        log.append(("warm", dtype))
+        fake.allocate(LAZY)
+
+    def forward(input_ids):
+        if not any(event == "forward" for event, _ in log):  # lazy state allocated on the first call (a warm-up)
+            fake.allocate(4096)
+        log.append(("forward", input_ids.shape[0]))
+        return torch.zeros(input_ids.shape[0], 4)
+
+    def capture_graph(fn, pool, stream=None):
+        assert pool == POOL and stream is streams[0], "every key on the capture stream, into the measured pool"
+        outputs = fn()
+        n = outputs.shape[0]
+        fake.capture(workspace_bytes=300 * n if n == 8 else 0, kept_bytes=_kept(n), new_segment=n == 8)
+        return object(), outputs
+
+    for name, value in {"graph_pool_handle": lambda: POOL, "Stream": _Stream, "current_stream": _Stream,
+                        "stream": lambda s: entered.append(s) or contextlib.nullcontext(),
+                        "is_available": lambda: True}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(bench, "_warm_workspaces", warm)
+    monkeypatch.setattr(piecewise, "capture_graph", capture_graph)
+    monkeypatch.setattr(piecewise, "graph_device", lambda device: True)
+    before = _Meter(fake).read()
+    keys = capture_keys(plan.cudagraph, plan.limits)
+    captured = _capture(plan, torch.device("cpu"), MeterChoice(meter=_Meter(fake), nvml_line=None, method="fake"),
+                        kv, step, lambda pool, s: forward, Progress(False), keys)
+    assert log[0] == ("warm", torch.float32) and len(streams) == 1
+    assert len(entered) == 4 and all(s is streams[0] for s in entered)  # every key warmed up on the capture stream
+    assert captured.lazy_workspace_bytes == LAZY + 4096
+    assert captured.keys == _captured().keys
+    assert captured.pool == PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=sum(_kept(n) for n in (8, 4, 2, 1)))
+    graphs_bytes = captured.pool.allocated_bytes + 4 * MIB  # what they keep, and 1 MiB of driver memory each
+    assert captured.process_bytes == _Meter(fake).read() - before == LAZY + 4096 + graphs_bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the demo's capture into a real pool (the "
+                                                           "tests above check the same logic with faked reads)")
+def test_the_demo_capture_reads_its_pool_on_a_gpu():
+    """On a GPU: every key keeps >= 0 B, reserves whole 2 MiB granules, and the first peaks at least what it keeps."""
+    from graphkv.memory.command import MemoryBenchOptions, bench_memory
+
+    run = bench_memory(MemoryBenchOptions(models=("demo",), device="cuda", progress=False))[0]
+    keys = [r for r in run.rows if r.num_tokens is not None]
+    assert keys and all(r.measured_kept_bytes is not None and r.measured_kept_bytes >= 0 for r in keys)
+    assert all(r.measured_reserved_bytes is not None and r.measured_reserved_bytes % (2 * MIB) == 0 for r in keys)
+    assert keys[0].measured_peak_bytes >= keys[0].measured_kept_bytes
+    assert keys[0].measured_bytes == keys[0].measured_peak_bytes
+    lazy = next(r for r in run.rows if r.phase == LAZY_WORKSPACES)
+    assert lazy.measured_bytes is not None and lazy.measured_bytes >= 0
+    assert run.calibration is not None and run.calibration.lazy_workspace_bytes == lazy.measured_bytes
