@@ -1028,7 +1028,7 @@ CLI_CASES = [
             ("--activation-memory='2GiB': only applies with --gpu",),
             fixed=("plan",)),
     CliCase("graph-reserve-too-small", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "1MiB"),
-            ("--graph-reserve=1048576", "raise --graph-reserve to >="), absent=("graph_reserve_bytes",),
+            ("--graph-reserve=1048576", "set --graph-reserve to 575240602"), absent=("graph_reserve_bytes",),
             fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "575240602")),
     CliCase("step-tokens-1e9-on-h100", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100",
                                         "--max-num-batched-tokens", "1e9"),

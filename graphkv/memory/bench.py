@@ -267,25 +267,39 @@ def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_s
                      for i, key in enumerate(keys))
         return GraphRows(rows=rows, notes=tuple(notes), calibration=None)
     measured = captured.keys
-    assert [(m.num_tokens, m.uniform) for m in measured] == [(k.num_tokens, k.uniform) for k in keys], \
-        "one measurement per capture key, in capture order"
+    assert [(m.num_tokens, m.uniform) for m in measured if m is not None] == \
+        [(k.num_tokens, k.uniform) for k, m in zip(keys, measured) if m is not None] and len(measured) == len(keys), \
+        "one measurement (or None) per capture key, in capture order"
     lazy_predicted = round(graph_pool.lazy_workspace_bytes) if graph_pool is not None else 0
     rows = [PhaseRow(phase=LAZY_WORKSPACES, predicted_bytes=lazy_predicted,
                      measured_bytes=captured.lazy_workspace_bytes, method=_LAZY)]
+    taken = [(key, m) for key, m in zip(keys, measured) if m is not None]
+    skipped = f"not measured: not captured ({captured.not_captured or 'the forward captured no graph for it'})"
     for i, (key, m) in enumerate(zip(keys, measured)):
-        rows.append(_key_row(key, m, estimates[i].nbytes if estimates else 0, first=i == 0))
-    predicted_pool = sum(e.nbytes for e in estimates)
+        predicted = estimates[i].nbytes if estimates else 0
+        if m is None:
+            rows.append(PhaseRow(phase=_key_phase(key), predicted_bytes=predicted, measured_bytes=None, method=skipped,
+                                 num_tokens=key.num_tokens, uniform=key.uniform))
+        else:
+            rows.append(_key_row(key, m, predicted, first=key is taken[0][0]))
+    if len(taken) < len(keys):
+        notes.append(f"{len(keys) - len(taken)} of {len(keys)} keys not captured ({captured.not_captured or 'no graph'}): "
+                     "the fit and the pool's sums cover the captured keys only")
+    if not taken:
+        return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=None)
+    predicted_pool = sum(e.nbytes for e, m in zip(estimates, measured) if m is not None)
     notes.append(f"graph_pool (pool reserved): the capture pool's segments hold {captured.pool.reserved_bytes:,} B "
-                 f"({captured.pool.allocated_bytes:,} B allocated) after {len(keys)} keys; the keys' rows sum to "
+                 f"({captured.pool.allocated_bytes:,} B allocated) after {len(taken)} captured keys; their rows sum to "
                  f"{captured.pool_bytes:,} B measured, the model to {predicted_pool:,} B "
                  f"({captured.pool.reserved_bytes - predicted_pool:+,} B reserved vs the model)")
     if captured.process_bytes is not None:
         notes.append(f"warming up and capturing every key cost this process {captured.process_bytes:,} B of device "
                      f"memory ({process_method}; NVML adds the graphs' driver-side memory to the pool and the lazy "
                      "workspaces)")
-    calibration = fit_graph_pool(keys, [m.kept_bytes for m in measured], first_peak_bytes=measured[0].peak_bytes,
-                                 hidden_size=hidden_size, lazy_workspace_bytes=captured.lazy_workspace_bytes,
-                                 source=f"fitted to {len(keys)} keys of {plan.model_name} on {device}")
+    calibration = fit_graph_pool([k for k, _ in taken], [m.kept_bytes for _, m in taken],
+                                 first_peak_bytes=taken[0][1].peak_bytes, hidden_size=hidden_size,
+                                 lazy_workspace_bytes=captured.lazy_workspace_bytes,
+                                 source=f"fitted to {len(taken)} keys of {plan.model_name} on {device}")
     return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration)
 
 
@@ -344,7 +358,7 @@ def _capture(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,
     allocated_before = reader.allocated_bytes()
     _warm_workspaces(stream, _matmul_dtype(plan), device)
     state: dict[str, Any] = {"index": 0, "lazy": None, "start": None}
-    measured: list[KeyMemory] = []
+    measured: list[KeyMemory | None] = []
     label = f"{plan.model_name}: capture graphs"
 
     @contextlib.contextmanager
@@ -362,12 +376,16 @@ def _capture(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,
                 state["lazy"], state["index"] = reader.allocated_bytes() - allocated_before, 0
                 progress.start(label)
             return
-        measured.append(reader.finish(state["start"], num_tokens=key.num_tokens, uniform=key.uniform))
+        if key in forward.keys:  # a PIECEWISE key is skipped when the forward has no piecewise runners
+            measured.append(reader.finish(state["start"], num_tokens=key.num_tokens, uniform=key.uniform))
+        else:
+            measured.append(None)
         state["index"] += 1
         progress.update(label, state["index"], len(keys))
 
-    forward.capture(progress=False, prepare=prepare, on_key=on_key)
+    report = forward.capture(progress=False, prepare=prepare, on_key=on_key)
     progress.done(label)
     after = reader.read()
     process = meter.read() - process_before if meter is not None and process_before is not None else None
-    return CaptureMemory(keys=tuple(measured), lazy_workspace_bytes=state["lazy"], pool=after, process_bytes=process)
+    return CaptureMemory(keys=tuple(measured), lazy_workspace_bytes=state["lazy"], pool=after, process_bytes=process,
+                         not_captured=next(iter(report.skipped), None))

@@ -27,11 +27,12 @@ import attrs
 
 from graphkv.command.args import nonempty
 from graphkv.command.device_flag import DEVICE_CHOICES, device_from_flag
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import GraphkvError, Problem, SpecError
 
 __all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
 
 DEFAULT_MODELS = ("demo", "llama-3.1-8b")
+_GRAPH_MAX_MODEL_LEN = 4096  # the reduced-depth models' max_model_len (graph memory does not depend on it)
 _CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
 _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
 
@@ -179,27 +180,41 @@ class PresetGraphs:
 
 
 def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits: Any, kv_bytes: int | None = None,
-                  dtype: str = "bfloat16", **overrides: Any) -> PresetGraphs:
+                  dtype: str = "bfloat16", compile: bool | str | None = "piecewise",  # noqa: A002 - PagedModel's
+                  **overrides: Any) -> PresetGraphs:
     """Measure preset ``name``'s graph memory at its real shapes: a random-weight model served by
     graphkv.hf at the two depths of :func:`~graphkv.memory.preset_forward.depths`, each planned for
     ``limits`` (the preset plan's: the same capture keys) with ``max_model_len`` cut to 4096 and a
     pool of ``kv_bytes`` (default: a quarter of the available memory), captured key by key through
     its pool; the two fits extrapolated to the preset's depth (:func:`~graphkv.memory.depth_fit.extrapolate`).
+    ``compile``: the :class:`~graphkv.hf.PagedModel` compile mode (``"piecewise"``: mixed keys are captured piece
+    by piece, as the plan's FULL_AND_PIECEWISE mode asks; keys the forward cannot capture are rows marked not
+    captured and left out of the fit). A failure (a capture error, out of memory) ends this preset's measurement
+    with the reason in ``summary``; the other models' results are kept. MoE presets are skipped with why.
     On a CPU nothing is built (CUDA graphs need a GPU) unless ``overrides`` shrink the widths (tests:
     the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
     from graphkv.memory.available import available_bytes
     from graphkv.memory.bench import run_phases
     from graphkv.memory.depth_fit import extrapolate
     from graphkv.memory.held_out import held_out, held_out_line
-    from graphkv.memory.preset_forward import depths, preset_forward, served_presets
+    from graphkv.memory.preset_forward import (depths, gathered_expert_bytes, measured_presets, preset_forward,
+                                               served_presets)
     from graphkv.presets import load_preset_config
+    from graphkv.spec.budget import format_bytes
 
     total = int(load_preset_config(name)["num_hidden_layers"])
     shallow, deep = depths(name)
     if name not in served_presets():
         return PresetGraphs(name=name, runs=(), calibration=None, num_layers=total,
                             summary=f"graph memory not measured: graphkv.hf does not run this preset's family "
-                                    f"(measured presets: {', '.join(served_presets())})")
+                                    f"(measured presets: {', '.join(measured_presets())})")
+    if name not in measured_presets():
+        gathered = gathered_expert_bytes(name, limits.max_num_batched_tokens)
+        return PresetGraphs(name=name, runs=(), calibration=None, num_layers=total,
+                            summary=f"graph memory not measured: graphkv.hf's MoE layers on a GPU gather each token's "
+                                    f"expert weights (transformers' batched_mm), {format_bytes(gathered)} for the "
+                                    f"{limits.max_num_batched_tokens}-token key, more than the GPU holds; measured "
+                                    f"once a fused MoE path serves them")
     if device.type != "cuda" and not overrides:
         return PresetGraphs(name=name, runs=(), calibration=None, num_layers=total,
                             summary=f"graph memory not measured: CUDA graphs need a GPU (there, a random-weight model "
@@ -207,7 +222,11 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                                     f"{total})")
     import torch
 
-    graph_limits = attrs.evolve(limits, max_model_len=min(4096, limits.max_model_len or 4096))
+    # Graph memory does not depend on max_model_len (only the tables' widths do, and they are static
+    # buffers): 4096 keeps the reduced models' tables small. The capture keys are the preset plan's.
+    asked = limits.max_model_len  # an int, or 'auto' (the preset plan's default)
+    graph_limits = attrs.evolve(limits, max_model_len=min(asked, _GRAPH_MAX_MODEL_LEN) if isinstance(asked, int)
+                                else _GRAPH_MAX_MODEL_LEN)
     runs = []
     for layers in (shallow, deep):
         if kv_bytes is None:
@@ -215,13 +234,20 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
             pool_bytes = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
         else:
             pool_bytes = kv_bytes
-        target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
-                                **overrides)
-        runs.append(run_phases(target.plan, device, choice, budget=f"{pool_bytes:,} B (graph measurement)",
-                               progress=progress, forward_for=target.forward_for, hidden_size=target.hidden_size))
-        del target
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        try:
+            target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
+                                    compile=compile, **overrides)
+            runs.append(run_phases(target.plan, device, choice, budget=f"{pool_bytes:,} B (graph measurement)",
+                                   progress=progress, forward_for=target.forward_for, hidden_size=target.hidden_size))
+        except (GraphkvError, torch.cuda.OutOfMemoryError) as e:  # keep the other models' results: say what failed
+            text = " ".join(str(e).split())[:300]
+            return PresetGraphs(name=name, runs=tuple(runs), calibration=None, num_layers=total,
+                                summary=f"graph memory not measured: at {layers} layer{'' if layers == 1 else 's'}, "
+                                        f"{type(e).__name__}: {text}")
+        finally:
+            target = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     fits = [r.calibration for r in runs]
     if any(f is None for f in fits):
         first = next((r for r in runs[0].rows if r.num_tokens is not None), None)
@@ -231,7 +257,7 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     calibration = extrapolate(fits[0], fits[1], shallow_layers=shallow, deep_layers=deep, num_layers=total,
                               source=f"{name} on {where}")
-    measured = [r for r in runs[-1].rows if r.num_tokens is not None]
+    measured = [r for r in runs[-1].rows if r.num_tokens is not None and r.measured_kept_bytes is not None]
     checked = held_out(_keys_of(measured), [r.measured_kept_bytes or 0 for r in measured],
                        first_peak_bytes=measured[0].measured_peak_bytes or 0)
     line = held_out_line(checked)
@@ -306,12 +332,14 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     print(f"measured with: {choice.method}", file=out)
     progress = Progress(options.progress)
     runs = []
+    whole = []  # runs of whole models (not the reduced-depth graph runs): graph_calibration.json comes from one
     shippable: list[PresetGraphs] = []
     try:
         for name, (plan, budget, forward_for, hidden) in zip(options.models, targets):
             run = run_phases(plan, device, choice, budget=budget, progress=progress, forward_for=forward_for,
                              hidden_size=hidden)
             runs.append(run)
+            whole.append(run)
             print("", file=out)
             print("\n".join(format_run(run)), file=out)
             if name != "demo":
@@ -329,7 +357,7 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
             choice.meter.close()
     if directory is not None:
         try:
-            _write(directory, runs, device, choice, out)
+            _write(directory, runs, device, choice, out, calibrate_from=whole)
             for graphs in shippable:
                 path = graphs.write(directory, device)
                 print(f"wrote {path} (copy it into graphkv/calibrations to ship it)", file=out)
@@ -339,7 +367,10 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     return runs
 
 
-def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: TextIO) -> None:
+def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: TextIO, *,
+           calibrate_from: Sequence[Any]) -> None:
+    """memory.json and memory.png of every run; graph_calibration.json from the first of
+    ``calibrate_from`` (whole models, never a reduced-depth graph run) that fitted one."""
     from graphkv import __version__
     from graphkv.memory.plot import write_plot
 
@@ -348,7 +379,7 @@ def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: 
     (directory / "memory.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     write_plot(runs, directory / "memory.png")
     written = ["memory.json", "memory.png"]
-    calibrated = [run for run in runs if run.calibration is not None]
+    calibrated = [run for run in calibrate_from if run.calibration is not None]
     if calibrated:
         run = calibrated[0]
         run.calibration.write(directory / "graph_calibration.json", model=run.model, device=run.device,

@@ -120,15 +120,18 @@ class CaptureMemory:
     workspaces allocated before the first capture, the pool after the last, and this process's device
     memory growth over it all by the process meter (``None`` without one)."""
 
-    keys: tuple[KeyMemory, ...]
+    keys: tuple[KeyMemory | None, ...]  # None: that key was not captured (``not_captured``)
     lazy_workspace_bytes: int  # torch.cuda.memory_allocated growth over the workspace warm-up and every key's warm-up
     pool: PoolUsage  # the capture pool after every key
     process_bytes: int | None = None  # e.g. NVML: the pool, lazy workspaces and the graphs' driver-side memory
+    not_captured: str | None = None  # why the keys measured None were not captured (e.g. no piecewise runners)
 
     @property
     def pool_bytes(self) -> int:
-        """What the keys add to the pool: the first key's peak and every later key's kept bytes."""
-        return sum(k.pool_bytes(first=i == 0) for i, k in enumerate(self.keys))
+        """What the captured keys add to the pool: the first captured key's peak and every later one's kept
+        bytes."""
+        captured = [k for k in self.keys if k is not None]
+        return sum(k.pool_bytes(first=i == 0) for i, k in enumerate(captured))
 
 
 class CapturePoolReader:

@@ -24,7 +24,8 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["COMPUTE_FIELDS", "PresetForward", "depths", "preset_forward", "reduced_config", "served_presets"]
+__all__ = ["COMPUTE_FIELDS", "PresetForward", "depths", "gathered_expert_bytes", "measured_presets", "preset_forward",
+           "reduced_config", "served_presets"]
 
 COMPUTE_FIELDS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "llama-3.1-8b": types.MappingProxyType(dict(vocab_size=128256, intermediate_size=14336)),
@@ -45,6 +46,40 @@ _NOT_CONFIG = ("_source", "architectures", "torch_dtype")
 def served_presets() -> tuple[str, ...]:
     """The presets whose family ``graphkv.hf`` runs (so their graph memory can be measured)."""
     return tuple(sorted(COMPUTE_FIELDS))
+
+
+def _experts(name: str) -> tuple[int, int] | None:
+    """(experts per token, expert MLP width) of a MoE preset; ``None`` for a dense one."""
+    fields = COMPUTE_FIELDS[name]
+    if "num_local_experts" in fields:  # gpt-oss: experts as wide as intermediate_size
+        return int(fields["num_experts_per_tok"]), int(fields["intermediate_size"])
+    if "num_experts" in fields:  # qwen3-next
+        return int(fields["num_experts_per_tok"]), int(fields["moe_intermediate_size"])
+    return None
+
+
+def gathered_expert_bytes(name: str, num_tokens: int) -> int:
+    """The bf16 expert weights transformers' ``batched_mm`` MoE path (graphkv.hf's on a GPU) gathers for
+    one MoE layer of a ``num_tokens``-token step: per token and chosen expert, its gate, up and down
+    projections (``3 x hidden x width`` weights); 0 for a dense preset.
+
+    >>> round(gathered_expert_bytes("gpt-oss-20b", 8192) / 2**40, 2)  # 4 experts x 3 x 2880 x 2880 x 2 B per token
+    1.48
+    """
+    from graphkv.presets import load_preset_config
+
+    experts = _experts(name)
+    if experts is None:
+        return 0
+    top_k, width = experts
+    return num_tokens * top_k * 3 * int(load_preset_config(name)["hidden_size"]) * width * 2
+
+
+def measured_presets() -> tuple[str, ...]:
+    """The served presets whose graph memory ``graphkv bench memory`` measures: the dense ones. A MoE
+    preset's steps through graphkv.hf gather every token's expert weights (:func:`gathered_expert_bytes`:
+    1.5 TiB for gpt-oss's 8192-token key), more than a GPU holds."""
+    return tuple(n for n in served_presets() if _experts(n) is None)
 
 
 def _pattern_prefix(pattern: str, periods: int) -> str:
@@ -126,11 +161,13 @@ class PresetForward:
 
 
 def preset_forward(name: str, num_layers: int, device: Any, *, limits: Any, kv_bytes: int,
-                   dtype: str = "bfloat16", seed: int = 0, **overrides: Any) -> PresetForward:
+                   dtype: str = "bfloat16", seed: int = 0, compile: bool | str | None = None,  # noqa: A002
+                   **overrides: Any) -> PresetForward:
     """Build preset ``name`` at ``num_layers`` layers with random weights on ``device`` in ``dtype``
     (drawn from ``seed``), read its cache layers (:func:`graphkv.hf.declare.model_kv`) and plan it
     for ``limits`` with a pool of ``kv_bytes``. The weights are made on the device directly (a CPU
-    copy of a multi-GB model would cost minutes)."""
+    copy of a multi-GB model would cost minutes). ``compile``: the :class:`~graphkv.hf.PagedModel`
+    compile mode (``"piecewise"`` to capture mixed keys; ``None``: its default)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -150,7 +187,7 @@ def preset_forward(name: str, num_layers: int, device: Any, *, limits: Any, kv_b
     plan = compile_plan(attrs.evolve(declared, name=f"{name} ({num_layers} layer{'' if num_layers == 1 else 's'})"), limits, Budget.kv_bytes(kv_bytes))
 
     def forward_for(pool: Any, step: Any) -> Any:
-        return PagedModel(model, pool, logits="last", kernels=kernels).forward
+        return PagedModel(model, pool, logits="last", kernels=kernels, compile=compile).forward
 
     return PresetForward(name=name, num_layers=num_layers, plan=plan, forward_for=forward_for,
                          hidden_size=int(config.hidden_size))

@@ -6,10 +6,15 @@ reserve holds what the plan allocates beside the pool (:attr:`Ledger.beside_pool
 static step buffers, the CUDA caching allocator's rounding (the segments ``memory_reserved`` grows
 by beyond the pool's and the static buffers' tensors: each pool slot ends on a whole segment) and
 its estimated CUDA-graph pool. Left to ``None`` it is sized from the plan itself: the largest pool
-whose pages and what sits beside them fit together, found from the plan with no reserve (the
-rounding can grow as the pool shrinks, but pool and rounding together never grow as it shrinks, so
-a bisection on the pool's pages finds it), with the smallest reserve that leaves that pool — at least what sits
-beside it, more when a larger pool's last segments would not fit. Set explicitly, the plan is
+whose pages and what sits beside them fit together, found from the plan with no reserve by a
+bisection on the pool's pages, with the smallest reserve that leaves that pool — at least what sits
+beside it, more when a larger pool's last segments would not fit. The bisection assumes that pool and
+rounding together never grow as the pool shrinks. That holds except where a static buffer of 1 to
+2 MiB fits in the split-off remainder of a pool slot's last segment at one page count and needs a
+20 MiB segment of its own at the next lower one; there the search can stop up to that jump (about
+20 MiB of pages) below the largest fitting pool. The plan it returns is always re-checked to fit:
+never over-committed, at worst a few MiB of pool short (seen with Jamba at 64 sequences, not at the
+presets' default limits). Set explicitly, the plan is
 refused when what sits beside its pool exceeds the reserve (and the budget's unallocated
 remainder). When that cannot fit, the error names the largest ``max_num_batched_tokens`` that does
 (the static buffers and the graph pool grow with the step's token budget).
@@ -73,9 +78,10 @@ def _fit_auto(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphP
     """The plan with the largest pool that fits beside what it allocates, its reserve sized from it.
 
     The allocator rounding makes what sits beside the pool jump as the pool shrinks (its slots' last
-    segments round up), so a reserve of the first plan's beside bytes may still not fit; but the pool
-    and everything beside it together only grow with the pool, so the largest fitting pool is found by
-    bisection on its pages. ``None`` when no pool the limits accept fits."""
+    segments round up), so a reserve of the first plan's beside bytes may still not fit; the pool and
+    everything beside it together (nearly always) only grow with the pool, so the largest fitting pool
+    is found by bisection on its pages (see the module docstring for the exception, where the result
+    fits but may be a few MiB short of the largest). ``None`` when no pool the limits accept fits."""
     room = _room(budget)
 
     def at(reserve: int) -> Plan | None:
@@ -161,6 +167,13 @@ def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: b
     return lo
 
 
+def _or_lower(tokens: int | None) -> str:
+    """The alternative fix after another: lower the step's token budget (when some budget fits)."""
+    if tokens is not None:
+        return f"lower max_num_batched_tokens to <= {tokens}"
+    return "lower max_num_seqs or max_model_len (no max_num_batched_tokens fits at this max_num_seqs)"
+
+
 def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
                     graph_pool: GraphPoolModel | None = None) -> GpuPlan:
     """Compile ``model`` for ``budget`` (a :meth:`Budget.for_gpu` budget) so that the pool, the
@@ -192,7 +205,7 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
         if beside is not None else "the static buffers, allocator rounding and estimated graph pool"
     left = _room(budget)
     if not auto:
-        try:  # the automatic reserve fits, and so does any larger one (the pool only shrinks)
+        try:  # the automatic reserve is checked to fit (a larger one nearly always does, not always: rounding)
             fits_auto = _fit_auto(model, limits, attrs.evolve(budget, graph_reserve_bytes=0), graph_pool)
         except GraphkvError:
             fits_auto = None
@@ -200,8 +213,9 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
             field="graph_reserve_bytes", value=budget.graph_reserve_bytes,
             limit=(f"the plan needs {need} beside the KV pool (max_num_batched_tokens="
                    f"{limits.max_num_batched_tokens}) but the graph reserve is {format_bytes(budget.graph_reserve_bytes)}"),
-            fix=(f"raise graph_reserve_bytes to >= {fits_auto.budget.graph_reserve_bytes} (what the automatic "
-                 f"reserve picks), or {lower}" if fits_auto is not None else lower)))
+            fix=(f"set graph_reserve_bytes to {fits_auto.budget.graph_reserve_bytes} (what the automatic reserve "
+                 f"picks when it is left unset; checked to fit), or {_or_lower(tokens)}" if fits_auto is not None
+                 else lower)))
     raise CapacityError(Problem(
         field="max_num_batched_tokens", value=limits.max_num_batched_tokens,
         limit=(f"the plan needs {need} beside the KV pool, and with them the "

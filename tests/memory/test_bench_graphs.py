@@ -60,8 +60,8 @@ def test_each_key_row_is_what_it_keeps_and_the_first_adds_its_workspace():
     assert keys[1].method == "capture pool (memory_snapshot): kept" and keys[1].reserved_note is None
     model_sum = sum(e.nbytes for e in plan.ledger.graph_keys)
     assert graphs.notes == (
-        f"graph_pool (pool reserved): the capture pool's segments hold 2,097,152 B (4,150 B allocated) after 4 keys; "
-        f"the keys' rows sum to 6,550 B measured, the model to {model_sum:,} B ({2 * MIB - model_sum:+,} B reserved "
+        f"graph_pool (pool reserved): the capture pool's segments hold 2,097,152 B (4,150 B allocated) after 4 captured "
+        f"keys; their rows sum to 6,550 B measured, the model to {model_sum:,} B ({2 * MIB - model_sum:+,} B reserved "
         "vs the model)",
         "warming up and capturing every key cost this process 41,943,040 B of device memory (NVML per-process used "
         "memory; NVML adds the graphs' driver-side memory to the pool and the lazy workspaces)")
@@ -187,3 +187,29 @@ def test_the_demo_capture_reads_its_pool_on_a_gpu():
     lazy = next(r for r in run.rows if r.phase == LAZY_WORKSPACES)
     assert lazy.measured_bytes is not None and lazy.measured_bytes >= 0
     assert run.calibration is not None and run.calibration.lazy_workspace_bytes == lazy.measured_bytes
+
+
+def test_keys_the_forward_did_not_capture_are_left_out_of_rows_sums_and_fit():
+    """A key measured None (a PIECEWISE key of a forward without piecewise runners) is a 'not captured' row; the
+    fit starts at the first captured key (its peak gives the workspace) and the pool's sums cover captured keys."""
+    plan = demo_plan(DemoOptions())
+    full = _captured()
+    keys = (None,) + full.keys[1:]  # the largest key not captured: the fit's first key is 4 tokens
+    pool = PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=sum(_kept(n) for n in DEMO_KEYS[1:]))
+    partial = CaptureMemory(keys=keys, lazy_workspace_bytes=LAZY, pool=pool, not_captured="PIECEWISE mixed graphs not "
+                            "captured: the forward has no graphkv piecewise runners")
+    graphs = _rows(plan, partial)
+    rows = [r for r in graphs.rows if r.num_tokens is not None]
+    assert rows[0].measured_bytes is None
+    assert rows[0].method == ("not measured: not captured (PIECEWISE mixed graphs not captured: the forward has no "
+                              "graphkv piecewise runners)")
+    assert [r.measured_bytes for r in rows[1:]] == [1040, 1020, 1010]  # 4 tokens first: its peak is its kept bytes
+    assert partial.pool_bytes == 1040 + 1020 + 1010
+    assert graphs.notes[0].startswith("1 of 4 keys not captured (PIECEWISE mixed graphs not captured")
+    cal = graphs.calibration
+    assert cal is not None and cal.source == "fitted to 3 keys of tiny-hybrid on cuda:0"
+    assert (round(cal.per_graph_bytes, 6), round(cal.output_bytes_per_token, 6), cal.workspace_bytes_per_token) == \
+        (1000.0, 10.0, 0.0)
+    none = CaptureMemory(keys=(None,) * 4, lazy_workspace_bytes=LAZY, pool=PoolUsage(reserved_bytes=0,
+                                                                                     allocated_bytes=0))
+    assert _rows(plan, none).calibration is None

@@ -96,8 +96,47 @@ def test_preset_graphs_runs_both_depths_and_says_why_nothing_was_measured_on_a_c
         "graph memory not measured: CUDA graphs need a GPU (there, a random-weight model at its shapes is captured at "
         "9 and 20 layers and extrapolated to 52)")
     other = preset_graphs("deepseek-v3", cpu, choice, quiet, limits=Limits())
-    assert other.runs == () and other.summary.startswith("graph memory not measured: graphkv.hf does not run this "
-                                                         "preset's family")
+    assert other.runs == () and other.summary == ("graph memory not measured: graphkv.hf does not run this preset's "
+                                                  "family (measured presets: llama-3.1-8b, nemotron-h-8b)")
+    moe = preset_graphs("qwen3-next-80b-a3b", cpu, choice, quiet, limits=Limits())
+    assert moe.runs == () and moe.summary == (
+        "graph memory not measured: graphkv.hf's MoE layers on a GPU gather each token's expert weights "
+        "(transformers' batched_mm), 480.00 GiB for the 8192-token key, more than the GPU holds; measured once a "
+        "fused MoE path serves them")
+
+
+def test_preset_graphs_takes_the_preset_plans_own_limits() -> None:
+    """The preset plan's limits (max_model_len 'auto') plan the reduced models at 4096 tokens, with the same
+    capture keys (a regression: min(4096, 'auto') raised TypeError)."""
+    from graphkv.memory.command import preset_graphs
+    from graphkv.memory.meters import open_meter
+    from graphkv.memory.progress import Progress
+    from graphkv.plan.graph_keys import capture_keys
+
+    cpu = torch.device("cpu")
+    graphs = preset_graphs("llama-3.1-8b", cpu, open_meter(cpu), Progress(False), limits=Limits(), kv_bytes=64 << 20,
+                           dtype="float32", **SMALL)
+    assert [r.model for r in graphs.runs] == ["llama-3.1-8b (1 layer)", "llama-3.1-8b (2 layers)"]
+    rows = [r for r in graphs.runs[0].rows if r.num_tokens is not None]
+    assert len(rows) == len(capture_keys(_llama_plan().cudagraph, Limits())) == 90
+
+
+def _llama_plan():
+    from graphkv.plan import compile_plan
+    from graphkv.presets import preset_model
+    from graphkv.spec.budget import Budget
+
+    return compile_plan(preset_model("llama-3.1-8b"), Limits(), Budget.kv_bytes("1GiB"))
+
+
+def test_moe_presets_are_not_measured_and_the_gather_is_computed() -> None:
+    from graphkv.memory.preset_forward import gathered_expert_bytes, measured_presets
+
+    assert measured_presets() == ("llama-3.1-8b", "nemotron-h-8b")
+    # gpt-oss-20b: 8192 tokens x 4 experts x 3 x 2880 x 2880 x 2 B; qwen3-next: x 10 experts x 3 x 2048 x 512 x 2 B
+    assert gathered_expert_bytes("gpt-oss-20b", 8192) == 8192 * 4 * 3 * 2880 * 2880 * 2
+    assert gathered_expert_bytes("qwen3-next-80b-a3b", 8192) == 480 << 30
+    assert gathered_expert_bytes("llama-3.1-8b", 8192) == 0
 
 
 def test_held_out_keys_are_predicted_from_a_fit_to_the_others() -> None:
