@@ -121,7 +121,7 @@ def flex_allocations(prefix: str, sizes: FlexSizes) -> list[Allocation]:
         ("ranks", (q, searched), _I32, "constant 1 .. searched kv_indices columns per tile (the batched binary "
                                        "search's targets)"),
         ("dump_index", (q + 2,), _I32, "constant: first (tile, kernel block) index of each tile's dump row"),
-        ("tile_consts", (2, q), _I32, "constants per query tile: its last token, and kbs - window - its first token"),
+        ("tile_consts", (2, q), _I32, "constants per query tile: its last token, and -(its first token) - window"),
         ("full_scalars", (len(FULL_SCALARS),), _I32, "0-d constants of the full-block search: " +
                                                      ", ".join(FULL_SCALARS)),
         ("scalars", (4,), _I32, "0-d values: the step's request count, +1, -1 and INT32_MAX"),

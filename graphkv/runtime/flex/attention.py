@@ -32,6 +32,19 @@ def _check_mask_matches_cache(block_mask: BlockMask, kv_cache: torch.Tensor, k: 
                 "from (or pass FlexMaskGeometry(kv_block_stride=flex_kv_block_stride(kv_cache)))"))
 
 
+def _refuse_compiled_views(device_type: str, compiling: bool) -> None:
+    """Compiled on CUDA, flex over ``as_strided`` views of the cache built inside the compiled function
+    gives wrong outputs (H200, torch 2.11: every row off by 2-4 from the reference; views built outside
+    are right), so that form is refused rather than served."""
+    if compiling and device_type == "cuda":
+        raise SpecError(Problem(
+            field="paged_flex_attention", value="compiled on cuda",
+            limit="builds its K/V views with as_strided inside the compiled function, which compiled CUDA flex "
+                  "gets wrong (torch 2.11)",
+            fix="compile through graphkv.runtime.flex.region.FlexRegions (views built once outside the region), or "
+                "call paged_flex_attention eagerly"))
+
+
 def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask: BlockMask, *,
                          scale: float | None = None,
                          return_lse: bool = False) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
@@ -47,8 +60,9 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     sinks need (eager flex and compiled flex on a GPU give it; torch 2.13's compiled CPU flex
     does not). Capture-safe.
 
-    This is the one-call form (eager, or compiled by a caller for one model): it builds the flat K/V
-    views itself with ``as_strided``. Serving calls :class:`~graphkv.runtime.flex.region.FlexRegions`
+    This is the one-call form (eager, or compiled by a caller on a CPU): it builds the flat K/V views
+    itself with ``as_strided``. Compiled on CUDA it is refused (:class:`SpecError`): compiled CUDA flex
+    over views built inside the compiled function was measured wrong on an H200 (torch 2.11). Serving calls :class:`~graphkv.runtime.flex.region.FlexRegions`
     instead, which compiles once per group and phase over views built once outside the region.
 
     Uncompiled flex attention (the eager math path) scores every key of the flat view and only
@@ -56,6 +70,7 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     pool other groups' pages, e.g. Mamba states): they never change the result as long as they
     are finite. Compiled flex reads only the blocks the mask lists.
     """
+    _refuse_compiled_views(query.device.type, torch.compiler.is_compiling())
     k, v = paged_kv_views(kv_cache)
     _check_mask_matches_cache(block_mask, kv_cache, k)
     q = query.transpose(0, 1).unsqueeze(0)

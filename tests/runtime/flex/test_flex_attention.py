@@ -166,3 +166,15 @@ def test_compiled_single_token_decode():
     out = torch.compile(paged_flex_attention, fullgraph=True)(
         batch.query, batch.kv_cache, builder.build(1, num_tokens_padded=1), scale=SCALE)
     torch.testing.assert_close(out.double(), dense_reference(batch, scale=SCALE), atol=2e-5, rtol=1e-4)
+
+
+def test_the_one_call_form_is_refused_compiled_on_cuda_only() -> None:
+    """Compiled CUDA flex over as_strided views built inside the compiled function was wrong on an H200 (torch 2.11):
+    that form is refused with the fix; eager calls and CPU compiles pass the check."""
+    from graphkv.errors import SpecError
+    from graphkv.runtime.flex.attention import _refuse_compiled_views
+
+    _refuse_compiled_views("cuda", False)
+    _refuse_compiled_views("cpu", True)
+    with pytest.raises(SpecError, match="compile through graphkv.runtime.flex.region.FlexRegions"):
+        _refuse_compiled_views("cuda", True)
