@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from graphkv.memory.graph_pool_reader import CaptureMemory, CapturePoolReader, KeyMemory
+from graphkv.memory.held_out import held_out, held_out_line
 from graphkv.memory.meters import MeterChoice
 from graphkv.memory.progress import Progress
 from graphkv.memory.storages import live_storages
@@ -123,6 +124,7 @@ class MemoryRun:
     rows: tuple[PhaseRow, ...]
     calibration: GraphPoolModel | None
     notes: tuple[str, ...] = ()
+    held_out: str | None = None  # the held-out check of the calibration (graphkv.memory.held_out), when run
 
 
 def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, progress: Progress,
@@ -200,7 +202,7 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     return MemoryRun(model=plan.model_name, device=str(device), budget=budget, rows=tuple(rows),
-                     calibration=calibration, notes=tuple(notes))
+                     calibration=calibration, notes=tuple(notes), held_out=graphs.held_out)
 
 
 @attrs.frozen(kw_only=True)
@@ -247,6 +249,7 @@ class GraphRows:
     rows: tuple[PhaseRow, ...]
     notes: tuple[str, ...]
     calibration: GraphPoolModel | None
+    held_out: str | None = None  # the calibration checked on keys left out of a fit to the others (4+ keys)
 
 
 def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_size: int | None,
@@ -300,7 +303,11 @@ def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_s
                                  first_peak_bytes=taken[0][1].peak_bytes, hidden_size=hidden_size,
                                  lazy_workspace_bytes=captured.lazy_workspace_bytes,
                                  source=f"fitted to {len(taken)} keys of {plan.model_name} on {device}")
-    return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration)
+    line = held_out_line(held_out([k for k, _ in taken], [m.kept_bytes for _, m in taken],
+                                  first_peak_bytes=taken[0][1].peak_bytes))
+    if line is not None:
+        notes.append(line)
+    return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration, held_out=line)
 
 
 def _key_phase(key: Any) -> str:

@@ -104,9 +104,19 @@ def _out_dir(out: str | None) -> Path | None:
     return path
 
 
+def _auto_kv_bytes(device: Any) -> tuple[int, int, str]:
+    """A preset's automatic KV budget on ``device``: a quarter of the available memory (at most 1 GiB on
+    a CPU), with the available bytes and where they were read."""
+    from graphkv.memory.available import available_bytes
+
+    have, where = available_bytes(device)
+    kv = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
+    return kv, have, where
+
+
 def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, str, int | None]:
     """A preset's plan under the default limits, its budget text and hidden size."""
-    from graphkv.memory.available import available_bytes, check_pool_fits
+    from graphkv.memory.available import check_pool_fits
     from graphkv.plan import compile_plan
     from graphkv.presets import list_presets, preset_model
     from graphkv.spec.budget import Budget, format_bytes, parse_bytes
@@ -119,8 +129,7 @@ def _preset_plan(name: str, kv_memory: str | None, device: Any) -> tuple[Any, st
     if kv_memory is not None:
         kv, text = parse_bytes(kv_memory, field="--kv-memory"), f"{kv_memory} (--kv-memory)"
     else:
-        have, where = available_bytes(device)
-        kv = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
+        kv, have, where = _auto_kv_bytes(device)
         text = f"{format_bytes(kv)} (auto: a quarter of {format_bytes(have)} {where}" + \
             (", at most 1 GiB on a CPU)" if device.type != "cuda" else ")")
     plan = compile_plan(model, Limits(), Budget.kv_bytes(kv))
@@ -193,10 +202,8 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     with the reason in ``summary``; the other models' results are kept. MoE presets are skipped with why.
     On a CPU nothing is built (CUDA graphs need a GPU) unless ``overrides`` shrink the widths (tests:
     the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
-    from graphkv.memory.available import available_bytes
     from graphkv.memory.bench import run_phases
     from graphkv.memory.depth_fit import extrapolate
-    from graphkv.memory.held_out import held_out, held_out_line
     from graphkv.memory.preset_forward import (depths, gathered_expert_bytes, measured_presets, preset_forward,
                                                served_presets)
     from graphkv.presets import load_preset_config
@@ -229,11 +236,7 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                                 else _GRAPH_MAX_MODEL_LEN)
     runs = []
     for layers in (shallow, deep):
-        if kv_bytes is None:
-            have, _ = available_bytes(device)
-            pool_bytes = have // _AUTO_FRACTION if device.type == "cuda" else min(have // _AUTO_FRACTION, _CPU_KV_CAP)
-        else:
-            pool_bytes = kv_bytes
+        pool_bytes = kv_bytes if kv_bytes is not None else _auto_kv_bytes(device)[0]
         try:
             target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
                                     compile=compile, **overrides)
@@ -257,23 +260,13 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     calibration = extrapolate(fits[0], fits[1], shallow_layers=shallow, deep_layers=deep, num_layers=total,
                               source=f"{name} on {where}")
-    measured = [r for r in runs[-1].rows if r.num_tokens is not None and r.measured_kept_bytes is not None]
-    checked = held_out(_keys_of(measured), [r.measured_kept_bytes or 0 for r in measured],
-                       first_peak_bytes=measured[0].measured_peak_bytes or 0)
-    line = held_out_line(checked)
+    line = runs[-1].held_out
     summary = (f"graph calibration extrapolated to {total} layers: {calibration.per_graph_bytes:,.0f} B per graph, "
                f"outputs {calibration.output_bytes_per_token:,.1f} B and workspace "
                f"{calibration.workspace_bytes_per_token:,.1f} B per token, lazy workspaces "
                f"{calibration.lazy_workspace_bytes:,.0f} B" + (f"; {line}" if line else ""))
     return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary,
                         held_out=line)
-
-
-def _keys_of(rows: Sequence[Any]) -> list[Any]:
-    """The capture keys of measured graph rows (their token counts and kinds, in capture order)."""
-    from graphkv.plan.graph_keys import GraphKey
-
-    return [GraphKey(num_tokens=int(r.num_tokens), num_reqs=None, uniform=bool(r.uniform)) for r in rows]
 
 
 def _fmt(n: int | None) -> str:

@@ -168,7 +168,7 @@ def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: b
 
 
 def _or_lower(tokens: int | None) -> str:
-    """The alternative fix after another: lower the step's token budget (when some budget fits)."""
+    """The fix on the limits: lower the step's token budget to what fits, else the limits it is bounded by."""
     if tokens is not None:
         return f"lower max_num_batched_tokens to <= {tokens}"
     return "lower max_num_seqs or max_model_len (no max_num_batched_tokens fits at this max_num_seqs)"
@@ -199,8 +199,7 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
     except GraphkvError:
         beside = None
     tokens = _largest_step_tokens(model, limits, budget, auto, graph_pool)
-    lower = (f"lower max_num_batched_tokens to <= {tokens}" if tokens is not None
-             else "no max_num_batched_tokens fits at this max_num_seqs; lower max_num_seqs or max_model_len")
+    lower = _or_lower(tokens)
     need = f"{format_bytes(beside)} of static buffers, allocator rounding and estimated graph pool" \
         if beside is not None else "the static buffers, allocator rounding and estimated graph pool"
     left = _room(budget)
@@ -214,7 +213,7 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
             limit=(f"the plan needs {need} beside the KV pool (max_num_batched_tokens="
                    f"{limits.max_num_batched_tokens}) but the graph reserve is {format_bytes(budget.graph_reserve_bytes)}"),
             fix=(f"set graph_reserve_bytes to {fits_auto.budget.graph_reserve_bytes} (what the automatic reserve "
-                 f"picks when it is left unset; checked to fit), or {_or_lower(tokens)}" if fits_auto is not None
+                 f"picks when it is left unset; checked to fit), or {lower}" if fits_auto is not None
                  else lower)))
     raise CapacityError(Problem(
         field="max_num_batched_tokens", value=limits.max_num_batched_tokens,
