@@ -198,7 +198,8 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     its pool; the two fits extrapolated to the preset's depth (:func:`~graphkv.memory.depth_fit.extrapolate`).
     ``compile``: the :class:`~graphkv.hf.PagedModel` compile mode (``"piecewise"``: mixed keys are captured piece
     by piece, as the plan's FULL_AND_PIECEWISE mode asks; keys the forward cannot capture are rows marked not
-    captured and left out of the fit). A failure (a capture error, out of memory) ends this preset's measurement
+    captured and left out of the fit). A failure (a capture error, out of memory, any torch RuntimeError) ends
+    this preset's measurement
     with the reason in ``summary``; the other models' results are kept. MoE presets are skipped with why.
     On a CPU nothing is built (CUDA graphs need a GPU) unless ``overrides`` shrink the widths (tests:
     the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
@@ -242,7 +243,8 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                                     compile=compile, **overrides)
             runs.append(run_phases(target.plan, device, choice, budget=f"{pool_bytes:,} B (graph measurement)",
                                    progress=progress, forward_for=target.forward_for, hidden_size=target.hidden_size))
-        except (GraphkvError, torch.cuda.OutOfMemoryError) as e:  # keep the other models' results: say what failed
+        except (GraphkvError, RuntimeError) as e:  # a capture error, out of memory, a compile failure (torch's
+            # errors are RuntimeErrors): this preset's measurement ends with the reason, the other models' results stay
             text = " ".join(str(e).split())[:300]
             return PresetGraphs(name=name, runs=tuple(runs), calibration=None, num_layers=total,
                                 summary=f"graph memory not measured: at {layers} layer{'' if layers == 1 else 's'}, "

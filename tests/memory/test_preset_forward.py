@@ -153,3 +153,22 @@ def test_held_out_keys_are_predicted_from_a_fit_to_the_others() -> None:
         "held-out keys: the model fitted to every other key predicts the other 3 keys' kept bytes to 1.82 % at worst "
         "(decode(8): 1,100 B measured, 1,080 B predicted) — within the 5 % bar")
     assert held_out(keys[:3], kept[:3], first_peak_bytes=5000) == ()
+
+
+def test_a_failing_preset_capture_ends_only_that_preset_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch error while measuring a preset's graphs (here raised by the forward's builder) becomes the summary,
+    naming the depth and the error, instead of ending the benchmark and losing the other models' results."""
+    import graphkv.memory.command as command
+    from graphkv.memory.meters import open_meter
+    from graphkv.memory.progress import Progress
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr("graphkv.memory.preset_forward.preset_forward", fail)
+    cpu = torch.device("cpu")
+    graphs = command.preset_graphs("llama-3.1-8b", cpu, open_meter(cpu), Progress(False), limits=Limits(),
+                                   kv_bytes=1 << 20, dtype="float32", **SMALL)
+    assert graphs.runs == () and graphs.calibration is None
+    assert graphs.summary == ("graph memory not measured: at 1 layer, RuntimeError: CUDA error: an illegal memory "
+                              "access was encountered")
