@@ -125,6 +125,14 @@ class MemoryRun:
     calibration: GraphPoolModel | None
     notes: tuple[str, ...] = ()
     held_out: str | None = None  # the held-out check of the calibration (graphkv.memory.held_out), when run
+    # A preset's graph memory at real shapes (graphkv.memory.command.preset_graphs): the runs of its
+    # reduced-depth models, and the one-line outcome (the calibration, or why none was measured).
+    graph_runs: tuple["MemoryRun", ...] = ()
+    graph_summary: str | None = None
+
+    def with_graph_runs(self) -> tuple["MemoryRun", ...]:
+        """This run followed by its reduced-depth graph runs (what ``memory.json`` and the plot show)."""
+        return (self, *self.graph_runs)
 
 
 def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, progress: Progress,

@@ -299,7 +299,10 @@ def format_run(run: Any) -> list[str]:
 
 def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml: Any = None) -> list[Any]:
     """Run the memory benchmark, print it to ``out`` (default stdout), write ``options.out``'s files;
-    returns the runs. ``nvml``: the NVML module to read (default pynvml; a stand-in in tests)."""
+    returns one :class:`~graphkv.memory.bench.MemoryRun` per model of ``options.models``, in their
+    order (``demo, llama = bench_memory(...)``); a preset's run holds its reduced-depth graph runs
+    (``graph_runs``) and their outcome (``graph_summary``). ``nvml``: the NVML module to read (default
+    pynvml; a stand-in in tests)."""
     import torch
 
     from graphkv import __version__
@@ -326,33 +329,31 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
         print(choice.nvml_line, file=out)
     print(f"measured with: {choice.method}", file=out)
     progress = Progress(options.progress)
-    runs = []
-    whole = []  # runs of whole models (not the reduced-depth graph runs): graph_calibration.json comes from one
+    runs = []  # one per model asked, each preset's reduced-depth graph runs inside it
     shippable: list[PresetGraphs] = []
     try:
         for name, (plan, budget, forward_for, hidden) in zip(options.models, targets):
             run = run_phases(plan, device, choice, budget=budget, progress=progress, forward_for=forward_for,
                              hidden_size=hidden)
-            runs.append(run)
-            whole.append(run)
             print("", file=out)
             print("\n".join(format_run(run)), file=out)
             if name != "demo":
                 graphs = preset_graphs(name, device, choice, progress, limits=plan.limits)
                 for depth_run in graphs.runs:
-                    runs.append(depth_run)
                     print("", file=out)
                     print("\n".join(format_run(depth_run)), file=out)
                 print("", file=out)
                 print(f"{name}: {graphs.summary}", file=out)
                 if graphs.calibration is not None:
                     shippable.append(graphs)
+                run = attrs.evolve(run, graph_runs=graphs.runs, graph_summary=graphs.summary)
+            runs.append(run)
     finally:
         if choice.meter is not None:
             choice.meter.close()
     if directory is not None:
         try:
-            _write(directory, runs, device, choice, out, calibrate_from=whole)
+            _write(directory, runs, device, choice, out)
             for graphs in shippable:
                 path = graphs.write(directory, device)
                 print(f"wrote {path} (copy it into graphkv/calibrations to ship it)", file=out)
@@ -362,19 +363,19 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     return runs
 
 
-def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: TextIO, *,
-           calibrate_from: Sequence[Any]) -> None:
-    """memory.json and memory.png of every run; graph_calibration.json from the first of
-    ``calibrate_from`` (whole models, never a reduced-depth graph run) that fitted one."""
+def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: TextIO) -> None:
+    """memory.json and memory.png of every run and its reduced-depth graph runs; graph_calibration.json
+    from the first whole model (never a reduced-depth graph run) that fitted one."""
     from graphkv import __version__
     from graphkv.memory.plot import write_plot
 
+    shown = [r for run in runs for r in run.with_graph_runs()]
     data = {"graphkv": __version__, "device": str(device), "nvml": choice.nvml_line, "method": choice.method,
-            "rows": [r.to_dict(run.model) for run in runs for r in run.rows]}
+            "rows": [r.to_dict(run.model) for run in shown for r in run.rows]}
     (directory / "memory.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    write_plot(runs, directory / "memory.png")
+    write_plot(shown, directory / "memory.png")
     written = ["memory.json", "memory.png"]
-    calibrated = [run for run in calibrate_from if run.calibration is not None]
+    calibrated = [run for run in runs if run.calibration is not None]
     if calibrated:
         run = calibrated[0]
         run.calibration.write(directory / "graph_calibration.json", model=run.model, device=run.device,

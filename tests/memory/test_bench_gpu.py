@@ -33,6 +33,12 @@ def test_demo_and_a_preset_measure_the_pool_exactly_and_calibrate_the_graphs(tmp
     within 10 % of the calibration, held-out keys too."""
     demo, llama = bench_memory(MemoryBenchOptions(models=("demo", "llama-3.1-8b"), device="cuda", kv_memory="2GiB",
                                                   out=str(tmp_path), progress=False))
+    assert (demo.model, llama.model) == ("tiny-hybrid", "llama-3.1-8b")
+    # llama's graph memory at its real shapes: captured at 1 and 2 layers, extrapolated to 32, written to ship
+    assert [r.model for r in llama.graph_runs] == ["llama-3.1-8b (1 layer)", "llama-3.1-8b (2 layers)"]
+    assert llama.graph_summary.startswith("graph calibration extrapolated to 32 layers"), llama.graph_summary
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    assert GraphPoolModel.from_file(tmp_path / f"llama-3.1-8b.{arch}.json").calibrated
     for run in (demo, llama):
         cached = any("free blocks in segments still in use" in n for n in run.notes)
         for phase in ("kv_pool", "static_buffers"):

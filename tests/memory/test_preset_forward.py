@@ -172,3 +172,31 @@ def test_a_failing_preset_capture_ends_only_that_preset_with_its_reason(monkeypa
     assert graphs.runs == () and graphs.calibration is None
     assert graphs.summary == ("graph memory not measured: at 1 layer, RuntimeError: CUDA error: an illegal memory "
                               "access was encountered")
+
+
+def test_bench_memory_returns_one_run_per_model_with_the_presets_graph_runs_inside(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU flow of `bench memory` on a preset, rehearsed on a CPU at tiny widths: the preset's reduced-depth
+    graph runs are kept inside its run (a regression: they were appended to the returned list, so
+    ``demo, llama = bench_memory(...)`` raised ValueError on the GPU), and memory.json holds their rows."""
+    import json
+
+    import graphkv.memory.command as command
+
+    real = command.preset_graphs
+
+    def shrunk(name, device, choice, progress, *, limits):  # type: ignore[no-untyped-def]
+        return real(name, device, choice, progress, limits=limits, kv_bytes=8 << 20, dtype="float32", **SMALL)
+
+    monkeypatch.setattr(command, "preset_graphs", shrunk)
+    runs = command.bench_memory(command.MemoryBenchOptions(models=("demo", "llama-3.1-8b"), device="cpu",
+                                                           kv_memory="64MiB", out=str(tmp_path), progress=False),
+                                out=open(tmp_path / "out.txt", "w"))
+    demo, llama = runs
+    assert (demo.model, demo.graph_runs, demo.graph_summary) == ("tiny-hybrid", (), None)
+    assert llama.model == "llama-3.1-8b"
+    assert [r.model for r in llama.graph_runs] == ["llama-3.1-8b (1 layer)", "llama-3.1-8b (2 layers)"]
+    assert llama.graph_summary == ("graph memory at 1 and 2 layers not measured: CUDA graphs need a GPU (a CPU runs "
+                                   "every step eagerly); no calibration")
+    models = {r["model"] for r in json.loads((tmp_path / "memory.json").read_text())["rows"]}
+    assert models == {"tiny-hybrid", "llama-3.1-8b", "llama-3.1-8b (1 layer)", "llama-3.1-8b (2 layers)"}
