@@ -20,23 +20,18 @@ and :func:`missing_reason` says why.
 from __future__ import annotations
 
 import os
-import types
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 
 from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.inputs.json_file import read_json_file
 from graphkv.plan.graph_pool import GraphPoolModel
+from graphkv.spec.budget import ARCH_OF_GPU
 
 __all__ = ["ARCH_OF_GPU", "ShippedCalibration", "missing_reason", "shipped_calibration", "shipped_calibrations"]
-
-ARCH_OF_GPU: Mapping[str, str] = types.MappingProxyType({
-    "h100": "sm_90", "h200": "sm_90", "a100-80gb": "sm_80", "a100-40gb": "sm_80", "l40s": "sm_89", "rtx4090": "sm_89",
-})
-"""The compute capability of each GPU ``--gpu`` knows (lower-case names of ``KNOWN_GPUS``)."""
 
 _SUFFIX = ".json"
 _LABELS = ("model", "arch", "device_name", "graphkv", "torch", "cuda")

@@ -1,8 +1,8 @@
 """The memory budget a ``graphkv plan`` command describes, planned and explained.
 
 Three sources: ``--kv-memory SIZE`` (the pool itself), ``--gpu NAME`` (total x utilization minus
-weights, activations and the graph reserve; the plan's static buffers, allocator rounding and
-graph pool must fit the reserve, see :mod:`graphkv.plan.gpu_fit`) or only
+weights, activations and the graph reserve; the plan's static buffers, allocator rounding, cuBLAS
+workspaces and graph pool must fit the reserve, see :mod:`graphkv.plan.gpu_fit`) or only
 ``--num-blocks-override``. Weights come from ``--weights-memory``, else from the checkpoint (the
 preset's recorded bytes or the directory's safetensors metadata) divided by ``--tp``; an unknown
 weight is said to be unknown, never silently zero.
@@ -110,7 +110,7 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
              "activations": "--activation-memory" if flags.activation_memory is not None
              else "not estimated: give --activation-memory SIZE, the forward's peak temporaries",
              "graph_reserve": "--graph-reserve" if flags.graph_reserve is not None
-             else "auto: the plan's static buffers + allocator rounding + estimated graph pool"}
+             else "auto: the plan's static buffers + allocator rounding + cuBLAS workspaces + estimated graph pool"}
     return budget, notes
 
 

@@ -19,8 +19,11 @@ Phases and how each is measured (the row's ``method`` says which applied):
 - ``lazy workspaces (cuBLAS)`` (GPU, graphs captured): every key is warmed up and captured on one
   explicit capture stream; before the first capture one small matmul in the model's dtype runs on
   it, so cuBLAS allocates that stream's workspace outside the graph pool. Measured:
-  ``torch.cuda.memory_allocated`` growth over that matmul and every key's warm-up; predicted 0
-  unless ``run_phases(graph_pool=...)`` gives a calibration that knows it.
+  ``torch.cuda.memory_allocated`` growth over that matmul and every key's warm-up; predicted by
+  PyTorch's rule for one stream on this GPU's compute capability and this process's
+  ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE``
+  (:mod:`graphkv.plan.allocations.blas_workspaces`; the ledger's ``lazy workspaces`` entry charges
+  one such set per stream, reserved).
 - ``graph_pool <key>``: each capture key, largest first; predicted ``plan.ledger.graph_keys``.
   GPU: read through the capture's own pool (:mod:`graphkv.memory.graph_pool_reader`): the pool's
   allocated bytes kept after the key's capture minus before (``measured_kept_bytes``), the capture's
@@ -29,9 +32,10 @@ Phases and how each is measured (the row's ``method`` says which applied):
   measured bytes are the kept bytes plus, for the first key, its workspace (peak - kept), so the
   rows sum to what the pool holds at its peak: the model's shape. A note compares the pool's
   reserved bytes with the model's sum, and one gives the process meter's (NVML's) growth over the
-  whole capture, which adds the graphs' driver-side memory. Only the demo model has a forward to
-  capture. CPU: not measured (CUDA graphs need a GPU). This pool-based measurement has not yet run
-  on a GPU.
+  whole capture, which adds the graphs' driver-side memory. The demo has a forward to capture here;
+  a preset's graphs are measured at its real shapes by ``graphkv.memory.command.preset_graphs``.
+  CPU: not measured (CUDA graphs need a GPU). This pool-based measurement has run on an H200 for the
+  demo (2026-11-25).
 - ``total``: the sum of the rows above that were measured, against the same rows' predictions.
 
 A GPU run with graphs measured also fits the graph-memory model (:func:`graphkv.plan.graph_pool.fit_graph_pool`:
@@ -51,6 +55,7 @@ from graphkv.memory.held_out import held_out, held_out_line
 from graphkv.memory.meters import MeterChoice
 from graphkv.memory.progress import Progress
 from graphkv.memory.storages import live_storages
+from graphkv.plan.allocations.blas_workspaces import blas_workspaces, workspace_settings_from
 from graphkv.plan.allocations.entries import AllocatorBytes
 from graphkv.plan.graph_keys import capture_keys
 from graphkv.plan.graph_pool import GraphPoolModel, fit_graph_pool
@@ -136,14 +141,11 @@ class MemoryRun:
 
 
 def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, progress: Progress,
-               forward_for: Callable[[Any, Any], Any] | None = None, hidden_size: int | None = None,
-               graph_pool: GraphPoolModel | None = None) -> MemoryRun:
+               forward_for: Callable[[Any, Any], Any] | None = None, hidden_size: int | None = None) -> MemoryRun:
     """Allocate ``plan`` on ``device``, build its :class:`~graphkv.runtime.Step`, capture its keys when
     ``forward_for(pool, step)`` gives a capturable forward on a GPU, and measure every phase with
     ``choice``'s meter (live storages on a CPU; graph keys through their capture pool). ``hidden_size``:
-    the model's, recorded with a fitted calibration. ``graph_pool``: the calibration ``plan`` was
-    compiled with, if any (it predicts the lazy workspaces row). Everything allocated is released on
-    return."""
+    the model's, recorded with a fitted calibration. Everything allocated is released on return."""
     import torch
 
     from graphkv.runtime import Step, allocate
@@ -196,7 +198,8 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
     if why is None and keys:
         assert forward_for is not None
         captured = _capture(plan, device, choice, pool, step, forward_for, progress, keys)
-    graphs = graph_rows(plan, captured, why=why or "not measured", hidden_size=hidden_size, graph_pool=graph_pool,
+    graphs = graph_rows(plan, captured, why=why or "not measured", hidden_size=hidden_size,
+                        lazy_workspace_bytes=_lazy_workspace_bytes(device) if captured is not None else 0,
                         device=str(device), process_method=choice.method)
     rows += graphs.rows
     notes += graphs.notes
@@ -261,11 +264,11 @@ class GraphRows:
 
 
 def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_size: int | None,
-               graph_pool: GraphPoolModel | None, device: str, process_method: str) -> GraphRows:
+               lazy_workspace_bytes: int, device: str, process_method: str) -> GraphRows:
     """One row per capture key beside the ledger's estimate, from ``captured`` (``None``: not measured,
-    ``why``). Pure: a CPU test passes recorded or synthetic measurements. ``graph_pool``: the
-    calibration the plan was compiled with (predicts the lazy workspaces row); ``process_method``: the
-    process meter named in the note on its growth."""
+    ``why``). Pure: a CPU test passes recorded or synthetic measurements. ``lazy_workspace_bytes``:
+    the lazy workspaces row's prediction (one stream's cuBLAS workspaces, allocated); ``process_method``:
+    the process meter named in the note on its growth."""
     keys = capture_keys(plan.cudagraph, plan.limits)
     estimates = plan.ledger.graph_keys
     assert len(estimates) in (0, len(keys)), "the ledger estimates every capture key"
@@ -281,8 +284,7 @@ def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_s
     assert [(m.num_tokens, m.uniform) for m in measured if m is not None] == \
         [(k.num_tokens, k.uniform) for k, m in zip(keys, measured) if m is not None] and len(measured) == len(keys), \
         "one measurement (or None) per capture key, in capture order"
-    lazy_predicted = round(graph_pool.lazy_workspace_bytes) if graph_pool is not None else 0
-    rows = [PhaseRow(phase=LAZY_WORKSPACES, predicted_bytes=lazy_predicted,
+    rows = [PhaseRow(phase=LAZY_WORKSPACES, predicted_bytes=lazy_workspace_bytes,
                      measured_bytes=captured.lazy_workspace_bytes, method=_LAZY)]
     taken = [(key, m) for key, m in zip(keys, measured) if m is not None]
     skipped = f"not measured: not captured ({captured.not_captured or 'the forward captured no graph for it'})"
@@ -316,6 +318,17 @@ def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_s
     if line is not None:
         notes.append(line)
     return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration, held_out=line)
+
+
+def _lazy_workspace_bytes(device: Any) -> int:
+    """One stream's cuBLAS workspaces on ``device`` (allocated), by PyTorch's rule and this process's settings."""
+    import os
+
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return blas_workspaces(f"sm_{major}{minor}", num_streams=1,
+                           settings=workspace_settings_from(os.environ)).allocated_bytes_per_stream
 
 
 def _key_phase(key: Any) -> str:

@@ -19,13 +19,14 @@ from graphkv.plan.kernel_blocks import choose_kernel_block_size
 from graphkv.plan.layout import page_local_slots
 from graphkv.plan.allocations.runtime import runtime_allocations
 from graphkv.plan.graph_keys import capture_keys
+from graphkv.plan.allocations.blas_workspaces import blas_workspaces
 from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.plan.ledger import build_ledger
 from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.plan.plausibility import beside_pool_note
 from graphkv.plan.promotion import promote_for_limits, promotion_note
 from graphkv.plan.stage_groups import project_grouping
-from graphkv.spec.budget import Budget
+from graphkv.spec.budget import Budget, arch_of
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 
@@ -227,10 +228,13 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
     budget_bytes = budget.kv_pool_bytes() if budget is not None else num_blocks * pool_bytes_per_block
     allocations = {kind: runtime_allocations(kind, limits=limits, groups=groups, slots=slots, layers=layers,
                                              num_blocks=num_blocks, buffers=buffers) for kind in ("cpu", "cuda")}
-    graph_keys, graph_reason = _graph_pool(model, graph_pool, capture_keys(cudagraph, limits))
+    keys = capture_keys(cudagraph, limits)
+    graph_keys, graph_reason = _graph_pool(model, graph_pool, keys)
+    # the eager steps' stream, and the capture stream once graphs are captured: a cuBLAS workspace set each
+    blas = blas_workspaces(arch_of(budget.gpu) if budget is not None else None, num_streams=2 if keys else 1)
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots,
                           cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
-                          graph_keys=graph_keys, graph_pool_reason=graph_reason)
+                          graph_keys=graph_keys, graph_pool_reason=graph_reason, blas=blas)
     beside_note = beside_pool_note(ledger, limits, budget, num_blocks * pool_bytes_per_block)
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,

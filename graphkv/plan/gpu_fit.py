@@ -4,8 +4,8 @@ the plan allocates beside the pool must fit in that reserve.
 On a GPU, ``total x utilization = weights + activations + graph reserve + KV pool``. The graph
 reserve holds what the plan allocates beside the pool (:attr:`Ledger.beside_pool_device_bytes`): its
 static step buffers, the CUDA caching allocator's rounding (the segments ``memory_reserved`` grows
-by beyond the pool's and the static buffers' tensors: each pool slot ends on a whole segment) and
-its estimated CUDA-graph pool. Left to ``None`` it is sized from the plan itself: the largest pool
+by beyond the pool's and the static buffers' tensors: each pool slot ends on a whole segment),
+PyTorch's lazy cuBLAS workspaces (one set per stream) and its estimated CUDA-graph pool. Left to ``None`` it is sized from the plan itself: the largest pool
 whose pages and what sits beside them fit together, found from the plan with no reserve by a
 bisection on the pool's pages, with the smallest reserve that leaves that pool — at least what sits
 beside it, more when a larger pool's last segments would not fit. The bisection assumes that pool and
@@ -37,17 +37,19 @@ __all__ = ["GpuPlan", "beside_pool_bytes", "compile_for_gpu"]
 
 @attrs.frozen(kw_only=True)
 class GpuPlan:
-    """A plan whose pool, static buffers, allocator rounding and graph pool fit the GPU together."""
+    """A plan whose pool, static buffers, allocator rounding, lazy cuBLAS workspaces and graph pool fit the GPU
+    together."""
 
     plan: Plan
     budget: Budget  # the budget the plan was compiled with (its graph reserve filled in)
     reserve_is_auto: bool  # True: the reserve was sized from what the plan puts beside its pool
-    beside_bytes: int  # the plan's static buffers + allocator rounding + estimated graph pool
+    beside_bytes: int  # the plan's static buffers + allocator rounding + lazy workspaces + estimated graph pool
 
 
 def beside_pool_bytes(plan: Plan) -> int:
     """GPU bytes the plan allocates beside the KV pool: the runtime's static device buffers on a CUDA
-    device + the caching allocator's rounding of the pool and those buffers + the estimated graph pool
+    device + the caching allocator's rounding of the pool and those buffers + PyTorch's lazy cuBLAS
+    workspaces + the estimated graph pool
     (host buffers are host memory and do not count)."""
     return plan.ledger.beside_pool_device_bytes
 
@@ -200,8 +202,8 @@ def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
         beside = None
     tokens = _largest_step_tokens(model, limits, budget, auto, graph_pool)
     lower = _or_lower(tokens)
-    need = f"{format_bytes(beside)} of static buffers, allocator rounding and estimated graph pool" \
-        if beside is not None else "the static buffers, allocator rounding and estimated graph pool"
+    need = f"{format_bytes(beside)} of static buffers, allocator rounding, cuBLAS workspaces and estimated graph pool" \
+        if beside is not None else "the static buffers, allocator rounding, cuBLAS workspaces and estimated graph pool"
     left = _room(budget)
     if not auto:
         try:  # the automatic reserve is checked to fit (a larger one nearly always does, not always: rounding)

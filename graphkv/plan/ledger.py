@@ -8,7 +8,8 @@ padded up to the attention page) and empty slots (a group with fewer layers than
 Beside the pool: the CUDA step's static device buffers (their tensor bytes), the allocator rounding
 (what PyTorch's caching allocator reserves beyond the pool's and the static buffers' tensors — whole
 segments, :meth:`~graphkv.plan.ledger_entries.Ledger.cuda_memory`'s reserved minus tensor bytes),
-the host buffers (host memory) and the estimated graph pool. The device entries sum to
+the lazy workspaces (PyTorch's cuBLAS workspaces, one set per stream that runs matmuls:
+:mod:`~graphkv.plan.allocations.blas_workspaces`), the host buffers (host memory) and the estimated graph pool. The device entries sum to
 :attr:`~graphkv.plan.ledger_entries.Ledger.beside_pool_device_bytes`, which
 :func:`graphkv.plan.gpu_fit.compile_for_gpu` fits beside the pool.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from graphkv.plan.allocations.blas_workspaces import BlasWorkspaces
 from graphkv.plan.allocations.entries import Allocation, CudaMemory, Placement
 from graphkv.plan.graph_pool import GraphKeyEstimate
 from graphkv.plan.plan import Capacity, GroupPlan, Ledger, LedgerEntry, SlotPlan
@@ -25,10 +27,12 @@ __all__ = ["build_ledger"]
 
 def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[GroupPlan], slots: Sequence[SlotPlan],
                  cpu_allocations: tuple[Allocation, ...], cuda_allocations: tuple[Allocation, ...],
-                 graph_keys: tuple[GraphKeyEstimate, ...], graph_pool_reason: str) -> Ledger:
+                 graph_keys: tuple[GraphKeyEstimate, ...], graph_pool_reason: str,
+                 blas: BlasWorkspaces) -> Ledger:
     """Every byte of ``budget_bytes`` attributed; the runtime's static and host buffers on a GPU
-    (from ``cuda_allocations``), the caching allocator's rounding of the pool and the static buffers
-    and the graph pool (the sum of ``graph_keys``) listed beside it."""
+    (from ``cuda_allocations``), the caching allocator's rounding of the pool and the static buffers,
+    PyTorch's lazy cuBLAS workspaces (``blas``) and the graph pool (the sum of ``graph_keys``)
+    listed beside it."""
     ppb = capacity.pool_bytes_per_block
     conc = capacity.max_concurrency
     entries: list[LedgerEntry] = []
@@ -88,6 +92,7 @@ def build_ledger(*, budget_bytes: int, capacity: Capacity, groups: Sequence[Grou
                                       f"({memory.static_buffers.num_allocations} buffer(s){inside}); 512 B blocks in "
                                       "2 MiB, 20 MiB or 2 MiB-rounded segments, "
                                       "plan.ledger.cuda_memory() itemises it"))
+    entries.append(LedgerEntry(name="lazy workspaces", nbytes=blas.nbytes, in_kv_budget=False, reason=blas.reason))
     entries.append(LedgerEntry(name="host buffers", nbytes=sum(a.nbytes for a in on_host), in_kv_budget=False,
                                on_device=False,
                                reason=f"{len(on_host)} pinned staging and host bookkeeping arrays "

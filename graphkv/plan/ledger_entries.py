@@ -29,7 +29,8 @@ class LedgerEntry:
 @attrs.frozen(kw_only=True)
 class Ledger:
     """Step 7: every byte of the KV budget attributed (``kv_entries`` sum to ``budget_bytes``),
-    plus what is allocated beside the pool (static buffers, allocator rounding, host buffers, estimated graph pool).
+    plus what is allocated beside the pool (static buffers, allocator rounding, lazy cuBLAS workspaces, host buffers,
+    estimated graph pool).
 
     ``cpu_allocations`` / ``cuda_allocations``: every tensor and array the runtime allocates on that
     device kind (KV pool, block tables, staging, page ownership, flex masks), which the runtime
@@ -95,7 +96,7 @@ class Ledger:
     def beside_pool_device_bytes(self) -> int:
         """GPU bytes allocated beside the KV pool: the runtime's static device buffers on a CUDA device +
         the caching allocator's rounding (the segments ``memory_reserved`` grows by beyond the pool's and
-        the static buffers' tensors, :meth:`cuda_memory`) + the estimated graph pool (host buffers are
+        the static buffers' tensors, :meth:`cuda_memory`) + PyTorch's lazy cuBLAS workspaces + the estimated graph pool (host buffers are
         host memory and do not count)."""
         return sum(e.nbytes for e in self.other_entries if e.on_device)
 

@@ -13,7 +13,8 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, as_int, is_bool
 
-__all__ = ["DEFAULT_UTILIZATION", "GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "format_bytes", "parse_bytes"]
+__all__ = ["ARCH_OF_GPU", "DEFAULT_UTILIZATION", "GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "arch_of", "format_bytes",
+           "parse_bytes"]
 
 _MiB = 1 << 20
 DEFAULT_UTILIZATION = 0.9  # the share of GPU memory a budget takes unless told
@@ -43,6 +44,17 @@ KNOWN_GPUS: Mapping[str, GPU] = types.MappingProxyType({
         GPU(name="RTX4090", total_memory_bytes=24564 * _MiB),
     )
 })
+
+
+ARCH_OF_GPU: Mapping[str, str] = types.MappingProxyType({
+    "h100": "sm_90", "h200": "sm_90", "a100-80gb": "sm_80", "a100-40gb": "sm_80", "l40s": "sm_89", "rtx4090": "sm_89",
+})
+"""The compute capability of each known GPU (lower-case names of :data:`KNOWN_GPUS`)."""
+
+
+def arch_of(gpu: "GPU | None") -> str | None:
+    """The compute capability (``"sm_90"``) of a known GPU; ``None`` for no GPU or one graphkv does not know."""
+    return ARCH_OF_GPU.get(gpu.name.strip().lower()) if isinstance(gpu, GPU) else None
 
 
 def get_gpu(name: str) -> GPU:

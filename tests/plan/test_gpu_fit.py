@@ -24,8 +24,8 @@ def llama():
 
 
 def test_auto_reserve_holds_the_plans_own_buffers(llama) -> None:
-    """With no --graph-reserve, the reserve holds the plan's static buffers, allocator rounding and graph pool; the pool
-    gets the rest."""
+    """With no --graph-reserve, the reserve holds the plan's static buffers, allocator rounding, cuBLAS workspaces and
+    graph pool; the pool gets the rest."""
     fitted = compile_for_gpu(llama, Limits(max_model_len=32768), Budget.for_gpu("H100", weights_bytes=LLAMA_WEIGHTS))
     reserve = fitted.budget.graph_reserve_bytes
     assert fitted.reserve_is_auto and reserve >= fitted.beside_bytes == beside_pool_bytes(fitted.plan) > 0
@@ -49,29 +49,30 @@ def test_a_billion_tokens_per_step_is_refused_naming_the_largest_that_fits(llama
 
 
 def test_auto_reserve_counts_the_allocator_rounding(llama) -> None:
-    """llama-3.1-8b on an H100: the pool stops at 28768 pages, whose 32 slots end on whole 2 MiB segments, because
-    with more pages the slots' last segments would not fit beside the static buffers, their rounding and the graph
-    pool."""
+    """llama-3.1-8b on an H100: the pool stops at 28736 pages, whose 32 slots end on whole 2 MiB segments, because
+    with more pages the slots' last segments would not fit beside the static buffers, their rounding, the cuBLAS
+    workspaces and the graph pool."""
     budget = Budget.for_gpu("H100", weights_bytes=LLAMA_WEIGHTS)
     fitted = compile_for_gpu(llama, Limits(), budget)
     room = H100_USABLE - LLAMA_WEIGHTS  # 60,908,206,489 B for the pool and what sits beside it
     other = {e.name: e.nbytes for e in fitted.plan.ledger.other_entries}
     # tables.device (16 MiB) takes a segment of its own, the seven other buffers (372,756 B) one 2 MiB small
-    # segment: 18 MiB reserved for 17,149,972 B of tensors, +1,724,396 B.
+    # segment: 18 MiB reserved for 17,149,972 B of tensors, +1,724,396 B. cuBLAS + cuBLASLt on 2 streams: 2 x 34 MiB.
     assert other["static buffers"] == 17_149_972 and other["allocator rounding"] == 18 * (1 << 20) - 17_149_972
-    assert fitted.beside_bytes == 17_149_972 + 1_724_396 + other["graph pool"] == 533_839_872
-    # At tensor bytes (room - beside) // 2 MiB = 28788 pages would fit; but a slot holds 65536 B per page, so 28788
-    # pages (899 x 32 + 20) reserve 900 x 2 MiB per slot, as 28800 pages would: 32 x 900 x 2 MiB + beside =
-    # 60,931,817,472 B > room. 28768 = 899 x 32 pages fill 899 segments per slot exactly (pool rounding 0).
-    assert (room - fitted.beside_bytes) // LLAMA_PAGE_INDEX == 28788
-    assert 32 * 900 * 2 * (1 << 20) + fitted.beside_bytes > room >= 28768 * LLAMA_PAGE_INDEX + fitted.beside_bytes
-    assert fitted.plan.num_blocks == 28768
+    assert other["lazy workspaces"] == 2 * 34 * (1 << 20) == 71_303_168
+    assert fitted.beside_bytes == 17_149_972 + 1_724_396 + 71_303_168 + other["graph pool"] == 605_143_040
+    # At tensor bytes (room - beside) // 2 MiB = 28754 pages would fit; but a slot holds 65536 B per page, so 28754
+    # pages (898 x 32 + 18) reserve 899 x 2 MiB per slot, as 28768 pages would: 32 x 899 x 2 MiB + beside > room.
+    # 28736 = 898 x 32 pages fill 898 segments per slot exactly (pool rounding 0).
+    assert (room - fitted.beside_bytes) // LLAMA_PAGE_INDEX == 28754
+    assert 32 * 899 * 2 * (1 << 20) + fitted.beside_bytes > room >= 28736 * LLAMA_PAGE_INDEX + fitted.beside_bytes
+    assert fitted.plan.num_blocks == 28736
     memory = fitted.plan.ledger.cuda_memory()
-    assert memory.pool.reserved_bytes == memory.pool.tensor_bytes == 28768 * LLAMA_PAGE_INDEX
-    # The reserve is the smallest that leaves 28768 pages: 28769 pages' bytes would leave room - 1 B of it.
-    assert fitted.budget.graph_reserve_bytes == room - 28769 * LLAMA_PAGE_INDEX + 1 == 575_240_602
-    with pytest.raises(CapacityError, match="graph_reserve_bytes=575240601: the plan needs"):
-        compile_for_gpu(llama, Limits(), attrs.evolve(budget, graph_reserve_bytes=575_240_601))  # 28769 pages
+    assert memory.pool.reserved_bytes == memory.pool.tensor_bytes == 28736 * LLAMA_PAGE_INDEX
+    # The reserve is the smallest that leaves 28736 pages: 28737 pages' bytes would leave room - 1 B of it.
+    assert fitted.budget.graph_reserve_bytes == room - 28737 * LLAMA_PAGE_INDEX + 1 == 642_349_466
+    with pytest.raises(CapacityError, match="graph_reserve_bytes=642349465: the plan needs"):
+        compile_for_gpu(llama, Limits(), attrs.evolve(budget, graph_reserve_bytes=642_349_465))  # 28737 pages
 
 
 def test_explicit_reserve_too_small_is_refused(llama) -> None:
@@ -83,7 +84,8 @@ def test_explicit_reserve_too_small_is_refused(llama) -> None:
     need = compile_for_gpu(llama, Limits(max_model_len=8192), attrs.evolve(budget, graph_reserve_bytes=0)
                            ).budget.graph_reserve_bytes
     assert info.value.field == "graph_reserve_bytes"
-    assert "of static buffers, allocator rounding and estimated graph pool beside the KV pool" in str(info.value)
+    assert ("of static buffers, allocator rounding, cuBLAS workspaces and estimated graph pool beside the KV pool"
+            in str(info.value))
     assert f"set graph_reserve_bytes to {need} (what the automatic reserve picks when it is left unset" in str(info.value)
     for reserve in (need, need + 7 * LLAMA_PAGE_INDEX, 1 << 30):
         fitted = compile_for_gpu(llama, Limits(max_model_len=8192), attrs.evolve(budget, graph_reserve_bytes=reserve))

@@ -115,6 +115,8 @@ def test_allocator_rounding_sits_beside_the_budget_on_the_device():
     assert rounding.nbytes == 0 + (2 * 2**20 - 369_300) == 1_727_852
     assert rounding.on_device and not rounding.in_kv_budget
     assert "pool +0 B (2 slot(s)), static buffers +1727852 B (8 buffer(s))" in rounding.reason
-    assert [e.name for e in plan.ledger.other_entries] == ["static buffers", "allocator rounding", "host buffers",
-                                                           "graph pool"]
-    assert plan.ledger.beside_pool_device_bytes == 369_300 + 1_727_852 + other["graph pool"].nbytes
+    assert [e.name for e in plan.ledger.other_entries] == ["static buffers", "allocator rounding", "lazy workspaces",
+                                                           "host buffers", "graph pool"]
+    lazy = 2 * (32 + 2) * 2**20  # cuBLAS 32 MiB + cuBLASLt 1 MiB (a 2 MiB small segment) on 2 streams, sm_90 assumed
+    assert other["lazy workspaces"].nbytes == lazy
+    assert plan.ledger.beside_pool_device_bytes == 369_300 + 1_727_852 + lazy + other["graph pool"].nbytes

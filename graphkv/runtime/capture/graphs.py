@@ -108,8 +108,8 @@ class CapturedForward:
     (of any key). Pass ``copy_outputs=True`` to get clones instead, or copy what you keep. The
     forward always runs under ``torch.no_grad()`` (a replayed graph cannot backpropagate, and one
     grad mode keeps a compiled forward from recompiling between capture and serving). ``stream``
-    (optional): the ``torch.cuda.Stream`` every key is warmed up and captured on, instead of a new
-    side stream per warm-up and torch's own capture stream (see :func:`capture`).
+    (optional): the ``torch.cuda.Stream`` every key is warmed up and captured on (default: one side
+    stream made at the first :meth:`capture`; see :func:`capture`).
     """
 
     def __init__(self, fn: Callable[..., Any], plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
@@ -257,6 +257,8 @@ class CapturedForward:
         self._shapes.clear()
         if self.pool is None and not rehearse:
             self.pool = torch.cuda.graph_pool_handle()
+        if self.stream is None and not rehearse:  # one stream, one set of cuBLAS workspaces (a new side stream
+            self.stream = torch.cuda.Stream()  # per warm-up cycled through torch's 32 pooled streams, 33 MiB each)
         start = time.perf_counter()
         # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
         # while warming up, and a graph must be captured on the compiled entry that serving will use.
@@ -409,9 +411,10 @@ def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = No
     ``token_dims[name]``) sized >= the largest capture size. ``pad_values``: value of padding rows
     per input (default 0, and -1 for names ending in ``slot_mapping``). ``pool``: a
     ``torch.cuda.graph_pool_handle()`` to share (default: a new one at capture). ``stream``: a
-    ``torch.cuda.Stream`` to warm up and capture every key on (default: a new side stream per
-    warm-up, torch's own capture stream per capture); warm lazy workspaces such as cuBLAS's (one
-    per stream) on it before ``.capture()`` so that none lands in the graph pool. Returns a
+    ``torch.cuda.Stream`` to warm up and capture every key on (default: one side stream made at
+    the first ``.capture()``, so that PyTorch allocates one more set of cuBLAS workspaces, 33 MiB on
+    Hopper, not one per warm-up stream); warm those workspaces on it before ``.capture()`` so that
+    none lands in the graph pool. Returns a
     :class:`CapturedForward`; call ``.capture()`` once the model is loaded.
     """
     def wrap(fn: Callable[..., Any]) -> CapturedForward:

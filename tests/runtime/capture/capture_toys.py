@@ -109,7 +109,7 @@ class GraphEmulator:
         self.capturing = False
         self.pools = set()
 
-    def capture_graph(self, fn, pool):
+    def capture_graph(self, fn, pool, stream=None):
         """Stands in for graphkv.runtime.capture.piecewise.capture_graph."""
         self.pools.add(pool)
         self.capturing = True

@@ -184,6 +184,8 @@ class FakeCuda:
         self.events = []
         self.pools = set()
         self.capturing = None
+        self.streams = []  # every side stream made (torch.cuda.Stream())
+        self.used = []  # the stream of each warm-up (torch.cuda.stream(s)) and capture (torch.cuda.graph(stream=s))
 
     def install(self, monkeypatch):
         """Patch the torch.cuda functions capture() uses."""
@@ -194,18 +196,29 @@ class FakeCuda:
                 fake.events.append(("replay",))
 
         class Stream:
+            def __init__(self):
+                fake.streams.append(self)
+
             def wait_stream(self, other):
                 pass
 
         @contextlib.contextmanager
-        def graph(g, pool=None):
+        def graph(g, pool=None, stream=None):
             fake.pools.add(pool)
+            fake.used.append(stream)
             fake.capturing = g
             yield
             fake.capturing = None
 
+        def on(s):
+            fake.used.append(s)
+            return contextlib.nullcontext()
+
+        current = Stream()  # the serving stream, not a side stream
+        fake.streams.remove(current)
+
         for name, value in {"is_available": lambda: True, "graph_pool_handle": lambda: ("pool",),
-                            "Stream": Stream, "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
+                            "Stream": Stream, "current_stream": lambda: current, "stream": on,
                             "CUDAGraph": Graph, "graph": graph, "synchronize": lambda: None}.items():
             monkeypatch.setattr(torch.cuda, name, value)
         from graphkv.runtime.capture import piecewise
@@ -245,6 +258,8 @@ def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(mo
     assert [k.num_tokens for k in report.keys] == sizes and [k.uniform for k in report.keys][1:3] == [True, False]
     assert cuda.events == [("warm-up", n, 0) for n in sizes] + [("capture", n, 0) for n in sizes]  # all-padding
     assert cuda.pools == {("pool",)} and fwd.pool == ("pool",)
+    # one side stream for every warm-up and capture: PyTorch allocates cuBLAS workspaces per stream (33 MiB on Hopper)
+    assert len(cuda.streams) == 1 and fwd.stream is cuda.streams[0] and cuda.used == [fwd.stream] * 14
     assert prepared == list(report.keys) * 2
     assert fwd.static_inputs["input_ids"].shape == (8,)
     err = capsys.readouterr().err

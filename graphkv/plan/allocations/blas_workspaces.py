@@ -1,0 +1,160 @@
+"""The cuBLAS workspaces PyTorch allocates lazily, one set per CUDA stream that runs a matmul.
+
+The first matmul on a stream makes PyTorch allocate, from the caching allocator and for as long as
+the process lives, a cuBLAS workspace for that (handle, stream) and a separate cuBLASLt workspace
+(``aten/src/ATen/cuda/CublasHandlePool.cpp``, torch 2.9 to 2.13):
+
+- cuBLAS: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs, SIZE in KiB: the sum of SIZE x COUNT)
+  or, unset, 32 MiB on compute capability 9.0 (H100, H200) and ``:4096:2:16:8`` (8 MiB + 128 KiB)
+  on every other GPU;
+- cuBLASLt: ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024: 1 MiB), capped at the cuBLAS size; it
+  shares the cuBLAS workspace instead only when ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``.
+
+Measured on an H200 (torch 2.11): a stream's first matmuls allocated 34,603,008 B, the 32 MiB +
+1 MiB of this rule. A serving process holds one set per stream it runs matmuls on: the stream eager
+steps run on, and the capture stream when CUDA graphs are captured (``graphkv.capture`` warms up and
+captures every key on one stream). The caching allocator gives the 32 MiB workspace a segment of its
+own and puts the 1 MiB one in a 2 MiB small segment, which other small blocks may share: the charge
+here is that upper bound (34 MiB per stream on Hopper), 1 MiB per stream above what is allocated.
+Pure: no torch, no environment read unless :func:`workspace_settings_from` is given one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import attrs
+
+from graphkv.plan.allocations.rounding import charge_alone
+
+__all__ = ["BlasWorkspaces", "WorkspaceSettings", "blas_workspaces", "cublas_workspace_bytes",
+           "cublaslt_workspace_bytes", "workspace_settings_from"]
+
+_KIB = 1024
+HOPPER_CUBLAS_BYTES = 4096 * 8 * _KIB  # 32 MiB: PyTorch's default on compute capability 9.0
+OTHER_CUBLAS_BYTES = 4096 * _KIB * 2 + 16 * _KIB * 8  # ":4096:2:16:8": 8 MiB + 128 KiB elsewhere
+DEFAULT_CUBLASLT_KIB = 1024
+_PAIR = re.compile(r":([0-9]+):([0-9]+)")
+ASSUMED_ARCH = "sm_90"  # a plan that names no GPU is charged for graphkv's target, an H100
+
+
+@attrs.frozen(kw_only=True)
+class WorkspaceSettings:
+    """The environment variables PyTorch sizes its cuBLAS workspaces from (``None``: unset)."""
+
+    cublas_workspace_config: str | None = None  # CUBLAS_WORKSPACE_CONFIG
+    cublaslt_workspace_size: str | None = None  # CUBLASLT_WORKSPACE_SIZE, in KiB
+    unified: bool = False  # TORCH_CUBLASLT_UNIFIED_WORKSPACE=1: cuBLASLt uses the cuBLAS workspace
+
+    @property
+    def is_default(self) -> bool:
+        """Whether every setting is PyTorch's default."""
+        return self == WorkspaceSettings()
+
+
+def workspace_settings_from(environ: Mapping[str, str]) -> WorkspaceSettings:
+    """The settings in ``environ`` (e.g. ``os.environ``), read as PyTorch reads them."""
+    unified = environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().lower() in ("1", "true", "on", "yes", "y")
+    return WorkspaceSettings(cublas_workspace_config=environ.get("CUBLAS_WORKSPACE_CONFIG"),
+                             cublaslt_workspace_size=environ.get("CUBLASLT_WORKSPACE_SIZE"), unified=unified)
+
+
+def cublas_workspace_bytes(arch: str, settings: WorkspaceSettings = WorkspaceSettings()) -> int:
+    """The cuBLAS workspace PyTorch allocates per stream on a GPU of compute capability ``arch``
+    (``"sm_90"``): ``CUBLAS_WORKSPACE_CONFIG``'s pairs summed, or the default when it is unset or has
+    no ``:SIZE:COUNT`` pair (PyTorch warns and uses the default).
+
+    >>> cublas_workspace_bytes("sm_90"), cublas_workspace_bytes("sm_80")
+    (33554432, 8519680)
+    >>> cublas_workspace_bytes("sm_80", WorkspaceSettings(cublas_workspace_config=":4096:8"))
+    33554432
+    >>> cublas_workspace_bytes("sm_90", WorkspaceSettings(cublas_workspace_config=":0:0"))  # deterministic runs
+    0
+    """
+    default = HOPPER_CUBLAS_BYTES if arch == "sm_90" else OTHER_CUBLAS_BYTES
+    text = settings.cublas_workspace_config
+    if text is None:
+        return default
+    pairs = _PAIR.findall(text)
+    if not pairs:
+        return default
+    return sum(int(size) * _KIB * int(count) for size, count in pairs)
+
+
+def cublaslt_workspace_bytes(arch: str, settings: WorkspaceSettings = WorkspaceSettings()) -> int:
+    """The separate cuBLASLt workspace PyTorch allocates per stream: ``CUBLASLT_WORKSPACE_SIZE`` KiB
+    (1024 unset or unreadable), at most the cuBLAS workspace; 0 when it shares that workspace
+    (``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``).
+
+    >>> cublaslt_workspace_bytes("sm_90"), cublaslt_workspace_bytes("sm_90", WorkspaceSettings(unified=True))
+    (1048576, 0)
+    >>> cublaslt_workspace_bytes("sm_90", WorkspaceSettings(cublas_workspace_config=":16:8"))  # capped at 128 KiB
+    131072
+    """
+    if settings.unified:
+        return 0
+    kib = DEFAULT_CUBLASLT_KIB
+    if settings.cublaslt_workspace_size is not None:
+        try:
+            kib = int(settings.cublaslt_workspace_size.strip())
+        except ValueError:
+            kib = DEFAULT_CUBLASLT_KIB
+    return min(max(kib, 0) * _KIB, cublas_workspace_bytes(arch, settings))
+
+
+@attrs.frozen(kw_only=True)
+class BlasWorkspaces:
+    """The lazy cuBLAS workspaces of a plan's process: per stream ``cublas_bytes`` and
+    ``cublaslt_bytes`` (allocated), on ``num_streams`` streams, for ``arch`` (``arch_assumed``: the
+    plan names no GPU of a known architecture, so graphkv's target, ``sm_90``, is charged)."""
+
+    arch: str
+    arch_assumed: bool
+    num_streams: int
+    cublas_bytes: int
+    cublaslt_bytes: int
+    settings: WorkspaceSettings = WorkspaceSettings()
+
+    @property
+    def allocated_bytes_per_stream(self) -> int:
+        """What ``torch.cuda.memory_allocated`` grows by at a stream's first matmuls (both used)."""
+        return self.cublas_bytes + self.cublaslt_bytes
+
+    @property
+    def reserved_bytes_per_stream(self) -> int:
+        """At most what ``torch.cuda.memory_reserved`` grows by: each workspace in a segment of its own."""
+        return sum(charge_alone(n).reserved_bytes for n in (self.cublas_bytes, self.cublaslt_bytes))
+
+    @property
+    def nbytes(self) -> int:
+        """The ledger's charge: every stream's workspaces at their reserved upper bound."""
+        return self.num_streams * self.reserved_bytes_per_stream
+
+    @property
+    def reason(self) -> str:
+        """The ledger entry's reason."""
+        mib = 1 << 20
+        streams = ("2 streams (eager steps, CUDA-graph capture)" if self.num_streams == 2
+                   else f"{self.num_streams} stream{'' if self.num_streams == 1 else 's'}")
+        where = f"{self.arch}, assumed: no GPU named" if self.arch_assumed else self.arch
+        how = "PyTorch's defaults" if self.settings.is_default else "CUBLAS_WORKSPACE_CONFIG / CUBLASLT_WORKSPACE_SIZE"
+        return (f"cuBLAS {self.cublas_bytes / mib:g} MiB + cuBLASLt {self.cublaslt_bytes / mib:g} MiB allocated per "
+                f"stream at its first matmul ({how} on {where}) x {streams}, "
+                f"{self.reserved_bytes_per_stream / mib:g} MiB reserved each")
+
+
+def blas_workspaces(arch: str | None, *, num_streams: int,
+                    settings: WorkspaceSettings = WorkspaceSettings()) -> BlasWorkspaces:
+    """The lazy cuBLAS workspaces of ``num_streams`` streams on a GPU of compute capability ``arch``
+    (``None``: unknown, charged as ``sm_90``, the largest default).
+
+    >>> w = blas_workspaces("sm_90", num_streams=2)
+    >>> (w.allocated_bytes_per_stream, w.reserved_bytes_per_stream, w.nbytes)  # 33 MiB, 34 MiB, 2 x 34 MiB
+    (34603008, 35651584, 71303168)
+    """
+    assert num_streams >= 0, num_streams
+    chosen = arch if arch is not None else ASSUMED_ARCH
+    return BlasWorkspaces(arch=chosen, arch_assumed=arch is None, num_streams=num_streams,
+                          cublas_bytes=cublas_workspace_bytes(chosen, settings),
+                          cublaslt_bytes=cublaslt_workspace_bytes(chosen, settings), settings=settings)
