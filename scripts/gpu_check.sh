@@ -108,9 +108,9 @@ EOF
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >>"$OUT/env.txt"
 
 run suite check 3600 "passed|failed|error" python -m pytest -q -p no:cacheprovider -ra
-run demo check 900 "cuda graphs|requests|tokens/s" graphkv demo
+run demo check 900 "cuda graphs|requests|tokens/s" python -m graphkv.cli demo
 for family in gemma3_text gpt_oss llama mistral nemotron_h qwen3 qwen3_next; do
-  run_matching "demo-hf-$family" graphkv demo --hf "$family"
+  run_matching "demo-hf-$family" python -m graphkv.cli demo --hf "$family"
 done
 run readme check 1800 "passed|failed|error" python -m pytest -q -p no:cacheprovider tests/test_readme.py
 run big-model check 1800 "parameters|set-up|served|ok|FAILED" \
@@ -122,9 +122,9 @@ if [ "$QUICK" -eq 0 ]; then
     :
   elif [ -n "$SANITIZER" ]; then
     run memcheck-demo check 3600 "ERROR SUMMARY|cuda graphs|requests" \
-      "$SANITIZER" --tool memcheck --error-exitcode 1 graphkv demo --requests 3 --new-tokens 2
+      "$SANITIZER" --tool memcheck --error-exitcode 1 python -m graphkv.cli demo --requests 3 --new-tokens 2
     run memcheck-demo-hf check 3600 "ERROR SUMMARY|transformers" \
-      "$SANITIZER" --tool memcheck --error-exitcode 1 graphkv demo --hf qwen3 --requests 3 --new-tokens 2
+      "$SANITIZER" --tool memcheck --error-exitcode 1 python -m graphkv.cli demo --hf qwen3 --requests 3 --new-tokens 2
   else
     FAILURES=$((FAILURES + 1))
     ROWS+=("| memcheck | FAIL (compute-sanitizer not found on PATH or in /usr/local/cuda*/bin) | 0 | |")
@@ -138,8 +138,10 @@ if [ "$QUICK" -eq 0 ]; then
   run bench-flex-mask info 1200 "decode|ratio|sdpa|flex" python benchmarks/flex_mask.py --gpu
   run bench-block-tables info 1200 "ratio|gather|write" python benchmarks/block_tables.py --gpu
   run bench-pool-scaling info 1200 "largest|True|model" python benchmarks/pool_scaling.py --gpu --pools 64MiB,8GiB
-  run bench-memory info 3000 "kv_pool|static|graph|held-out|calibration" graphkv bench memory --model demo \
+  run bench-memory info 3000 "kv_pool|static|graph|held-out|calibration" python -m graphkv.cli bench memory --model demo \
     --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
+  run bench-memory-processes info 3000 "repeated|differ|process" python -m graphkv.cli bench memory --model demo \
+    --model llama-3.1-8b --processes 3 --out "$OUT/bench_memory_processes"
 fi
 
 {

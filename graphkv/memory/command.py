@@ -25,7 +25,7 @@ from typing import Any, Sequence, TextIO
 
 import attrs
 
-from graphkv.command.args import nonempty
+from graphkv.command.args import count, nonempty
 from graphkv.command.device_flag import DEVICE_CHOICES, device_from_flag
 from graphkv.errors import GraphkvError, Problem, SpecError
 
@@ -35,6 +35,7 @@ DEFAULT_MODELS = ("demo", "llama-3.1-8b")
 _GRAPH_MAX_MODEL_LEN = 4096  # the reduced-depth models' max_model_len (graph memory does not depend on it)
 _CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
 _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
+MAX_PROCESSES = 10  # --processes: fresh processes that repeat the measurement
 
 
 @attrs.frozen(kw_only=True)
@@ -71,6 +72,9 @@ def add_bench_parser(sub: Any) -> None:
                              "1 GiB on a CPU; the demo keeps its own 2 MiB)")
     memory.add_argument("--out", metavar="DIR", type=nonempty("a directory"),
                         help="write memory.json, memory.png and (after a GPU capture) graph_calibration.json here")
+    memory.add_argument("--processes", metavar="N", type=count(1, maximum=MAX_PROCESSES), default=1,
+                        help="run the measurement in N fresh processes and compare every measured row (each "
+                             "process's files under --out DIR/process-<i>, the comparison in repeat.json; default 1)")
     memory.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -85,6 +89,14 @@ def run_bench(args: argparse.Namespace) -> int:
     options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
                                  kv_memory=args.kv_memory, out=args.out,
                                  progress=not args.no_progress and sys.stderr.isatty())
+    if args.processes > 1:
+        from graphkv.memory.repeat import repeat_in_processes
+
+        _out_dir(options.out)  # a bad --out fails before any process starts
+        argv = [flag for name in options.models for flag in ("--model", name)] + ["--device", options.device]
+        argv += ["--kv-memory", options.kv_memory] if options.kv_memory is not None else []
+        repeat_in_processes(argv, args.processes, out_dir=options.out, progress=options.progress)
+        return 0
     bench_memory(options)
     return 0
 
