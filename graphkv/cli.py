@@ -107,7 +107,8 @@ def _add_budget_flags(p: argparse.ArgumentParser) -> None:
                    help="peak activation memory of a forward step (--gpu only; default 0: not estimated)")
     g.add_argument("--graph-reserve", metavar="SIZE", type=nonempty("a size, e.g. 1GiB"),
                    help="memory beside the pool for CUDA graphs and static buffers (--gpu only; default: sized from "
-                        "the plan's static buffers, the caching allocator's rounding and the estimated graph pool)")
+                        "the plan's static buffers, the caching allocator's rounding, PyTorch's cuBLAS workspaces and the "
+                        "estimated graph pool)")
     g.add_argument("--graph-calibration", metavar="PATH", type=nonempty("a graph_calibration.json"),
                    help="graph memory per capture key measured by `graphkv bench memory --out DIR` (default with "
                         "--gpu: the calibration shipped for the preset on that GPU's architecture, else the "

@@ -17,8 +17,9 @@ Phases and how each is measured (the row's ``method`` says which applied):
 - ``host_buffers``: the step's pinned staging and host arrays; predicted
   ``runtime_bytes(device).host_bytes``; live storages on either device (NVML sees no host memory).
 - ``lazy workspaces (cuBLAS)`` (GPU, graphs captured): every key is warmed up and captured on one
-  explicit capture stream; before the first capture one small matmul in the model's dtype runs on
-  it, so cuBLAS allocates that stream's workspace outside the graph pool. Measured:
+  explicit capture stream; PyTorch's cached cuBLAS workspaces are freed first (a pooled stream may
+  hold some from earlier work in the process), then before the first capture one small matmul in
+  the model's dtype runs on it, so cuBLAS allocates that stream's workspace outside the graph pool. Measured:
   ``torch.cuda.memory_allocated`` growth over that matmul and every key's warm-up; predicted by
   PyTorch's rule for one stream on this GPU's compute capability and this process's
   ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE``
@@ -355,6 +356,20 @@ def _matmul_dtype(plan: Plan) -> Any:
     return torch.float32
 
 
+def _free_workspaces(device: Any) -> None:
+    """Free every cuBLAS workspace PyTorch holds (``torch._C._cuda_clearCublasWorkspaces``, where this
+    torch has it): ``torch.cuda.Stream()`` hands out pooled streams, and one that already ran a matmul
+    in this process would keep its workspaces, so the lazy row would read 0. Graphs captured earlier
+    in the process that used cuBLAS must not be replayed afterwards; the benchmark releases its own
+    before the next model."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        torch.cuda.synchronize(device)
+        clear()
+
+
 def _warm_workspaces(stream: Any, dtype: Any, device: Any) -> None:
     """A small matmul (and a linear with a bias, cuBLASLt's path) on ``stream``: cuBLAS allocates that
     stream's workspace now, outside any graph pool, instead of inside the first capture."""
@@ -383,6 +398,7 @@ def _capture(plan: Plan, device: Any, choice: MeterChoice, pool: Any, step: Any,
                       stream=stream)(forward_for(pool, step))
     meter = choice.meter
     process_before = meter.read() if meter is not None else None
+    _free_workspaces(device)
     allocated_before = reader.allocated_bytes()
     _warm_workspaces(stream, _matmul_dtype(plan), device)
     state: dict[str, Any] = {"index": 0, "lazy": None, "start": None}

@@ -26,7 +26,7 @@ from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.plan.plausibility import beside_pool_note
 from graphkv.plan.promotion import promote_for_limits, promotion_note
 from graphkv.plan.stage_groups import project_grouping
-from graphkv.spec.budget import Budget, arch_of
+from graphkv.spec.budget import GPU, Budget, arch_of
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 
@@ -231,7 +231,8 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
     keys = capture_keys(cudagraph, limits)
     graph_keys, graph_reason = _graph_pool(model, graph_pool, keys)
     # the eager steps' stream, and the capture stream once graphs are captured: a cuBLAS workspace set each
-    blas = blas_workspaces(arch_of(budget.gpu) if budget is not None else None, num_streams=2 if keys else 1)
+    gpu = budget.gpu if budget is not None and isinstance(budget.gpu, GPU) else None
+    blas = blas_workspaces(arch_of(gpu), num_streams=2 if keys else 1, gpu_name=gpu.name if gpu is not None else None)
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots,
                           cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
                           graph_keys=graph_keys, graph_pool_reason=graph_reason, blas=blas)

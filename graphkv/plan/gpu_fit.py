@@ -179,8 +179,8 @@ def _or_lower(tokens: int | None) -> str:
 def compile_for_gpu(model: ModelKV, limits: Limits, budget: Budget, *,
                     graph_pool: GraphPoolModel | None = None) -> GpuPlan:
     """Compile ``model`` for ``budget`` (a :meth:`Budget.for_gpu` budget) so that the pool, the
-    plan's static buffers, the caching allocator's rounding of both and its estimated CUDA-graph pool
-    fit the GPU together (``GpuPlan.beside_bytes`` is :attr:`Ledger.beside_pool_device_bytes`).
+    plan's static buffers, the caching allocator's rounding of both, PyTorch's lazy cuBLAS workspaces
+    and its estimated CUDA-graph pool fit the GPU together (``GpuPlan.beside_bytes`` is :attr:`Ledger.beside_pool_device_bytes`).
 
     ``budget.graph_reserve_bytes == 0`` means "size the reserve from the plan"; a positive one
     must hold what the plan puts beside the pool (with the budget's unallocated remainder).

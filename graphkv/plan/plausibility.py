@@ -23,8 +23,9 @@ NOTE_FLOOR_BYTES = 1 << 30  # below 1 GiB beside the pool, no note: a test or de
 
 
 def beside_pool_note(ledger: Ledger, limits: Limits, budget: Budget | None, pool_bytes: int) -> str | None:
-    """The warning for a plan (without a GPU budget) whose static device buffers and estimated graph
-    pool exceed its ``pool_bytes`` KV pool and 1 GiB; ``None`` otherwise."""
+    """The warning for a plan (without a GPU budget) whose device bytes beside the pool (static buffers,
+    allocator rounding, cuBLAS workspaces, estimated graph pool) exceed its ``pool_bytes`` KV pool and
+    1 GiB; ``None`` otherwise."""
     if budget is not None and budget.gpu is not None:
         return None  # compile_for_gpu fits them (or refuses); a plain compile keeps its caller's choice
     beside = ledger.beside_pool_device_bytes

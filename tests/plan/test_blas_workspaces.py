@@ -30,6 +30,7 @@ def test_cublaslt_workspace_is_1_mib_capped_at_cublas_and_absent_when_unified() 
     assert cublaslt_workspace_bytes("sm_90") == MIB
     assert cublaslt_workspace_bytes("sm_90", WorkspaceSettings(cublaslt_workspace_size="4096")) == 4 * MIB
     assert cublaslt_workspace_bytes("sm_90", WorkspaceSettings(cublaslt_workspace_size="lots")) == MIB  # as torch
+    assert cublaslt_workspace_bytes("sm_90", WorkspaceSettings(cublaslt_workspace_size=" 2048KiB")) == 2 * MIB  # stoi
     assert cublaslt_workspace_bytes("sm_90", WorkspaceSettings(cublas_workspace_config=":0:0")) == 0
     assert cublaslt_workspace_bytes("sm_90", WorkspaceSettings(unified=True)) == 0
 
@@ -40,6 +41,7 @@ def test_settings_are_read_from_an_environment_as_pytorch_reads_them() -> None:
                                    "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"})
     assert got == WorkspaceSettings(cublas_workspace_config=":16:8", cublaslt_workspace_size="64", unified=True)
     assert not got.is_default
+    assert not workspace_settings_from({"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "true"}).unified  # PyTorch takes "1" only
 
 
 def test_one_stream_on_hopper_allocates_what_an_h200_measured() -> None:
@@ -76,3 +78,6 @@ def test_the_ledger_charges_one_set_per_stream_for_the_plans_gpu() -> None:
     assert eager.nbytes == 34 * MIB and "x 1 stream, 34 MiB" in eager.reason
     a100 = entry(_plan(Budget.for_gpu("A100-80GB")))
     assert a100.nbytes == 2 * 22 * MIB and "(PyTorch's defaults on sm_80)" in a100.reason
+    b200 = entry(_plan(Budget.for_gpu(GPU(name="B200", total_memory_bytes=180 << 30))))
+    assert b200.nbytes == 2 * 34 * MIB and "(PyTorch's defaults on sm_90, assumed: B200's architecture is not known)" \
+        in b200.reason

@@ -2,13 +2,15 @@
 
 The first matmul on a stream makes PyTorch allocate, from the caching allocator and for as long as
 the process lives, a cuBLAS workspace for that (handle, stream) and a separate cuBLASLt workspace
-(``aten/src/ATen/cuda/CublasHandlePool.cpp``, torch 2.9 to 2.13):
+(``aten/src/ATen/cuda/CublasHandlePool.cpp`` as of torch 2.11, the version measured):
 
 - cuBLAS: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs, SIZE in KiB: the sum of SIZE x COUNT)
   or, unset, 32 MiB on compute capability 9.0 (H100, H200) and ``:4096:2:16:8`` (8 MiB + 128 KiB)
   on every other GPU;
 - cuBLASLt: ``CUBLASLT_WORKSPACE_SIZE`` KiB (default 1024: 1 MiB), capped at the cuBLAS size; it
-  shares the cuBLAS workspace instead only when ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``.
+  shares the cuBLAS workspace instead only when ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``. Torch 2.13
+  documents that sharing as its default (``torch.backends.cuda.blas_workspace_size``): there a stream
+  allocates 1 MiB less than this rule charges, so the charge stays an upper bound.
 
 Measured on an H200 (torch 2.11): a stream's first matmuls allocated 34,603,008 B, the 32 MiB +
 1 MiB of this rule. A serving process holds one set per stream it runs matmuls on: the stream eager
@@ -16,7 +18,9 @@ steps run on, and the capture stream when CUDA graphs are captured (``graphkv.ca
 captures every key on one stream). The caching allocator gives the 32 MiB workspace a segment of its
 own and puts the 1 MiB one in a 2 MiB small segment, which other small blocks may share: the charge
 here is that upper bound (34 MiB per stream on Hopper), 1 MiB per stream above what is allocated.
-Pure: no torch, no environment read unless :func:`workspace_settings_from` is given one.
+The ledger charges PyTorch's default settings (planning reads no environment); ``graphkv bench
+memory`` predicts its measurement from the process's own (:func:`workspace_settings_from`). Pure:
+no torch.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class WorkspaceSettings:
 
 def workspace_settings_from(environ: Mapping[str, str]) -> WorkspaceSettings:
     """The settings in ``environ`` (e.g. ``os.environ``), read as PyTorch reads them."""
-    unified = environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().lower() in ("1", "true", "on", "yes", "y")
+    unified = environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") == "1"  # what PyTorch's check_env takes as true
     return WorkspaceSettings(cublas_workspace_config=environ.get("CUBLAS_WORKSPACE_CONFIG"),
                              cublaslt_workspace_size=environ.get("CUBLASLT_WORKSPACE_SIZE"), unified=unified)
 
@@ -95,11 +99,9 @@ def cublaslt_workspace_bytes(arch: str, settings: WorkspaceSettings = WorkspaceS
     if settings.unified:
         return 0
     kib = DEFAULT_CUBLASLT_KIB
-    if settings.cublaslt_workspace_size is not None:
-        try:
-            kib = int(settings.cublaslt_workspace_size.strip())
-        except ValueError:
-            kib = DEFAULT_CUBLASLT_KIB
+    if settings.cublaslt_workspace_size is not None:  # read as std::stoi reads it: leading digits ("2048KiB": 2048)
+        digits = re.match(r"\s*([+-]?[0-9]+)", settings.cublaslt_workspace_size)
+        kib = int(digits.group(1)) if digits is not None else DEFAULT_CUBLASLT_KIB
     return min(max(kib, 0) * _KIB, cublas_workspace_bytes(arch, settings))
 
 
@@ -107,7 +109,8 @@ def cublaslt_workspace_bytes(arch: str, settings: WorkspaceSettings = WorkspaceS
 class BlasWorkspaces:
     """The lazy cuBLAS workspaces of a plan's process: per stream ``cublas_bytes`` and
     ``cublaslt_bytes`` (allocated), on ``num_streams`` streams, for ``arch`` (``arch_assumed``: the
-    plan names no GPU of a known architecture, so graphkv's target, ``sm_90``, is charged)."""
+    plan names no GPU of a known architecture, so graphkv's target, ``sm_90``, is charged; ``gpu_name``:
+    the GPU the plan named, if any)."""
 
     arch: str
     arch_assumed: bool
@@ -115,11 +118,13 @@ class BlasWorkspaces:
     cublas_bytes: int
     cublaslt_bytes: int
     settings: WorkspaceSettings = WorkspaceSettings()
+    gpu_name: str | None = None
 
     @property
     def allocated_bytes_per_stream(self) -> int:
-        """What ``torch.cuda.memory_allocated`` grows by at a stream's first matmuls (both used)."""
-        return self.cublas_bytes + self.cublaslt_bytes
+        """What ``torch.cuda.memory_allocated`` grows by at a stream's first matmuls (both used): each
+        workspace's block as the caching allocator hands it out."""
+        return sum(charge_alone(n).allocated_bytes for n in (self.cublas_bytes, self.cublaslt_bytes))
 
     @property
     def reserved_bytes_per_stream(self) -> int:
@@ -137,17 +142,23 @@ class BlasWorkspaces:
         mib = 1 << 20
         streams = ("2 streams (eager steps, CUDA-graph capture)" if self.num_streams == 2
                    else f"{self.num_streams} stream{'' if self.num_streams == 1 else 's'}")
-        where = f"{self.arch}, assumed: no GPU named" if self.arch_assumed else self.arch
+        if not self.arch_assumed:
+            where = self.arch
+        elif self.gpu_name is None:
+            where = f"{self.arch}, assumed: no GPU named"
+        else:
+            where = f"{self.arch}, assumed: {self.gpu_name}'s architecture is not known"
         how = "PyTorch's defaults" if self.settings.is_default else "CUBLAS_WORKSPACE_CONFIG / CUBLASLT_WORKSPACE_SIZE"
         return (f"cuBLAS {self.cublas_bytes / mib:g} MiB + cuBLASLt {self.cublaslt_bytes / mib:g} MiB allocated per "
                 f"stream at its first matmul ({how} on {where}) x {streams}, "
                 f"{self.reserved_bytes_per_stream / mib:g} MiB reserved each")
 
 
-def blas_workspaces(arch: str | None, *, num_streams: int,
-                    settings: WorkspaceSettings = WorkspaceSettings()) -> BlasWorkspaces:
+def blas_workspaces(arch: str | None, *, num_streams: int, settings: WorkspaceSettings = WorkspaceSettings(),
+                    gpu_name: str | None = None) -> BlasWorkspaces:
     """The lazy cuBLAS workspaces of ``num_streams`` streams on a GPU of compute capability ``arch``
-    (``None``: unknown, charged as ``sm_90``, the largest default).
+    (``None``: unknown, charged as ``sm_90``, the largest default; ``gpu_name``: the GPU named, for the
+    reason).
 
     >>> w = blas_workspaces("sm_90", num_streams=2)
     >>> (w.allocated_bytes_per_stream, w.reserved_bytes_per_stream, w.nbytes)  # 33 MiB, 34 MiB, 2 x 34 MiB
@@ -157,4 +168,5 @@ def blas_workspaces(arch: str | None, *, num_streams: int,
     chosen = arch if arch is not None else ASSUMED_ARCH
     return BlasWorkspaces(arch=chosen, arch_assumed=arch is None, num_streams=num_streams,
                           cublas_bytes=cublas_workspace_bytes(chosen, settings),
-                          cublaslt_bytes=cublaslt_workspace_bytes(chosen, settings), settings=settings)
+                          cublaslt_bytes=cublaslt_workspace_bytes(chosen, settings), settings=settings,
+                          gpu_name=gpu_name)
