@@ -1,7 +1,7 @@
 """``memory.png``: predicted vs measured memory per phase and per capture size (matplotlib, Agg).
 
 One row of two panels per benchmark run: the runtime phases (KV pool, static buffers, host
-buffers) as bars on a log scale, and each capture key's graph memory against its token count,
+buffers, and on a GPU the lazy cuBLAS workspaces) as bars on a log scale, and each capture key's graph memory against its token count,
 predicted as a line and measured as points (absent where graphs were not captured, e.g. on a CPU,
 which the panel says). Needs the ``bench`` extra (matplotlib).
 """
@@ -12,11 +12,11 @@ import os
 from typing import Any, Sequence
 
 from graphkv.extras import require
-from graphkv.memory.bench import MemoryRun
+from graphkv.memory.bench import LAZY_WORKSPACES, MemoryRun
 
 __all__ = ["write_plot"]
 
-_PHASES = ("kv_pool", "static_buffers", "host_buffers")
+_PHASES = ("kv_pool", "static_buffers", "host_buffers", LAZY_WORKSPACES)
 
 
 def write_plot(runs: Sequence[MemoryRun], path: "str | os.PathLike[str]") -> None:
