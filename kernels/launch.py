@@ -118,7 +118,8 @@ class DeviceKernel(KernelInterface):
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         """Launch over ``grid`` (what ``kernel[grid](*args, **kwargs)`` calls): compiled when the
         first tensor argument is not on the CPU (or there is none, e.g. a ``warmup`` with dtype
-        placeholders), interpreted when it is. Raises :class:`SpecError` when the tensor
+        placeholders), on that tensor's device (made current for the launch when it is not), interpreted
+        when it is on the CPU. Raises :class:`SpecError` when the tensor
         arguments are on different devices."""
         first = _first_tensor(args, kwargs)
         if first is None or not first.is_cpu:
@@ -126,6 +127,11 @@ class DeviceKernel(KernelInterface):
             if compiled is None:
                 compiled = self.compiled
             try:
+                if first is not None and first.is_cuda and first.device.index != torch.cuda.current_device():
+                    # Triton launches on the current device: a pool on cuda:1 while cuda:0 is current would
+                    # hand device-1 pointers to a device-0 launch
+                    with torch.cuda.device(first.device):
+                        return compiled.run(*args, grid=grid, warmup=warmup, **kwargs)
                 return compiled.run(*args, grid=grid, warmup=warmup, **kwargs)
             except Exception as error:
                 # Only a failed launch pays for the scan: a CPU tensor among CUDA ones fails here.

@@ -9,6 +9,7 @@ mixers), binds every cache layer of the plan to the module that fills it, and ex
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,7 @@ from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
 from graphkv.runtime.capture.piecewise import piecewise_backend
 from graphkv.runtime.capture.shape import current_shape
-from graphkv.runtime.flex.region import FlexRegions
+from graphkv.runtime.flex.region import FlexRegions, fresh_function
 from graphkv.runtime.flex.views import paged_kv_views
 from graphkv.runtime.ops.choice import gpu_path, resolve_kernels
 from graphkv.runtime.pool.allocate import KVPool
@@ -159,10 +160,16 @@ class PagedModel(torch.nn.Module):
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
                                experts_implementation="batched_mm" if gpu_path(self.kernels, pool.device) else None)
         self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
-        if compile == "model":
-            self.view = torch.compile(self.view)
-        elif compile == "piecewise":  # PIECEWISE mixed graphs: the pieces between these ops are captured
-            self.view = torch.compile(self.view, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS))
+        # The whole forward compiled as a fresh copy of its code: torch.compile keeps its entries and the
+        # recompile limit (8) per code object, and every transformers model shares its forward's (decorated)
+        # code, so a process's fourth PagedModel would otherwise run uncompiled, its PIECEWISE keys uncaptured.
+        self._call: Callable[..., Any] = self.view.__call__  # (a bound method: not registered as a submodule)
+        if compile in ("model", "piecewise"):
+            fresh = types.MethodType(fresh_function(type(self.view).forward,
+                                                    f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
+            # piecewise: PIECEWISE mixed graphs, the pieces between these ops are captured
+            self._call = (torch.compile(fresh) if compile == "model"
+                          else torch.compile(fresh, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS)))
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
@@ -215,7 +222,7 @@ class PagedModel(torch.nn.Module):
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
             keep = (ctx.query_start_loc[1:rows + 1].long() - 1).clamp(min=0)
         with paged_step_context(step):
-            out = self.view(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None],
+            out = self._call(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None],
                             use_cache=False, logits_to_keep=keep, graphkv=step)
         return out.logits[0]
 

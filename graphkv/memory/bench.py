@@ -26,8 +26,9 @@ Phases and how each is measured (the row's ``method`` says which applied):
   (:mod:`graphkv.plan.allocations.blas_workspaces`; the ledger's ``lazy workspaces`` entry charges
   one such set per stream, reserved).
 - ``graph_pool <key>``: each capture key, largest first; predicted ``plan.ledger.graph_keys``.
-  GPU: read through the capture's own pool (:mod:`graphkv.memory.graph_pool_reader`): the pool's
-  allocated bytes kept after the key's capture minus before (``measured_kept_bytes``), the capture's
+  GPU: read through the capture's own pool (:mod:`graphkv.memory.graph_pool_reader`): the bytes
+  kept allocated after the key's capture minus before (``measured_kept_bytes``: the pool's growth and
+  what a PIECEWISE capture holds outside it), the capture's
   peak above what was allocated before it (``torch.cuda.max_memory_allocated`` after a reset,
   ``measured_peak_bytes``) and the pool's new segment bytes (``measured_reserved_bytes``). The row's
   measured bytes are the kept bytes plus, for the first key, its workspace (peak - kept), so the

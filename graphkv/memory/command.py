@@ -213,6 +213,8 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     captured and left out of the fit). A failure (a capture error, out of memory, any torch RuntimeError) ends
     this preset's measurement
     with the reason in ``summary``; the other models' results are kept. MoE presets are skipped with why.
+    After each depth, torch's compile caches are reset (``torch._dynamo.reset()``): they would keep that
+    depth's model, graphs and pieces alive.
     On a CPU nothing is built (CUDA graphs need a GPU) unless ``overrides`` shrink the widths (tests:
     the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
     from graphkv.memory.bench import run_phases
@@ -263,8 +265,7 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                                         f"{type(e).__name__}: {text}")
         finally:
             target = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            _release_compiled(device)
     fits = [r.calibration for r in runs]
     if any(f is None for f in fits):
         first = next((r for r in runs[0].rows if r.num_tokens is not None), None)
@@ -281,6 +282,21 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                f"{calibration.lazy_workspace_bytes:,.0f} B" + (f"; {line}" if line else ""))
     return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary,
                         held_out=line)
+
+
+def _release_compiled(device: Any) -> None:
+    """Free what a reduced-depth run compiled and cached: torch keeps every compile backend (and with it
+    the piecewise runners, their graphs and the weights their pieces read) until ``torch._dynamo.reset()``,
+    so the next depth would run beside the last one's model. After a sticky CUDA error the cache
+    cannot be emptied; that error is already this preset's reason."""
+    import torch
+
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass
 
 
 def _fmt(n: int | None) -> str:

@@ -9,8 +9,9 @@ use), as ``torch._inductor.cudagraph_trees`` reads them. :func:`pool_usage` sums
 
 Around each key's capture :class:`CapturePoolReader` reads (after a synchronize):
 
-- **kept**: the pool's allocated bytes after minus before — what the graph holds between replays
-  (its static outputs, and anything else the capture left allocated);
+- **kept**: ``torch.cuda.memory_allocated`` after minus before — what the graph holds between
+  replays: its static outputs in the pool, and what a PIECEWISE capture keeps outside it (the
+  attention outputs its piece runners hold as static inputs, allocated from the default pool);
 - **peak**: ``torch.cuda.max_memory_allocated`` (reset just before the capture) minus the bytes
   allocated before it — the capture's high-water mark, so ``peak - kept`` is the workspace the
   forward used and freed, which later keys reuse from the same pool;
@@ -19,7 +20,7 @@ Around each key's capture :class:`CapturePoolReader` reads (after a synchronize)
 The driver's own memory for an instantiated graph is not in any allocator segment, so none of these
 see it (NVML does). Only ``torch.cuda.memory_snapshot()`` without arguments, ``memory_allocated``,
 ``max_memory_allocated``, ``reset_peak_memory_stats`` and ``synchronize`` are called (torch 2.4+).
-The live reader has not yet run on a GPU; the arithmetic is tested on a CPU.
+The live reader has run on an H200 for the demo (2026-11-25); the arithmetic is tested on a CPU.
 """
 
 from __future__ import annotations
@@ -90,17 +91,18 @@ class KeyMemory:
     num_tokens: int
     uniform: bool
     peak_bytes: int  # the capture's high-water mark above what was allocated before it
-    kept_bytes: int  # the pool's allocated bytes after the capture minus before
+    kept_bytes: int  # memory_allocated after the capture minus before (the pool's growth and what is held outside it)
     reserved_bytes: int  # the pool's segment bytes after the capture minus before
 
     @classmethod
-    def between(cls, *, num_tokens: int, uniform: bool, start: KeyStart, after: PoolUsage,
+    def between(cls, *, num_tokens: int, uniform: bool, start: KeyStart, after: PoolUsage, allocated_bytes: int,
                 max_allocated_bytes: int) -> "KeyMemory":
-        """A key's memory from the reads before (``start``) and after its capture; ``max_allocated_bytes``:
-        ``torch.cuda.max_memory_allocated`` after it (never below ``start.allocated_bytes``, where it was reset)."""
+        """A key's memory from the reads before (``start``) and after its capture: the pool ``after``,
+        ``allocated_bytes`` (``torch.cuda.memory_allocated``) and ``max_allocated_bytes``
+        (``torch.cuda.max_memory_allocated``, never below ``start.allocated_bytes``, where it was reset)."""
         return cls(num_tokens=num_tokens, uniform=uniform,
                    peak_bytes=max(max_allocated_bytes - start.allocated_bytes, 0),
-                   kept_bytes=after.allocated_bytes - start.pool.allocated_bytes,
+                   kept_bytes=allocated_bytes - start.allocated_bytes,
                    reserved_bytes=after.reserved_bytes - start.pool.reserved_bytes)
 
     @property
@@ -171,4 +173,5 @@ class CapturePoolReader:
 
         after = self.read()
         return KeyMemory.between(num_tokens=num_tokens, uniform=uniform, start=start, after=after,
+                                 allocated_bytes=self.allocated_bytes(),
                                  max_allocated_bytes=int(torch.cuda.max_memory_allocated(self.device)))

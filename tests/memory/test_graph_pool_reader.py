@@ -40,7 +40,7 @@ def test_key_memory_is_the_pools_growth_and_the_peak_above_what_was_allocated():
     start = KeyStart(allocated_bytes=5 * MIB, pool=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=MIB))
     key = KeyMemory.between(num_tokens=8, uniform=True, start=start,
                             after=PoolUsage(reserved_bytes=4 * MIB, allocated_bytes=MIB + 1536 * 1024),
-                            max_allocated_bytes=9 * MIB)
+                            allocated_bytes=5 * MIB + 1536 * 1024, max_allocated_bytes=9 * MIB)
     assert key == KeyMemory(num_tokens=8, uniform=True, peak_bytes=4 * MIB, kept_bytes=1536 * 1024,
                             reserved_bytes=2 * MIB)
     assert key.workspace_bytes == 4 * MIB - 1536 * 1024
@@ -75,3 +75,13 @@ def test_the_live_reader_synchronises_resets_the_peak_and_reads_each_capture(mon
         num_tokens=4, uniform=True, peak_bytes=2048, kept_bytes=2048, reserved_bytes=2 * MIB)
     assert reader.read() == PoolUsage(reserved_bytes=4 * MIB, allocated_bytes=6144)
     assert reader.allocated_bytes() == 3 * MIB + 6144
+
+
+def test_kept_counts_what_a_piecewise_capture_holds_outside_the_pool():
+    """A PIECEWISE capture whose piece runners hold 64 KiB of attention output from the default pool (static inputs)
+    beside 16 KiB kept in the graph pool: the key keeps 80 KiB, not the pool's 16 KiB."""
+    start = KeyStart(allocated_bytes=5 * MIB, pool=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=MIB))
+    key = KeyMemory.between(num_tokens=64, uniform=False, start=start,
+                            after=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=MIB + 16 * 1024),
+                            allocated_bytes=5 * MIB + 80 * 1024, max_allocated_bytes=5 * MIB + 80 * 1024)
+    assert (key.kept_bytes, key.peak_bytes, key.workspace_bytes, key.reserved_bytes) == (80 * 1024, 80 * 1024, 0, 0)

@@ -200,3 +200,20 @@ def test_bench_memory_returns_one_run_per_model_with_the_presets_graph_runs_insi
                                    "every step eagerly); no calibration")
     models = {r["model"] for r in json.loads((tmp_path / "memory.json").read_text())["rows"]}
     assert models == {"tiny-hybrid", "llama-3.1-8b", "llama-3.1-8b (1 layer)", "llama-3.1-8b (2 layers)"}
+
+
+def test_every_piecewise_model_of_a_process_captures_its_mixed_keys() -> None:
+    """Three PagedModels compiled piecewise in one process each capture all their keys (rehearsed). A regression: the
+    compiled entries were kept on the forward code every transformers model shares, so once 8 were used (the
+    recompile limit) later models ran uncompiled and their PIECEWISE keys were not captured."""
+    from graphkv.runtime import Step, allocate
+    from graphkv.runtime.capture.graphs import capture
+
+    limits = Limits(max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64)
+    for layers in (1, 2, 1):
+        pf = preset_forward("llama-3.1-8b", layers, torch.device("cpu"), limits=limits, kv_bytes=1 << 20,
+                            dtype="float32", compile="piecewise", **SMALL)
+        pool, step = allocate(pf.plan, "cpu"), Step(pf.plan, "cpu")
+        forward = capture(pf.plan, static_inputs={"input_ids": step.input_ids})(pf.forward_for(pool, step))
+        report = forward.capture(progress=False, prepare=step.capture_context, rehearse=True)
+        assert report.skipped == () and len(report.keys) == len(forward.keys) == 15, (layers, report.skipped)

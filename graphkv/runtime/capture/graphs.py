@@ -253,27 +253,30 @@ class CapturedForward:
         if self.unavailable_reason is not None and not rehearse:
             self._log_once(self.unavailable_reason, logging.WARNING)
             return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
-        self._rehearsed = rehearse
-        self._shapes.clear()
-        if self.pool is None and not rehearse:
-            self.pool = torch.cuda.graph_pool_handle()
-        if self.stream is None and not rehearse:  # one stream, one set of cuBLAS workspaces (a new side stream
-            self.stream = torch.cuda.Stream()  # per warm-up cycled through torch's 32 pooled streams, 33 MiB each)
-        start = time.perf_counter()
-        # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
-        # while warming up, and a graph must be captured on the compiled entry that serving will use.
-        what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
-        for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
-            for i, key in enumerate(keys):
-                if progress:
-                    sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
-                    sys.stderr.flush()
-                with prepare(key) if prepare is not None else contextlib.nullcontext():
-                    step(key)
-                if on_key is not None:
-                    on_key("warm-up" if step == self._warm_up else "capture", key)
-        if not rehearse:
-            torch.cuda.synchronize()
+        cuda = [b.device for b in self.inputs.buffers.values() if b.device.type == "cuda"]
+        # on the inputs' device: streams, the pool and every warm-up, capture and synchronize act on the current one
+        with torch.cuda.device(cuda[0]) if cuda and not rehearse else contextlib.nullcontext():
+            self._rehearsed = rehearse
+            self._shapes.clear()
+            if self.pool is None and not rehearse:
+                self.pool = torch.cuda.graph_pool_handle()
+            if self.stream is None and not rehearse:  # one stream, one set of cuBLAS workspaces (a new side stream
+                self.stream = torch.cuda.Stream()  # per warm-up cycled through torch's 32 pooled streams, 33 MiB each)
+            start = time.perf_counter()
+            # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
+            # while warming up, and a graph must be captured on the compiled entry that serving will use.
+            what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
+            for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
+                for i, key in enumerate(keys):
+                    if progress:
+                        sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
+                        sys.stderr.flush()
+                    with prepare(key) if prepare is not None else contextlib.nullcontext():
+                        step(key)
+                    if on_key is not None:
+                        on_key("warm-up" if step == self._warm_up else "capture", key)
+            if not rehearse:
+                torch.cuda.synchronize()
         self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
@@ -306,6 +309,19 @@ class CapturedForward:
             raise self._failed(key, "warm-up", e) from e
         torch.cuda.current_stream().wait_stream(side)
 
+    @contextlib.contextmanager
+    def _on_capture_stream(self) -> Any:
+        """Run a PIECEWISE capture's forward on the capture stream: its pieces are captured there, and
+        what runs between them (attention, state mixers, the replays right after capture) must not
+        take the serving stream, whose lazy cuBLAS workspaces would land in the capture."""
+        if self._rehearsed or self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            yield
+        torch.cuda.current_stream().wait_stream(self.stream)
+
     def _capture_key(self, key: GraphKey) -> None:
         mode = graph_mode(self.plan.cudagraph, key)
         if mode is CudaGraphMode.PIECEWISE and self._piecewise_missing:
@@ -321,7 +337,8 @@ class CapturedForward:
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, **on)
                 self._graphs[key] = _Captured(graph=graph, outputs=outputs)
                 return
-            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream) as scope:
+            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream) as scope, \
+                    self._on_capture_stream():
                 self.fn(**views)
         except RuntimeError as e:
             raise self._failed(key, f"{mode.value} capture", e) from e

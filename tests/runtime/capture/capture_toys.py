@@ -108,10 +108,13 @@ class GraphEmulator:
         self.replays = 0
         self.capturing = False
         self.pools = set()
+        self.capture_streams = []
+        self.current = None  # the current stream (torch.cuda.stream(s) sets it); None: the serving stream
 
     def capture_graph(self, fn, pool, stream=None):
         """Stands in for graphkv.runtime.capture.piecewise.capture_graph."""
         self.pools.add(pool)
+        self.capture_streams.append((stream, self.current))  # the stream asked for, the current one
         self.capturing = True
         try:
             outputs = fn()
@@ -128,8 +131,19 @@ class GraphEmulator:
             def wait_stream(self, other):
                 pass
 
-        for name, value in {"graph_pool_handle": lambda: ("pool",), "Stream": Stream, "current_stream": Stream,
-                            "stream": lambda s: contextlib.nullcontext(), "synchronize": lambda: None}.items():
+        serving = Stream()
+
+        @contextlib.contextmanager
+        def on(stream):
+            before, self.current = self.current, stream
+            try:
+                yield
+            finally:
+                self.current = before
+
+        for name, value in {"graph_pool_handle": lambda: ("pool",), "Stream": Stream,
+                            "current_stream": lambda: self.current or serving, "stream": on,
+                            "synchronize": lambda: None}.items():
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(piecewise, "capture_graph", self.capture_graph)
         monkeypatch.setattr(piecewise, "_cuda_graphs_apply", lambda t: not self.capturing)

@@ -112,6 +112,8 @@ def test_piecewise_capture_flow_with_emulated_graphs(compiled, monkeypatch):
     report = fwd.capture(progress=False)
     assert report.skipped == () and len(report.keys) == 7  # mixed 32, 24, 16, 8, 4, 2, 1
     assert emulator.captures == 3 * 7 and emulator.pools == {("pool",)}
+    # every piece captured on the capture stream, with the forward running on it (not on the serving stream)
+    assert emulator.capture_streams == [(fwd.stream, fwd.stream)] * 21 and fwd.stream is not None
     steps = [(1, 1, True), (3, 3, True), (5, 2, False), (17, 3, False), (32, 4, False), (9, 4, False)]
     assert serve_and_compare(fwd, model, emulator, steps) == [3] * len(steps)
 
