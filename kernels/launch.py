@@ -127,7 +127,7 @@ class DeviceKernel(KernelInterface):
             if compiled is None:
                 compiled = self.compiled
             try:
-                if first is not None and first.is_cuda and first.device.index != torch.cuda.current_device():
+                if first is not None and first.is_cuda and first.get_device() != torch.cuda.current_device():
                     # Triton launches on the current device: a pool on cuda:1 while cuda:0 is current would
                     # hand device-1 pointers to a device-0 launch
                     with torch.cuda.device(first.device):

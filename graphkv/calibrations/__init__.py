@@ -29,7 +29,7 @@ import attrs
 from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.inputs.json_file import read_json_file
 from graphkv.plan.graph_pool import GraphPoolModel
-from graphkv.spec.budget import ARCH_OF_GPU
+from graphkv.spec.budget import ARCH_OF_GPU, arch_of
 
 __all__ = ["ARCH_OF_GPU", "ShippedCalibration", "missing_reason", "shipped_calibration", "shipped_calibrations"]
 
@@ -90,7 +90,7 @@ def shipped_calibration(gpu_name: str, model_name: str, *,
     >>> shipped_calibration("H100", "llama-3.1-8b") is None  # none measured yet
     True
     """
-    arch = ARCH_OF_GPU.get(gpu_name.strip().lower())
+    arch = arch_of(gpu_name)
     if arch is None:
         return None
     for c in shipped_calibrations(directory):
@@ -101,7 +101,7 @@ def shipped_calibration(gpu_name: str, model_name: str, *,
 
 def missing_reason(gpu_name: str, model_name: str, *, directory: "str | os.PathLike[str] | None" = None) -> str:
     """Why :func:`shipped_calibration` found none, for the plan's notes."""
-    arch = ARCH_OF_GPU.get(gpu_name.strip().lower(), "unknown")
+    arch = arch_of(gpu_name) or "unknown"
     try:
         shipped = shipped_calibrations(directory)
     except GraphkvError as e:  # a bad file in a user's directory: say so rather than hide it

@@ -9,7 +9,15 @@ from graphkv.errors import Problem, SpecError
 from graphkv.plan.allocations.entries import check_device_kind
 from graphkv.spec.budget import format_bytes
 
-__all__ = ["available_bytes", "check_pool_fits"]
+__all__ = ["available_bytes", "check_pool_fits", "cuda_arch"]
+
+
+def cuda_arch(device: Any) -> str:
+    """The compute capability of CUDA ``device`` as graphkv names it (``"sm_90"``)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 def available_bytes(device: Any) -> tuple[int, str]:

@@ -326,10 +326,9 @@ def _lazy_workspace_bytes(device: Any) -> int:
     """One stream's cuBLAS workspaces on ``device`` (allocated), by PyTorch's rule and this process's settings."""
     import os
 
-    import torch
+    from graphkv.memory.available import cuda_arch
 
-    major, minor = torch.cuda.get_device_capability(device)
-    return blas_workspaces(f"sm_{major}{minor}", num_streams=1,
+    return blas_workspaces(cuda_arch(device), num_streams=1,
                            settings=workspace_settings_from(os.environ)).allocated_bytes_per_stream
 
 
@@ -376,12 +375,12 @@ def _warm_workspaces(stream: Any, dtype: Any, device: Any) -> None:
     stream's workspace now, outside any graph pool, instead of inside the first capture."""
     import torch
 
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    from graphkv.runtime.capture.piecewise import on_stream
+
+    with on_stream(stream):
         x = torch.ones(16, 16, dtype=dtype, device=device)
         torch.matmul(x, x)
         torch.nn.functional.linear(x, x, x[0])
-    torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
 
 

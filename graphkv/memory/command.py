@@ -28,6 +28,7 @@ import attrs
 from graphkv.command.args import count, nonempty
 from graphkv.command.device_flag import DEVICE_CHOICES, device_from_flag
 from graphkv.errors import GraphkvError, Problem, SpecError
+from graphkv.memory.repeat import MAX_PROCESSES
 
 __all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
 
@@ -35,7 +36,6 @@ DEFAULT_MODELS = ("demo", "llama-3.1-8b")
 _GRAPH_MAX_MODEL_LEN = 4096  # the reduced-depth models' max_model_len (graph memory does not depend on it)
 _CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
 _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
-MAX_PROCESSES = 10  # --processes: fresh processes that repeat the measurement
 
 
 @attrs.frozen(kw_only=True)
@@ -177,7 +177,11 @@ class PresetGraphs:
     calibration: Any
     num_layers: int
     summary: str
-    held_out: str | None = None
+
+    @property
+    def held_out(self) -> str | None:
+        """The held-out check's line of the deeper run, when a calibration was made."""
+        return self.runs[-1].held_out if self.calibration is not None else None
 
     def write(self, directory: Path, device: Any) -> Path:
         """Write ``<name>.<arch>.json`` into ``directory``: the calibration with the labels
@@ -185,18 +189,16 @@ class PresetGraphs:
         import torch
 
         from graphkv import __version__
+        from graphkv.memory.available import cuda_arch
 
-        major, minor = torch.cuda.get_device_capability(device)
-        arch = f"sm_{major}{minor}"
+        arch = cuda_arch(device)
         path = directory / f"{self.name}.{arch}.json"
         deep = self.runs[-1]
         self.calibration.write(path, model=self.name, arch=arch, device_name=torch.cuda.get_device_name(device),
                                graphkv=__version__, torch=torch.__version__, cuda=str(torch.version.cuda),
                                num_layers=self.num_layers, held_out=self.held_out,
-                               keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform, "layers": deep.model,
-                                      "peak_bytes": r.measured_peak_bytes, "kept_bytes": r.measured_kept_bytes,
-                                      "reserved_bytes": r.measured_reserved_bytes}
-                                     for r in deep.rows if r.num_tokens is not None])
+                               keys=[{**_key_record(r), "layers": deep.model} for r in deep.rows
+                                     if r.num_tokens is not None])
         return path
 
 
@@ -280,8 +282,13 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                f"outputs {calibration.output_bytes_per_token:,.1f} B and workspace "
                f"{calibration.workspace_bytes_per_token:,.1f} B per token, lazy workspaces "
                f"{calibration.lazy_workspace_bytes:,.0f} B" + (f"; {line}" if line else ""))
-    return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary,
-                        held_out=line)
+    return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary)
+
+
+def _key_record(row: Any) -> dict[str, Any]:
+    """A capture key's measurement as a calibration file lists it."""
+    return {"num_tokens": row.num_tokens, "uniform": row.uniform, "peak_bytes": row.measured_peak_bytes,
+            "kept_bytes": row.measured_kept_bytes, "reserved_bytes": row.measured_reserved_bytes}
 
 
 def _release_compiled(device: Any) -> None:
@@ -407,10 +414,8 @@ def _write(directory: Path, runs: Sequence[Any], device: Any, choice: Any, out: 
     if calibrated:
         run = calibrated[0]
         run.calibration.write(directory / "graph_calibration.json", model=run.model, device=run.device,
-                              keys=[{"num_tokens": r.num_tokens, "uniform": r.uniform,
-                                     "measured_bytes": r.measured_bytes, "peak_bytes": r.measured_peak_bytes,
-                                     "kept_bytes": r.measured_kept_bytes, "reserved_bytes": r.measured_reserved_bytes}
-                                    for r in run.rows if r.num_tokens is not None])
+                              keys=[{**_key_record(r), "measured_bytes": r.measured_bytes} for r in run.rows
+                                    if r.num_tokens is not None])
         written.append("graph_calibration.json")
     else:
         print("no graph_calibration.json: no capture key was measured (CUDA graphs need a GPU and a model forward)",

@@ -16,9 +16,9 @@ import attrs
 
 from graphkv.plan.graph_pool import GraphPoolModel
 
-__all__ = ["LINEAR_COEFFICIENTS", "extrapolate"]
+__all__ = ["extrapolate"]
 
-LINEAR_COEFFICIENTS = ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token")
+_LINEAR_COEFFICIENTS = ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token")
 
 
 def extrapolate(shallow: GraphPoolModel, deep: GraphPoolModel, *, shallow_layers: int, deep_layers: int,
@@ -37,7 +37,7 @@ def extrapolate(shallow: GraphPoolModel, deep: GraphPoolModel, *, shallow_layers
     assert shallow.hidden_size == deep.hidden_size, "both depths share the preset's widths"
     scale = (num_layers - shallow_layers) / (deep_layers - shallow_layers)
     values = {name: max(getattr(shallow, name) + (getattr(deep, name) - getattr(shallow, name)) * scale, 0.0)
-              for name in LINEAR_COEFFICIENTS}
+              for name in _LINEAR_COEFFICIENTS}
     return attrs.evolve(deep, **values, calibrated=True,
                         source=f"{source}: measured at {shallow_layers} and {deep_layers} layers, extrapolated "
                                f"linearly to {num_layers}")

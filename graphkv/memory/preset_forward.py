@@ -93,14 +93,14 @@ def _pattern_prefix(pattern: str, periods: int) -> str:
     return pattern[: end + 1]
 
 
-def depths(name: str, config: Mapping[str, Any] | None = None) -> tuple[int, int]:
+def depths(name: str) -> tuple[int, int]:
     """The two reduced depths a preset is measured at: one and two periods of its layer pattern
     (every layer kind present in each), e.g. 1 and 2 layers for Llama, 2 and 4 for gpt-oss (sliding,
     full), 4 and 8 for Qwen3-Next (three gated-delta, one full), 9 and 20 for Nemotron-H-8B (its
     pattern through the first and the second attention block)."""
     from graphkv.presets import load_preset_config
 
-    cfg = dict(config) if config is not None else load_preset_config(name)
+    cfg = load_preset_config(name)
     model_type = cfg.get("model_type")
     if model_type == "gpt_oss":
         return 2, 4

@@ -22,10 +22,12 @@ DEFAULT_UTILIZATION = 0.9  # the share of GPU memory a budget takes unless told
 
 @attrs.frozen(kw_only=True)
 class GPU:
-    """A GPU model: its name and the memory the driver reports as total."""
+    """A GPU model: its name, the memory the driver reports as total and its compute capability
+    (``arch``, e.g. ``"sm_90"``; ``None``: not known)."""
 
     name: str
     total_memory_bytes: int = attrs.field(converter=as_int)
+    arch: str | None = None
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"GPU[{self.name}]")
@@ -36,25 +38,26 @@ class GPU:
 KNOWN_GPUS: Mapping[str, GPU] = types.MappingProxyType({
     g.name.lower(): g
     for g in (
-        GPU(name="H100", total_memory_bytes=81559 * _MiB),  # H100 SXM 80GB HBM3, as nvidia-smi reports
-        GPU(name="H200", total_memory_bytes=143771 * _MiB),
-        GPU(name="A100-80GB", total_memory_bytes=81920 * _MiB),
-        GPU(name="A100-40GB", total_memory_bytes=40960 * _MiB),
-        GPU(name="L40S", total_memory_bytes=46068 * _MiB),
-        GPU(name="RTX4090", total_memory_bytes=24564 * _MiB),
+        GPU(name="H100", total_memory_bytes=81559 * _MiB, arch="sm_90"),  # H100 SXM 80GB HBM3, as nvidia-smi reports
+        GPU(name="H200", total_memory_bytes=143771 * _MiB, arch="sm_90"),
+        GPU(name="A100-80GB", total_memory_bytes=81920 * _MiB, arch="sm_80"),
+        GPU(name="A100-40GB", total_memory_bytes=40960 * _MiB, arch="sm_80"),
+        GPU(name="L40S", total_memory_bytes=46068 * _MiB, arch="sm_89"),
+        GPU(name="RTX4090", total_memory_bytes=24564 * _MiB, arch="sm_89"),
     )
 })
 
 
-ARCH_OF_GPU: Mapping[str, str] = types.MappingProxyType({
-    "h100": "sm_90", "h200": "sm_90", "a100-80gb": "sm_80", "a100-40gb": "sm_80", "l40s": "sm_89", "rtx4090": "sm_89",
-})
+ARCH_OF_GPU: Mapping[str, str] = types.MappingProxyType({k: g.arch for k, g in KNOWN_GPUS.items() if g.arch})
 """The compute capability of each known GPU (lower-case names of :data:`KNOWN_GPUS`)."""
 
 
-def arch_of(gpu: "GPU | None") -> str | None:
-    """The compute capability (``"sm_90"``) of a known GPU; ``None`` for no GPU or one graphkv does not know."""
-    return ARCH_OF_GPU.get(gpu.name.strip().lower()) if isinstance(gpu, GPU) else None
+def arch_of(gpu: "GPU | str | None") -> str | None:
+    """The compute capability (``"sm_90"``) of ``gpu`` (a :class:`GPU`, or a known GPU's name, any case);
+    ``None`` for no GPU or one whose architecture graphkv does not know."""
+    if isinstance(gpu, str):
+        gpu = KNOWN_GPUS.get(gpu.strip().lower())
+    return gpu.arch if isinstance(gpu, GPU) else None
 
 
 def get_gpu(name: str) -> GPU:

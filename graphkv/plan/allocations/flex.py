@@ -24,11 +24,12 @@ from graphkv.spec.backends import CacheOrder
 from graphkv.spec.dtypes import DType
 from graphkv.spec.model import LayerDecl
 
-__all__ = ["FULL_SCALARS", "TILE_INTS", "FlexSizes", "flex_allocations", "flex_sizes"]
+__all__ = ["FULL_SCALARS", "TILE_CONSTS", "TILE_INTS", "FlexSizes", "flex_allocations", "flex_sizes"]
 
 _I32, _I64, _BOOL = DType.INT32, DType.INT64, DType.BOOL
 # Views of the full-block search's per-tile scratch and 0-d constants (graphkv.runtime.flex.full_blocks).
 TILE_INTS = ("row", "rowbase", "last", "lmax", "lmin", "first", "count")
+TILE_CONSTS = ("tile_last", "tile_window")  # per query tile, written once
 FULL_SCALARS = ("zero", "minus_one", "one_minus_kbs", "kernel_block_size", "table_width", "last_entry",
                 "last_kernel_block", "kv_block_stride", "full_width")
 
@@ -142,7 +143,7 @@ def _parts(name: str, shape: tuple[int, ...]) -> tuple[AllocationPart, ...]:
                                                                                               "row_last")))
     if name in ("tile_ints", "tile_consts"):
         q = shape[1]
-        names = TILE_INTS if name == "tile_ints" else ("tile_last", "tile_window")
+        names = TILE_INTS if name == "tile_ints" else TILE_CONSTS
         return tuple(AllocationPart(name=p, offset=i * q, shape=(q,)) for i, p in enumerate(names))
     if name == "full_scalars":  # 0-d each
         return tuple(AllocationPart(name=p, offset=i, shape=()) for i, p in enumerate(FULL_SCALARS))

@@ -293,34 +293,23 @@ class CapturedForward:
 
     def _warm_up(self, key: GraphKey) -> None:
         views = self.inputs.pad_all(key.num_tokens)
-        if self._rehearsed:
-            try:
-                self.fn(**views)
-            except RuntimeError as e:
-                raise self._failed(key, "warm-up", e) from e
-            return
-        # torch's recipe: warm up on a side stream before capture (the capture stream itself when given)
-        side = self.stream if self.stream is not None else torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(side):
+        try:  # torch's recipe: warm up on a side stream (here the capture stream) before capture
+            with self._on_capture_stream():
                 self.fn(**views)
         except RuntimeError as e:
             raise self._failed(key, "warm-up", e) from e
-        torch.cuda.current_stream().wait_stream(side)
 
     @contextlib.contextmanager
     def _on_capture_stream(self) -> Any:
-        """Run a PIECEWISE capture's forward on the capture stream: its pieces are captured there, and
-        what runs between them (attention, state mixers, the replays right after capture) must not
-        take the serving stream, whose lazy cuBLAS workspaces would land in the capture."""
-        if self._rehearsed or self.stream is None:
+        """Run a warm-up, or a PIECEWISE capture's forward, on the capture stream (set by :meth:`capture`
+        unless rehearsing): a PIECEWISE capture's pieces are captured there, and what runs between them
+        (attention, state mixers, the replays right after capture) must not take the serving stream,
+        whose lazy cuBLAS workspaces would land in the capture."""
+        if self._rehearsed:
             yield
             return
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
+        with piecewise.on_stream(self.stream):
             yield
-        torch.cuda.current_stream().wait_stream(self.stream)
 
     def _capture_key(self, key: GraphKey) -> None:
         mode = graph_mode(self.plan.cudagraph, key)
@@ -333,8 +322,7 @@ class CapturedForward:
                     self.fn(**views)
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
-                on = {} if self.stream is None else {"stream": self.stream}  # (the call as before without one)
-                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, **on)
+                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream)
                 self._graphs[key] = _Captured(graph=graph, outputs=outputs)
                 return
             with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream) as scope, \

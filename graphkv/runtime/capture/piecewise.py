@@ -32,7 +32,7 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 __all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
-           "capture_graph", "op_name", "piecewise_backend", "piecewise_capture", "split_at_attention"]
+           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "split_at_attention"]
 
 # Ops that end a graph piece. Attention / state backends register their capture-unsafe op under
 # one of these names (or callers pass their own list).
@@ -149,6 +149,17 @@ def piecewise_capture(pool: Any = None, *, rehearse: bool = False,
         _SCOPE.reset(token)
 
 
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[None]:
+    """Run the block on ``stream`` (a ``torch.cuda.Stream``), after the current stream's work so far
+    and before its next: torch's side-stream recipe for warm-ups and captures."""
+    current = torch.cuda.current_stream()
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)
+
+
 def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple[Any, Any]:
     """Capture ``fn()`` into a new CUDA graph allocating from ``pool``; return ``(graph, outputs)``.
 
@@ -158,8 +169,7 @@ def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple
     static: each ``graph.replay()`` rewrites them. The one place graphkv captures.
     """
     graph = torch.cuda.CUDAGraph()
-    on = {} if stream is None else {"stream": stream}  # without one: torch's class-level capture stream
-    with torch.cuda.graph(graph, pool=pool, **on):
+    with torch.cuda.graph(graph, pool=pool, stream=stream):  # None: torch's class-level capture stream
         outputs = fn()
     return graph, outputs
 
@@ -233,8 +243,7 @@ class PiecewiseRunner(torch.nn.Module):
         if scope.pool is None:
             scope.pool = torch.cuda.graph_pool_handle()
         self.piece(*args)  # warm-up: lazy init and autotuning must not happen during capture
-        on = {} if scope.stream is None else {"stream": scope.stream}  # (the call as before without one)
-        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool, **on)
+        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool, scope.stream)
         scope.num_captured += 1
         static = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
         return _PieceGraph(graph=graph, static_args=static, outputs=outputs)

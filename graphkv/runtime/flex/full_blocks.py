@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from graphkv.plan.allocations.flex import FULL_SCALARS, TILE_INTS
+from graphkv.plan.allocations.flex import FULL_SCALARS, TILE_CONSTS, TILE_INTS
 
 __all__ = ["FullBlockMarker"]
 
@@ -101,7 +101,7 @@ class FullBlockMarker:
         flags = take("tile_flags")
         self.dead, self.whole = flags[0], flags[1]
         take("tile_consts")
-        self.tile_last, self.tile_window = part("tile_consts", "tile_last"), part("tile_consts", "tile_window")
+        self.tile_last, self.tile_window = (part("tile_consts", n) for n in TILE_CONSTS)
         starts = torch.arange(num_tiles, dtype=torch.int32) * tile
         self.tile_last.copy_(starts + tile - 1)
         self.tile_window.copy_(starts.neg() - (window or 0))  # Lmin - 1 = (p0 + e - s - W) // kbs
@@ -117,6 +117,13 @@ class FullBlockMarker:
         self.counts_flat = tile_counts.view(-1)  # [(Q + 2) * N] int32: the builder's (tile, kernel block) counts
         self.lmin.fill_(-1)  # Lmin - 1 without a window (kept); with one, rewritten per step
         self._views: dict[int, _StepViews] = {}
+
+    def named_buffers(self) -> dict[str, torch.Tensor]:
+        """The marker's own persistent tensors (per-tile values, constants, the marking workspace)."""
+        out = {name: getattr(self, name) for name in (*TILE_INTS, *TILE_CONSTS, "dead", "whole", "ints",
+                                                      "read_back", "index")}
+        out.update({f"scalar.{name}": t for name, t in self.c.items()})
+        return out
 
     def _step_views(self, tiles: int) -> _StepViews:
         found = None if torch.compiler.is_compiling() else self._views.get(tiles)

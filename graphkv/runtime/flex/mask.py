@@ -247,9 +247,7 @@ class FlexMaskBuilder:
                                                       "full_kv_indices", "token_row", "token_pos",
                                                       "kernel_block_logical")}
         out.update({f"workspace.{f.name}": getattr(self._ws, f.name) for f in attrs.fields(_Workspace)})
-        out.update({f"full.{name}": getattr(self._full, name) for name in ("row", "rowbase", "last", "lmax", "lmin",
-                                                                          "count", "dead", "whole", "ints",
-                                                                          "read_back", "index")})
+        out.update({f"full.{name}": t for name, t in self._full.named_buffers().items()})
         return out
 
     def build(self, num_reqs: int | torch.Tensor, *, num_tokens_padded: int) -> BlockMask:
