@@ -114,18 +114,16 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
     return budget, notes
 
 
-def _shipped_graph_pool(gpu: str, source: ModelSource, notes: dict[str, str]) -> GraphPoolModel | None:
+def _shipped_graph_pool(gpu: str, source: ModelSource) -> tuple[GraphPoolModel | None, str]:
     """The graph-memory calibration shipped for ``source``'s model on ``gpu``'s architecture
-    (:mod:`graphkv.calibrations`), named in the graph reserve's note; ``None`` (the uncalibrated
-    default) when none ships, which the note says too."""
+    (:mod:`graphkv.calibrations`; ``None``, the uncalibrated default, when none ships) and the
+    words the graph reserve's note adds about it."""
     from graphkv.calibrations import missing_reason, shipped_calibration
 
     found = shipped_calibration(gpu, source.model.name)
     if found is None:
-        notes["graph_reserve"] += f"; graph pool uncalibrated: {missing_reason(gpu, source.model.name)}"
-        return None
-    notes["graph_reserve"] += f"; graph pool from the shipped calibration of {found.label}"
-    return found.graph_pool
+        return None, f"; graph pool uncalibrated: {missing_reason(gpu, source.model.name)}"
+    return found.graph_pool, f"; graph pool from the shipped calibration of {found.label}"
 
 
 def _gpu_text(budget: Budget, notes: dict[str, str]) -> str:
@@ -168,7 +166,8 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
     if flags.gpu is not None:
         budget, notes = _gpu_budget(flags, source, limits, tp, pp)
         if graph_pool is None and flags.graph_reserve is None:
-            graph_pool = _shipped_graph_pool(flags.gpu, source, notes)
+            graph_pool, said = _shipped_graph_pool(flags.gpu, source)
+            notes["graph_reserve"] += said
         fitted = compile_for_gpu(source.model, limits, budget, graph_pool=graph_pool)
         if fitted.reserve_is_auto and fitted.budget.graph_reserve_bytes > fitted.beside_bytes:
             slack = fitted.budget.graph_reserve_bytes - fitted.beside_bytes
