@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import logging
 import platform
@@ -185,8 +186,12 @@ class GenerateBatchServer:
         pages = len(prompts) * -(-(max(map(len, prompts)) + args.new_tokens) // PAGE_TOKENS) + 1
         self.config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None,
                                        pad_token_id=0)
+        # transformers 5.17.0 names the tokens per page ``block_size``; later versions rename it ``page_size``
+        # (and deprecate ``block_size``). Either way ``num_blocks`` counts pages of that many tokens.
+        accepted = inspect.signature(ContinuousBatchingConfig).parameters
+        page_arg = "page_size" if "page_size" in accepted else "block_size"
         self.cb = ContinuousBatchingConfig(num_blocks=pages, max_batch_tokens=max(args.step_tokens, len(prompts)),
-                                           max_requests_per_batch=len(prompts), page_size=PAGE_TOKENS)
+                                           max_requests_per_batch=len(prompts), **{page_arg: PAGE_TOKENS})
 
     def serve(self) -> dict[str, Any]:
         """Serve every prompt once: tokens, the last token's time, first-token times (its timestamps)."""
