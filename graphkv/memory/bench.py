@@ -48,6 +48,7 @@ a line through every key's kept bytes, the first key's peak above them as the wo
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -162,6 +163,7 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
     progress.start(f"{plan.model_name}: allocate KV pool")
     charged = plan.ledger.cuda_memory()
     if cuda:  # the charge is predicted from an allocator with no cached free block
+        gc.collect()  # a previous run's objects freed late (reference cycles) would land inside this run's readings
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         cached = _counters(device)
@@ -212,6 +214,7 @@ def run_phases(plan: Plan, device: Any, choice: MeterChoice, *, budget: str, pro
                          method=f"sum of the {len(measured)} measured rows"))
     del pool, step
     if cuda:
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     return MemoryRun(model=plan.model_name, device=str(device), budget=budget, rows=tuple(rows),

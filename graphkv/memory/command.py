@@ -16,6 +16,7 @@ labelled to ship in :mod:`graphkv.calibrations`. On a CPU it prints why nothing 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -252,8 +253,9 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     graph_limits = attrs.evolve(limits, max_model_len=min(asked, _GRAPH_MAX_MODEL_LEN) if isinstance(asked, int)
                                 else _GRAPH_MAX_MODEL_LEN)
     runs = []
+    # One pool size for both depths, read once: what the first depth leaves cached must not size the second.
+    pool_bytes = kv_bytes if kv_bytes is not None else _auto_kv_bytes(device)[0]
     for layers in (shallow, deep):
-        pool_bytes = kv_bytes if kv_bytes is not None else _auto_kv_bytes(device)[0]
         try:
             target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
                                     compile=compile, **overrides)
@@ -299,6 +301,7 @@ def _release_compiled(device: Any) -> None:
     import torch
 
     torch._dynamo.reset()
+    gc.collect()  # the model, pool and graphs sit in reference cycles: freed now, not inside the next depth's readings
     if device.type == "cuda":
         try:
             torch.cuda.empty_cache()
