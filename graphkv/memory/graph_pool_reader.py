@@ -10,8 +10,10 @@ use), as ``torch._inductor.cudagraph_trees`` reads them. :func:`pool_usage` sums
 Around each key's capture :class:`CapturePoolReader` reads (after a synchronize):
 
 - **kept**: ``torch.cuda.memory_allocated`` after minus before — what the graph holds between
-  replays: its static outputs in the pool, and what a PIECEWISE capture keeps outside it (the
-  attention outputs its piece runners hold as static inputs, allocated from the default pool);
+  replays. Graph outputs are weak views (:mod:`graphkv.runtime.capture.weak`), so their blocks go
+  back to the pool for the next key and are not counted; what stays is what a capture keeps owned,
+  e.g. the PIECEWISE staging arena that the first key's capture allocates outside the pool
+  (:mod:`graphkv.runtime.capture.staging`);
 - **peak**: ``torch.cuda.max_memory_allocated`` (reset just before the capture) minus the bytes
   allocated before it — the capture's high-water mark, so ``peak - kept`` is the workspace the
   forward used and freed, which later keys reuse from the same pool;

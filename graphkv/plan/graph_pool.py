@@ -6,8 +6,11 @@ forward allocates inside the graph. Graphs are captured largest first into one s
 
 - the **workspace** (activations live during the forward, ``workspace_bytes_per_token x
   num_tokens``) is reserved once, by the largest key, and reused by every later key;
-- each key keeps its **outputs** alive (the static outputs a replay writes into,
-  ``output_bytes_per_token x num_tokens``);
+- each key keeps its **outputs** (``output_bytes_per_token x num_tokens``): what its graph holds
+  between replays. graphkv's captures keep weak views of graph outputs
+  (:mod:`graphkv.runtime.capture.weak`), whose blocks every later key reuses, so a measured
+  calibration finds this term near 0; the uncalibrated default still charges a hidden-sized output
+  per token per key, an upper bound;
 - each key pays a **per-graph** cost (allocator rounding and anything else a graph keeps,
   ``per_graph_bytes``).
 

@@ -48,7 +48,9 @@ from graphkv.plan.plan import Plan
 from graphkv.runtime.capture import piecewise
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
 from graphkv.runtime.capture.shape import ShapeMemo, StepShape, shape_context
+from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.static_inputs import StaticInputs
+from graphkv.runtime.capture.weak import tree_map, weak_outputs
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode
 
@@ -87,18 +89,8 @@ class CaptureReport:
 @attrs.define
 class _Captured:
     graph: Any  # torch.cuda.CUDAGraph for FULL keys; None for PIECEWISE keys (runners hold the pieces) and rehearsals
-    outputs: Any  # static outputs of the FULL graph
+    outputs: Any  # weak views of the FULL graph's outputs (graph-pool memory every key shares)
     rehearsed: bool = False  # no graph: the forward runs eagerly on the key's padded static buffers
-
-
-def _tree_map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_tree_map(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _tree_map(fn, v) for k, v in value.items()}
-    return value
 
 
 class CapturedForward:
@@ -127,6 +119,7 @@ class CapturedForward:
         self._dispatch = Dispatcher(plan.cudagraph, plan.limits)
         self._logged: set[str] = set()
         self._piecewise_missing: str | None = None
+        self._staging = StagingArena()  # the eager ops' outputs every PIECEWISE piece of every key reads
         functools.update_wrapper(self, fn, updated=())
         if not torch.cuda.is_available():
             self.unavailable_reason: str | None = CPU_UNAVAILABLE
@@ -323,9 +316,11 @@ class CapturedForward:
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream)
-                self._graphs[key] = _Captured(graph=graph, outputs=outputs)
+                # weak views: the outputs' blocks go back to the pool, so every key's outputs share them
+                self._graphs[key] = _Captured(graph=graph, outputs=weak_outputs(outputs))
                 return
-            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream) as scope, \
+            with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream,
+                                             staging=self._staging) as scope, \
                     self._on_capture_stream():
                 self.fn(**views)
         except RuntimeError as e:
@@ -384,8 +379,8 @@ class CapturedForward:
             outputs = captured.outputs
         else:  # PIECEWISE (the compiled forward's runners replay their pieces) or a rehearsal (eager, padded)
             outputs = self.fn(**self.inputs.views(shape.num_tokens_padded))
-        outputs = _tree_map(lambda t: _cut(t, shape), outputs)
-        return _tree_map(torch.clone, outputs) if self.copy_outputs else outputs
+        outputs = tree_map(lambda t: _cut(t, shape), outputs)
+        return tree_map(torch.clone, outputs) if self.copy_outputs else outputs
 
 
 def _cut(t: torch.Tensor, shape: StepShape) -> torch.Tensor:

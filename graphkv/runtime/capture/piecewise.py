@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import operator
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import attrs
 import torch
 from torch.fx.passes.split_module import split_module
+
+from graphkv.runtime.capture.staging import StagingArena
+from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
 
 __all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
            "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "split_at_attention"]
@@ -83,6 +87,19 @@ class SplitResult:
         """Pieces holding one splitting op each (run eagerly)."""
         return tuple(p for p in self.pieces if not p.is_graph_piece)
 
+    def eager_args(self, piece: Piece) -> frozenset[int]:
+        """Positions of ``piece``'s call arguments that a splitting piece computes (directly or as
+        one item of its outputs): tensors an eager op allocates per call."""
+        eager = {p.name for p in self.splitting_pieces}
+        call = next(n for n in self.module.graph.nodes if n.op == "call_module" and n.target == piece.name)
+        positions = set()
+        for i, arg in enumerate(call.args):
+            while isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is operator.getitem:
+                arg = arg.args[0]
+            if isinstance(arg, torch.fx.Node) and arg.op == "call_module" and arg.target in eager:
+                positions.add(i)
+        return frozenset(positions)
+
 
 def split_at_attention(gm: torch.fx.GraphModule, splitting_ops: Iterable[Any] = SPLITTING_OPS) -> SplitResult:
     """Split ``gm`` so that every call of a ``splitting_ops`` op sits alone in its own piece.
@@ -125,9 +142,11 @@ class PiecewiseCaptureScope:
     pool: Any
     rehearse: bool = False
     stream: Any = None  # the torch.cuda.Stream pieces are captured on (None: torch's own capture stream)
+    staging: StagingArena = attrs.field(factory=StagingArena)  # where pieces read eager ops' outputs from
     num_captured: int = 0
     num_replayed: int = 0
     num_rehearsed: int = 0
+    pool_storages: set[int] = attrs.field(factory=set)  # storages of outputs captured in this block (pool memory)
 
 
 _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.ContextVar("graphkv_piecewise_capture",
@@ -135,14 +154,16 @@ _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.Conte
 
 
 @contextlib.contextmanager
-def piecewise_capture(pool: Any = None, *, rehearse: bool = False,
-                      stream: Any = None) -> Iterator[PiecewiseCaptureScope]:
+def piecewise_capture(pool: Any = None, *, rehearse: bool = False, stream: Any = None,
+                      staging: StagingArena | None = None) -> Iterator[PiecewiseCaptureScope]:
     """Inside this block, :class:`PiecewiseRunner` s capture a graph for each new input signature
     into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use), on
-    ``stream`` when given (else torch's own capture stream). With ``rehearse`` they capture nothing
-    and only count the pieces that would be captured (on any device), so a CPU run decides which
-    keys run PIECEWISE exactly as a GPU would."""
-    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse, stream=stream))
+    ``stream`` when given (else torch's own capture stream). ``staging``: the arena pieces read the
+    eager ops' outputs from; pass one arena to every block of a pool (a new one by default). With
+    ``rehearse`` they capture nothing and only count the pieces that would be captured (on any
+    device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would."""
+    token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse, stream=stream,
+                                             staging=staging if staging is not None else StagingArena()))
     try:
         yield _SCOPE.get()
     finally:
@@ -192,7 +213,7 @@ def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
 class _PieceGraph:
     graph: Any  # torch.cuda.CUDAGraph
     static_args: tuple[Any, ...]  # the tensors the graph reads (None for non-tensor args)
-    outputs: Any  # static outputs the graph writes
+    outputs: Any  # weak views of the outputs the graph writes (graphkv.runtime.capture.weak)
 
 
 class PiecewiseRunner(torch.nn.Module):
@@ -201,14 +222,21 @@ class PiecewiseRunner(torch.nn.Module):
 
     Replay copies an input into the captured input tensor only when its address changed (an
     attention output allocated per call); outputs of the previous piece keep their address, so
-    they pass through without a copy. Outputs are static graph memory, overwritten by the next
-    replay.
+    they pass through without a copy. Outputs are graph-pool memory that every graph of the pool
+    shares (weak views, :mod:`graphkv.runtime.capture.weak`): valid until the next replay.
+
+    ``staged_args``: positions of the arguments an eager op computes per call (the splitting ops'
+    outputs); a capture reads them from the scope's :class:`StagingArena`, shared by every piece,
+    instead of keeping a static copy of its own. Other arguments are kept as they were captured:
+    weak views where a piece of the same block produced them (pool memory), else owned (weights,
+    static inputs, the KV pool).
     """
 
-    def __init__(self, piece: torch.nn.Module, index: int = 0) -> None:
+    def __init__(self, piece: torch.nn.Module, index: int = 0, staged_args: Iterable[int] = ()) -> None:
         super().__init__()
         self.piece = piece
         self.index = index
+        self.staged_args = frozenset(staged_args)
         self._graphs: dict[tuple[Any, ...], _PieceGraph] = {}
 
     @property
@@ -229,24 +257,34 @@ class PiecewiseRunner(torch.nn.Module):
         if entry is None:
             if scope is None:
                 return self.piece(*args)
-            entry = self._capture(args, scope)
+            entry, outputs = self._capture(args, scope)
             self._graphs[signature] = entry
-        elif scope is not None:
-            scope.num_replayed += 1
+            return outputs
         for static, arg in zip(entry.static_args, args):
             if static is not None and static.data_ptr() != arg.data_ptr():
                 static.copy_(arg)
         entry.graph.replay()
+        if scope is not None:  # inside another key's capture: pieces captured next must not take these
+            scope.num_replayed += 1  # outputs' pool blocks (free to the pool) for their own, so they get copies
+            return tree_map(torch.clone, entry.outputs)
         return entry.outputs
 
-    def _capture(self, args: Sequence[Any], scope: PiecewiseCaptureScope) -> _PieceGraph:
+    def _capture(self, args: Sequence[Any], scope: PiecewiseCaptureScope) -> tuple[_PieceGraph, Any]:
+        """Warm up and capture the piece on ``args``; returns its entry (weak outputs) and the owned
+        outputs, which the forward being captured uses (their blocks return to the pool when it is done)."""
         if scope.pool is None:
             scope.pool = torch.cuda.graph_pool_handle()
-        self.piece(*args)  # warm-up: lazy init and autotuning must not happen during capture
-        graph, outputs = capture_graph(lambda: self.piece(*args), scope.pool, scope.stream)
+        staged = [i for i, a in enumerate(args) if i in self.staged_args and isinstance(a, torch.Tensor)]
+        inputs = list(args)
+        for i, view in zip(staged, scope.staging.stage([args[i] for i in staged])):
+            inputs[i] = view
+        self.piece(*inputs)  # warm-up: lazy init and autotuning must not happen during capture
+        graph, outputs = capture_graph(lambda: self.piece(*inputs), scope.pool, scope.stream)
         scope.num_captured += 1
-        static = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
-        return _PieceGraph(graph=graph, static_args=static, outputs=outputs)
+        static = tuple((weak_view(a) if a.untyped_storage().data_ptr() in scope.pool_storages else a)
+                       if isinstance(a, torch.Tensor) else None for a in inputs)
+        tree_map(lambda t: scope.pool_storages.add(t.untyped_storage().data_ptr()), outputs)
+        return _PieceGraph(graph=graph, static_args=static, outputs=weak_outputs(outputs)), outputs
 
 
 class _CallableModule(torch.nn.Module):
@@ -278,7 +316,10 @@ class PiecewiseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         split = split_at_attention(gm, self.splitting_ops)
         for piece in split.graph_pieces:
-            runner = self.capture_fn(piece.module, piece.index)
+            if self.capture_fn is PiecewiseRunner:
+                runner = PiecewiseRunner(piece.module, piece.index, staged_args=split.eager_args(piece))
+            else:
+                runner = self.capture_fn(piece.module, piece.index)
             if not isinstance(runner, torch.nn.Module):
                 runner = _CallableModule(runner)
             setattr(split.module, piece.name, runner)

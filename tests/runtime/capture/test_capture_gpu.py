@@ -124,3 +124,35 @@ def test_piecewise_mode_without_the_piecewise_backend_runs_mixed_steps_eagerly(c
     report = fwd.capture(progress=False)
     assert fwd.keys == () and "no graphkv piecewise runners" in report.skipped[0]
     check_replays_equal_eager(fwd, model, rounds=1)
+
+
+class WideHead(ToyModel):
+    """ToyModel with a 65536-wide output head: 256 KiB of float32 output per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16, 65536)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.head(super().forward(input_ids, positions))
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_keys_share_the_memory_of_their_outputs(mode):
+    """Captured graphs keep weak views of their outputs (and PIECEWISE pieces stage attention outputs in one
+    arena), so the keys' graphs hold less than one largest key's output after capture (kept as owned tensors:
+    FULL 94 tokens, PIECEWISE 87 tokens of 256 KiB), and every key's replay still equals eager."""
+    model = WideHead().cuda().eval()
+    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
+              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode=mode)
+    fn = model.forward if mode == "FULL" else torch.compile(model, backend=piecewise_backend([ATTENTION_OP]))
+    fwd = capture(plan, static_inputs=static)(fn)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    fwd.capture(progress=False)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before
+    assert len(fwd.keys) == (10 if mode == "FULL" else 7)
+    assert 0 <= kept < MAX_TOKENS * 65536 * 4, kept
+    check_replays_equal_eager(fwd, model)

@@ -1,0 +1,116 @@
+"""Graph outputs shared by every key of a pool (weak views) and the staging arena PIECEWISE pieces read eager
+outputs from."""
+
+import pytest
+import torch
+
+from capture_toys import ATTENTION_OP, GraphEmulator, ToyModel, make_plan
+from graphkv.runtime.capture.piecewise import piecewise_backend, split_at_attention
+from graphkv.runtime.capture.staging import STAGING_ALIGN_BYTES, StagingArena
+from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
+
+
+def uses(t: torch.Tensor) -> int:
+    """Owners of ``t``'s storage (the caching allocator frees it at 0)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def test_weak_view_reads_the_same_memory_without_owning_it():
+    """Same address, dtype, shape, strides and offset; writes through either side show in the other; no owner added."""
+    base = torch.arange(30, dtype=torch.float32)
+    t = base[3:27].view(4, 6)[:, 1:5]  # offset 4, strides (6, 1)
+    owners = uses(base)
+    w = weak_view(t)
+    assert uses(base) == owners
+    assert (w.data_ptr(), w.dtype, w.shape, w.stride(), w.storage_offset()) == \
+        (t.data_ptr(), torch.float32, (4, 4), (6, 1), 4)
+    assert torch.equal(w, t)
+    t.fill_(-1.0)
+    assert torch.equal(w, torch.full((4, 4), -1.0))
+    w[0, 0] = 7.0
+    assert base[4].item() == 7.0
+    del t
+    assert uses(base) == owners - 1  # only base owns the memory now, though the view still reads it
+    assert w[0, 0].item() == 7.0
+
+
+def test_weak_outputs_map_every_tensor_of_nested_outputs():
+    """Tuples, lists and dicts keep their shape; non-tensors pass through; tensors become weak views."""
+    a, b = torch.zeros(3), torch.ones(2, 2)
+    out = weak_outputs({"logits": a, "rest": (b, [a], 5)})
+    assert out["rest"][2] == 5 and isinstance(out["rest"][1], list)
+    assert out["logits"].data_ptr() == a.data_ptr() and out["rest"][0].data_ptr() == b.data_ptr()
+    assert uses(a) == 2 and uses(b) == 2  # the tensor and untyped_storage()'s own handle; no view owns either
+    assert tree_map(lambda t: t.numel(), (a, {"x": b})) == (3, {"x": 4})
+
+
+def test_staging_views_of_one_call_are_aligned_disjoint_copies():
+    """Each view starts on a 256-byte boundary after the previous one, holds its tensor's values and strides."""
+    arena = StagingArena()
+    x = torch.arange(10, dtype=torch.float32).view(2, 5)
+    y = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # strides (1, 4)
+    z = torch.arange(3, dtype=torch.int64)
+    vx, vy, vz = arena.stage([x, y, z])
+    assert torch.equal(vx, x) and torch.equal(vy, y) and torch.equal(vz, z)
+    assert vy.stride() == (1, 4) and vx.stride() == (5, 1)
+    align = STAGING_ALIGN_BYTES // 4
+    assert (vx.storage_offset(), vy.storage_offset(), vz.storage_offset()) == (0, align, 0)  # int64: its own buffer
+    assert vx.untyped_storage().data_ptr() == vy.untyped_storage().data_ptr() != vz.untyped_storage().data_ptr()
+    assert arena.nbytes == (align + 12) * 4 + 3 * 8
+
+
+def test_staging_calls_share_the_buffer_and_grow_it_only_when_larger():
+    """A second, smaller call reuses the first call's memory; a larger one gets a new buffer (old views stay valid)."""
+    arena = StagingArena()
+    (first,) = arena.stage([torch.ones(64)])
+    (second,) = arena.stage([torch.full((16,), 2.0)])
+    assert second.data_ptr() == first.data_ptr() and arena.nbytes == 64 * 4
+    assert torch.equal(first[:16], torch.full((16,), 2.0))  # shared: the later call overwrote the start
+    (bigger,) = arena.stage([torch.full((100,), 3.0)])
+    assert arena.nbytes == 100 * 4 and bigger.data_ptr() != first.data_ptr()
+    assert torch.equal(first[16:], torch.ones(48))  # the old buffer lives on while a view holds it
+
+
+def test_eager_args_are_the_positions_fed_by_splitting_pieces():
+    """ToyModel's pieces after each attention op read the op's output; the first piece reads only model inputs."""
+    gm = torch.fx.symbolic_trace(ToyModel())
+    split = split_at_attention(gm, [ATTENTION_OP])
+    first, middle, last = split.graph_pieces
+    assert split.eager_args(first) == frozenset()
+    attention = [p.name for p in split.splitting_pieces]
+    for piece, op in zip((middle, last), attention):
+        call = next(n for n in split.module.graph.nodes if n.target == piece.name)
+        (position,) = split.eager_args(piece)
+        assert call.args[position].target == op  # the attention op right before it
+        assert all(a.target != op for i, a in enumerate(call.args) if i != position)
+
+
+def test_piecewise_pieces_of_every_key_stage_into_one_region(monkeypatch):
+    """Emulated PIECEWISE capture of 7 keys: every piece after an attention op reads its staged input at the same
+    address (one arena as large as the largest key's input), and replays still equal eager."""
+    emulator = GraphEmulator().install(monkeypatch)
+    model = ToyModel().eval()
+    backend = piecewise_backend([ATTENTION_OP])
+    fn = torch.compile(model, backend=backend)
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=32, cudagraph_mode="PIECEWISE")
+    static = {"input_ids": torch.zeros(32, dtype=torch.int64), "positions": torch.zeros(32, dtype=torch.int64)}
+    fwd = emulator.capture(plan, fn, static_inputs=static)
+    fwd.capture(progress=False)
+    staged = [graph.static_args[i] for runner in backend.runners for graph in runner._graphs.values()
+              for i in runner.staged_args]
+    assert len(staged) == 2 * 7  # two pieces after attention, 7 keys
+    assert {t.data_ptr() for t in staged} == {staged[0].data_ptr()}
+    assert fwd._staging.nbytes == 32 * 16 * 4  # the 32-token key's [32, 16] float32 attention output
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 5, 17, 32, 9):
+        ids, pos = torch.randint(0, 32, (n,), generator=g), torch.randint(0, 99, (n,), generator=g)
+        out = fwd(num_tokens=n, num_reqs=min(n, 4), uniform=False, input_ids=ids, positions=pos)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(ids, pos), rtol=1e-5, atol=1e-6)
+
+
+def test_weak_view_refuses_nothing_it_cannot_view():
+    """An empty tensor and a 0-dim tensor have weak views too (graph outputs can be either)."""
+    assert weak_view(torch.empty(0)).shape == (0,)
+    s = torch.tensor(2.5)
+    assert weak_view(s).item() == pytest.approx(2.5)
