@@ -96,8 +96,8 @@ class _Captured:
 class CapturedForward:
     """A forward with one CUDA graph per captured key; build it with :func:`capture`.
 
-    Outputs of a replayed step alias static graph buffers: they are overwritten by the next replay
-    (of any key). Pass ``copy_outputs=True`` to get clones instead, or copy what you keep. The
+    Outputs of a replayed step are graph-pool memory every key shares (:mod:`graphkv.runtime.capture.weak`):
+    they are overwritten by the next replay (of any key) and valid only while the forward's graphs live. Pass ``copy_outputs=True`` to get clones instead, or copy what you keep. The
     forward always runs under ``torch.no_grad()`` (a replayed graph cannot backpropagate, and one
     grad mode keeps a compiled forward from recompiling between capture and serving). ``stream``
     (optional): the ``torch.cuda.Stream`` every key is warmed up and captured on (default: one side
@@ -345,8 +345,8 @@ class CapturedForward:
 
         ``inputs`` are the forward's named tensors with ``num_tokens`` entries on their token dim;
         an input left out is read from its static buffer as the caller filled it. Returns the
-        forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs alias static
-        buffers (overwritten by the next replay) unless ``copy_outputs``. The step's metadata must
+        forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs are shared
+        graph-pool memory (overwritten by the next replay of any key) unless ``copy_outputs``. The step's metadata must
         have been filled for that shape (``Step.prepare(batch, forward=self)`` does).
         """
         shape = self.shape_of(self._dispatch(num_tokens, num_reqs, uniform), num_tokens, num_reqs, uniform)

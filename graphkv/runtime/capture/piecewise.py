@@ -187,7 +187,8 @@ def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple
     ``stream``: the ``torch.cuda.Stream`` to capture on (default: torch's class-level capture
     stream); pass the same one for every graph of a pool, and warm lazy workspaces (cuBLAS keeps
     one per stream) on it first, so that none is allocated inside the capture. ``outputs`` are
-    static: each ``graph.replay()`` rewrites them. The one place graphkv captures.
+    owned and hold nothing yet (a capture only records; the first ``graph.replay()`` writes them); each replay
+    rewrites them. The one place graphkv captures.
     """
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=stream):  # None: torch's class-level capture stream
@@ -223,7 +224,8 @@ class PiecewiseRunner(torch.nn.Module):
     Replay copies an input into the captured input tensor only when its address changed (an
     attention output allocated per call); outputs of the previous piece keep their address, so
     they pass through without a copy. Outputs are graph-pool memory that every graph of the pool
-    shares (weak views, :mod:`graphkv.runtime.capture.weak`): valid until the next replay.
+    shares (weak views, :mod:`graphkv.runtime.capture.weak`): valid until the next replay of any
+    graph of the pool, and only while a graph of the pool lives.
 
     ``staged_args``: positions of the arguments an eager op computes per call (the splitting ops'
     outputs); a capture reads them from the scope's :class:`StagingArena`, shared by every piece,
@@ -259,15 +261,22 @@ class PiecewiseRunner(torch.nn.Module):
                 return self.piece(*args)
             entry, outputs = self._capture(args, scope)
             self._graphs[signature] = entry
+            self._stage(entry, args)
+            entry.graph.replay()  # a capture only records: the forward goes on with the values a replay writes
             return outputs
+        if scope is not None:  # known inside another key's capture: a replay would write into pool blocks that
+            scope.num_replayed += 1  # this capture may have handed to live tensors, so the piece runs eagerly
+            return self.piece(*args)
+        self._stage(entry, args)
+        entry.graph.replay()
+        return entry.outputs
+
+    @staticmethod
+    def _stage(entry: _PieceGraph, args: Sequence[Any]) -> None:
+        """Copy each argument whose address differs from the captured one into the captured input."""
         for static, arg in zip(entry.static_args, args):
             if static is not None and static.data_ptr() != arg.data_ptr():
                 static.copy_(arg)
-        entry.graph.replay()
-        if scope is not None:  # inside another key's capture: pieces captured next must not take these
-            scope.num_replayed += 1  # outputs' pool blocks (free to the pool) for their own, so they get copies
-            return tree_map(torch.clone, entry.outputs)
-        return entry.outputs
 
     def _capture(self, args: Sequence[Any], scope: PiecewiseCaptureScope) -> tuple[_PieceGraph, Any]:
         """Warm up and capture the piece on ``args``; returns its entry (weak outputs) and the owned

@@ -9,9 +9,12 @@ captured after (smaller ones: keys are captured largest first), and every key's 
 region. A replay still writes its outputs at the captured addresses, which the weak views read.
 
 What this asks of a caller, as before: a replayed step's outputs are valid until the next replay of
-*any* key of the pool (copy what you keep), and only while the captured forward lives (the graphs
-hold the pool). Only memory a graph pool hands out may be viewed weakly; everything else a graph
-reads (weights, the KV pool, static inputs, eager tensors staged for PIECEWISE pieces) stays owned.
+*any* key of the pool (copy what you keep, or capture with ``copy_outputs=True``), and only while a
+graph of the pool lives (PyTorch releases a private pool's memory once no graph uses it; PIECEWISE
+pieces are held by the compiled forward's runners, FULL graphs by the captured forward). A weak view
+protects nothing: ``record_stream`` on it is ignored, so read outputs on the stream that replayed
+them. Only CUDA memory a graph pool hands out is viewed weakly; everything else a graph reads
+(weights, the KV pool, static inputs, eager tensors staged for PIECEWISE pieces) stays owned.
 """
 
 from __future__ import annotations
@@ -46,5 +49,6 @@ def weak_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def weak_outputs(outputs: Any) -> Any:
-    """:func:`weak_view` of every tensor of ``outputs`` (see :func:`tree_map`)."""
-    return tree_map(weak_view, outputs)
+    """:func:`weak_view` of every CUDA tensor of ``outputs`` (see :func:`tree_map`); other tensors as they are
+    (no pool holds their memory: a weak view of one whose only owner is the output would dangle)."""
+    return tree_map(lambda t: weak_view(t) if t.is_cuda else t, outputs)
