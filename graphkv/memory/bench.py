@@ -31,17 +31,19 @@ Phases and how each is measured (the row's ``method`` says which applied):
   what a PIECEWISE capture holds outside it), the capture's
   peak above what was allocated before it (``torch.cuda.max_memory_allocated`` after a reset,
   ``measured_peak_bytes``) and the pool's new segment bytes (``measured_reserved_bytes``). The row's
-  measured bytes are the kept bytes plus, for the first key, its workspace (peak - kept), so the
-  rows sum to what the pool holds at its peak: the model's shape. A note compares the pool's
-  reserved bytes with the model's sum, and one gives the process meter's (NVML's) growth over the
-  whole capture, which adds the graphs' driver-side memory. The demo has a forward to capture here;
-  a preset's graphs are measured at its real shapes by ``graphkv.memory.command.preset_graphs``.
-  CPU: not measured (CUDA graphs need a GPU). This pool-based measurement has run on an H200 for the
-  demo (2026-11-25).
+  measured bytes are the kept bytes, and for the first key its footprint: its peak, or the segments
+  it opened where those are more (the allocator's rounding), so the rows sum to what the pool holds:
+  the model's shape. A note compares the pool's reserved bytes with the model's sum, and one gives
+  the process meter's (NVML's) growth over the whole capture, which adds the graphs' driver-side
+  memory. The demo has a forward to capture here; a preset's graphs are measured at its real shapes
+  by ``graphkv.memory.command.preset_graphs``. CPU: not measured (CUDA graphs need a GPU). This
+  pool-based measurement has run on an H200 for the demo (2026-11-25) and on an H100 for the demo
+  and llama-3.1-8b at 1 and 2 layers (2026-11-26).
 - ``total``: the sum of the rows above that were measured, against the same rows' predictions.
 
 A GPU run with graphs measured also fits the graph-memory model (:func:`graphkv.plan.graph_pool.fit_graph_pool`:
-a line through every key's kept bytes, the first key's peak above them as the workspace), which
+a line through the kept bytes of every key after the first, the first key's footprint above it as the
+workspace), which
 ``--out DIR`` writes as ``graph_calibration.json`` for ``graphkv plan --graph-calibration``.
 """
 
@@ -72,7 +74,8 @@ _HOST = "live storages (host memory: pinned staging and numpy arrays)"
 LAZY_WORKSPACES = "lazy workspaces (cuBLAS)"
 _LAZY = ("torch.cuda.memory_allocated growth over a matmul on the capture stream and every key's warm-up on it "
          "(cuBLAS keeps a workspace per stream)")
-_POOL_FIRST = "capture pool (memory_snapshot): kept + peak workspace (max_memory_allocated)"
+_POOL_FIRST = ("capture pool (memory_snapshot): footprint (its peak, max_memory_allocated, or the segments it "
+               "opened, whichever is more)")
 _POOL_LATER = "capture pool (memory_snapshot): kept"
 
 
@@ -315,11 +318,11 @@ def graph_rows(plan: Plan, captured: CaptureMemory | None, *, why: str, hidden_s
                      f"memory ({process_method}; NVML adds the graphs' driver-side memory to the pool and the lazy "
                      "workspaces)")
     calibration = fit_graph_pool([k for k, _ in taken], [m.kept_bytes for _, m in taken],
-                                 first_peak_bytes=taken[0][1].peak_bytes, hidden_size=hidden_size,
+                                 first_peak_bytes=taken[0][1].footprint_bytes, hidden_size=hidden_size,
                                  lazy_workspace_bytes=captured.lazy_workspace_bytes,
                                  source=f"fitted to {len(taken)} keys of {plan.model_name} on {device}")
     line = held_out_line(held_out([k for k, _ in taken], [m.kept_bytes for _, m in taken],
-                                  first_peak_bytes=taken[0][1].peak_bytes))
+                                  first_peak_bytes=taken[0][1].footprint_bytes))
     if line is not None:
         notes.append(line)
     return GraphRows(rows=tuple(rows), notes=tuple(notes), calibration=calibration, held_out=line)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from fractions import Fraction
 from typing import Any, Sequence
 
 import attrs
@@ -180,40 +181,45 @@ def fit_graph_pool(keys: Sequence[GraphKey], kept_bytes: Sequence[float], *, fir
     ``keys`` in capture order (largest first), ``kept_bytes`` the pool bytes each key's graph keeps
     after its capture, ``first_peak_bytes`` the first key's capture peak above what was allocated
     before it (:class:`graphkv.memory.graph_pool_reader.KeyMemory`). A least-squares line
-    ``kept(n) = per_graph + output x n`` through every key's kept bytes gives the per-graph and
-    output terms; ``workspace = (first_peak - kept_first) / n_first``. Coefficients are clamped at 0
-    (a negative cost is measurement noise): a negative slope refits a flat line, a negative
-    intercept a line through the origin. ``lazy_workspace_bytes`` is carried as measured.
+    ``kept(n) = per_graph + output x n`` through the kept bytes of every key after the first gives
+    the per-graph and output terms (the first key's capture also makes what the pool's captures
+    allocate once, e.g. the PIECEWISE staging arena, so its kept bytes are no point of the line;
+    with fewer than 3 keys every key is a point); ``workspace = (first_peak - kept(n_first)) /
+    n_first``, the one-time allocations included. Coefficients are clamped at 0 (a negative cost is
+    measurement noise): a negative slope refits a flat line, a negative intercept a line through
+    the origin. ``lazy_workspace_bytes`` is carried as measured.
 
     >>> keys = [GraphKey(num_tokens=n, num_reqs=None, uniform=True) for n in (8, 4, 2, 1)]
-    >>> fit = fit_graph_pool(keys, [1080, 1040, 1020, 1010], first_peak_bytes=1080 + 300 * 8, hidden_size=None,
+    >>> fit = fit_graph_pool(keys, [5080, 1040, 1020, 1010], first_peak_bytes=5080 + 300 * 8, hidden_size=None,
     ...                      source="doc")
     >>> fit.per_graph_bytes, fit.output_bytes_per_token, fit.workspace_bytes_per_token
-    (1000.0, 10.0, 300.0)
+    (1000.0, 10.0, 800.0)
     """
     if len(keys) != len(kept_bytes) or not keys:
         raise SpecError(Problem(field="kept_bytes", value=len(kept_bytes),
                                 limit=f"needs one value per key ({len(keys)})", fix="measure every captured key"))
-    per_graph, slope = _kept_line([k.num_tokens for k in keys], [float(b) for b in kept_bytes])
+    line = slice(1, None) if len(keys) >= 3 else slice(None)
+    per_graph, slope = _kept_line([k.num_tokens for k in keys[line]], [float(b) for b in kept_bytes[line]])
     first_n = keys[0].num_tokens
-    workspace = max((float(first_peak_bytes) - float(kept_bytes[0])) / first_n, 0.0)
+    workspace = max((float(first_peak_bytes) - (per_graph + slope * first_n)) / first_n, 0.0)
     return GraphPoolModel(per_graph_bytes=per_graph, output_bytes_per_token=slope, workspace_bytes_per_token=workspace,
                           calibrated=True, source=source, hidden_size=hidden_size,
                           lazy_workspace_bytes=max(float(lazy_workspace_bytes), 0.0))
 
 
 def _kept_line(num_tokens: Sequence[int], kept_bytes: Sequence[float]) -> tuple[float, float]:
-    """``(intercept, slope)`` of the least-squares line through ``(n, kept)``, both >= 0."""
-    count = len(num_tokens)
-    mean_n, mean_b = sum(num_tokens) / count, sum(kept_bytes) / count
-    var = sum((n - mean_n) ** 2 for n in num_tokens)
+    """``(intercept, slope)`` of the least-squares line through ``(n, kept)``, both >= 0, computed in
+    exact fractions (byte counts that lie on a line give its integers back, not 10.000000000000002)."""
+    ns, bs = [Fraction(n) for n in num_tokens], [Fraction(b) for b in kept_bytes]
+    count = len(ns)
+    mean_n, mean_b = sum(ns) / count, sum(bs) / count
+    var = sum((n - mean_n) ** 2 for n in ns)
     if var == 0:  # one size only: no slope to fit
-        return max(mean_b, 0.0), 0.0
-    slope = sum((n - mean_n) * (b - mean_b) for n, b in zip(num_tokens, kept_bytes)) / var
+        return float(max(mean_b, 0)), 0.0
+    slope = sum((n - mean_n) * (b - mean_b) for n, b in zip(ns, bs)) / var
     if slope < 0:
-        return max(mean_b, 0.0), 0.0
+        return float(max(mean_b, 0)), 0.0
     intercept = mean_b - slope * mean_n
     if intercept < 0:  # through the origin instead
-        slope = max(sum(n * b for n, b in zip(num_tokens, kept_bytes)) / sum(n * n for n in num_tokens), 0.0)
-        return 0.0, slope
-    return intercept, slope
+        return 0.0, float(max(sum(n * b for n, b in zip(ns, bs)) / sum(n * n for n in ns), 0))
+    return float(intercept), float(slope)

@@ -44,41 +44,43 @@ def _rows(plan, captured, lazy_workspace_bytes=0):
 
 
 def test_each_key_row_is_what_it_keeps_and_the_first_adds_its_workspace():
-    """A lazy workspaces row first (its prediction as given), then keys 8, 4, 2, 1: 3,480, 1,040, 1,020, 1,010 B with
-    peak, kept and reserved in memory.json; notes compare the pool and name the process meter's growth."""
+    """A lazy workspaces row first (its prediction as given), then keys 8, 4, 2, 1: 2 MiB (the first key's footprint:
+    the segment it opened, more than its 3,480 B peak), 1,040, 1,020, 1,010 B with peak, kept and reserved in
+    memory.json; notes compare the pool and name the process meter's growth."""
     plan = demo_plan(DemoOptions())
     graphs = _rows(plan, _captured(process_bytes=40 * MIB))
     lazy, *keys = graphs.rows
     assert (lazy.phase, lazy.predicted_bytes, lazy.measured_bytes, lazy.num_tokens) == (LAZY_WORKSPACES, 0, LAZY, None)
     assert [r.phase for r in keys] == [f"graph_pool decode({n})" for n in DEMO_KEYS]
-    assert [r.measured_bytes for r in keys] == [1080 + 2400, 1040, 1020, 1010]
+    assert [r.measured_bytes for r in keys] == [2 * MIB, 1040, 1020, 1010]
     assert [r.predicted_bytes for r in keys] == [e.nbytes for e in plan.ledger.graph_keys]
     assert keys[0].to_dict("tiny-hybrid") == {
         "model": "tiny-hybrid", "phase": "graph_pool decode(8)", "predicted_bytes": plan.ledger.graph_keys[0].nbytes,
-        "measured_bytes": 3480, "method": "capture pool (memory_snapshot): kept + peak workspace "
-                                          "(max_memory_allocated)",
+        "measured_bytes": 2 * MIB, "method": "capture pool (memory_snapshot): footprint (its peak, "
+                                             "max_memory_allocated, or the segments it opened, whichever is more)",
         "measured_reserved_bytes": 2 * MIB, "measured_peak_bytes": 3480, "measured_kept_bytes": 1080}
     assert keys[1].method == "capture pool (memory_snapshot): kept" and keys[1].reserved_note is None
     model_sum = sum(e.nbytes for e in plan.ledger.graph_keys)
     assert graphs.notes == (
         f"graph_pool (pool reserved): the capture pool's segments hold 2,097,152 B (4,150 B allocated) after 4 captured "
-        f"keys; their rows sum to 6,550 B measured, the model to {model_sum:,} B ({2 * MIB - model_sum:+,} B reserved "
+        f"keys; their rows sum to 2,100,222 B measured, the model to {model_sum:,} B ({2 * MIB - model_sum:+,} B reserved "
         "vs the model)",
         "warming up and capturing every key cost this process 41,943,040 B of device memory (NVML per-process used "
         "memory; NVML adds the graphs' driver-side memory to the pool and the lazy workspaces)",
-        "held-out keys: the model fitted to every other key predicts the other 2 keys' kept bytes to 0.00 % at worst "
-        "(decode(4): 1,040 B measured, 1,040 B predicted) — within the 5 % bar")
+        "held-out keys: the model fitted to every other key predicts the other 2 keys' kept bytes; furthest "
+        "decode(4): 1,040 B measured, 1,040 B predicted (+0 B, +0.00 %) — within the bar of 5 % or 64 KiB")
     assert graphs.held_out == graphs.notes[-1]
 
 
 def test_the_fit_follows_the_rows_and_a_plan_calibrated_by_it_predicts_them_exactly():
-    """Fitted: 1000 B per graph, 10 B outputs and 300 B workspace per token, the lazy workspace as measured; the demo
+    """Fitted: 1000 B per graph, 10 B outputs and (2 MiB - 1080 B) / 8 = 262,009 B workspace per token (the first key's
+    2 MiB segment), the lazy workspace as measured; the demo
     compiled with it predicts every graph row to the byte, and PyTorch's workspace rule for Hopper the lazy row."""
     plan = demo_plan(DemoOptions())
     fitted = _rows(plan, _captured()).calibration
     assert fitted is not None and fitted.calibrated and fitted.hidden_size == 64
     assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token,
-            fitted.lazy_workspace_bytes) == (1000.0, 10.0, 300.0, float(LAZY))
+            fitted.lazy_workspace_bytes) == (1000.0, 10.0, 262009.0, float(LAZY))
     assert fitted.source == "fitted to 4 keys of tiny-hybrid on cuda:0"
     calibrated = graphkv.compile(model_kv(TinyHybridConfig()), plan.limits, Budget.kv_bytes(DemoOptions().kv_memory),
                                  graph_pool=fitted)

@@ -47,15 +47,19 @@ def test_key_memory_is_the_pools_growth_and_the_peak_above_what_was_allocated():
     assert key.pool_bytes(first=True) == 4 * MIB and key.pool_bytes(first=False) == 1536 * 1024
 
 
-def test_a_peak_below_kept_is_no_workspace_and_the_capture_sums_first_peak_and_later_kept():
-    """A peak read below what the capture kept gives no workspace; the pool's sum is 9,000 + 600 + 300 B."""
+def test_a_peak_below_kept_is_no_workspace_and_the_capture_sums_first_footprint_and_later_kept():
+    """A peak read below what the capture kept gives no workspace; the first key's footprint is its peak or the
+    segments it opened, whichever is more; the pool's sum is the 2 MiB segment + 600 + 300 B."""
     low = KeyMemory(num_tokens=4, uniform=True, peak_bytes=100, kept_bytes=600, reserved_bytes=0)
     assert low.workspace_bytes == 0 and low.pool_bytes(first=True) == 600
     first = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=2 * MIB)
+    assert first.footprint_bytes == 2 * MIB and first.pool_bytes(first=True) == 2 * MIB
+    in_open_segments = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=0)
+    assert in_open_segments.footprint_bytes == 9000 and in_open_segments.pool_bytes(first=False) == 1200
     later = KeyMemory(num_tokens=2, uniform=True, peak_bytes=400, kept_bytes=300, reserved_bytes=0)
     captured = CaptureMemory(keys=(first, low, later), lazy_workspace_bytes=0,
                              pool=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=2100))
-    assert captured.pool_bytes == 9000 + 600 + 300 and captured.process_bytes is None
+    assert captured.pool_bytes == 2 * MIB + 600 + 300 and captured.process_bytes is None
 
 
 def test_the_live_reader_synchronises_resets_the_peak_and_reads_each_capture(monkeypatch):

@@ -150,9 +150,26 @@ def test_held_out_keys_are_predicted_from_a_fit_to_the_others() -> None:
     assert [(k.num_tokens, k.measured_bytes, k.predicted_bytes) for k in checked] == [
         (32, 1320, 1320.0), (8, 1100, 1080.0), (2, 1020, 1020.0)]
     assert held_out_line(checked) == (
-        "held-out keys: the model fitted to every other key predicts the other 3 keys' kept bytes to 1.82 % at worst "
-        "(decode(8): 1,100 B measured, 1,080 B predicted) — within the 5 % bar")
+        "held-out keys: the model fitted to every other key predicts the other 3 keys' kept bytes; furthest "
+        "decode(8): 1,100 B measured, 1,080 B predicted (-20 B, -1.82 %) — within the bar of 5 % or 64 KiB")
     assert held_out(keys[:3], kept[:3], first_peak_bytes=5000) == ()
+
+
+def test_the_held_out_bar_is_five_percent_but_never_below_64_kib() -> None:
+    """A 2 KiB key predicted at 40 KB is within (64 KiB floor; graphs keeping weak outputs keep a few KiB); a 10 MB
+    key predicted 6 % high is outside; a 10 MB key 4 % high is within. The line names the key furthest from its bar."""
+    from graphkv.memory.held_out import HeldOutKey, held_out_line
+
+    small = HeldOutKey(num_tokens=4096, uniform=False, measured_bytes=2048, predicted_bytes=40_000.0)
+    high = HeldOutKey(num_tokens=8, uniform=True, measured_bytes=10_000_000, predicted_bytes=10_600_000.0)
+    close = HeldOutKey(num_tokens=16, uniform=True, measured_bytes=10_000_000, predicted_bytes=10_400_000.0)
+    assert (small.within, high.within, close.within) == (True, False, True)
+    assert (small.bar_bytes, high.bar_bytes) == (65536, 500_000.0)
+    assert held_out_line([small, close]).endswith(
+        "furthest decode(16): 10,000,000 B measured, 10,400,000 B predicted (+400,000 B, +4.00 %) — within the bar of "
+        "5 % or 64 KiB")
+    assert held_out_line([small, high, close]).endswith("(+600,000 B, +6.00 %) — OUTSIDE the bar of 5 % or 64 KiB")
+    assert held_out_line([]) is None
 
 
 def test_a_failing_preset_capture_ends_only_that_preset_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,16 +92,18 @@ def test_compile_refuses_a_graph_pool_that_is_not_a_model():
         _plan(graph_pool="cal.json")
 
 
-def test_the_fit_takes_a_line_through_every_kept_and_the_first_peak_above_it_as_workspace():
-    """Keys 8, 4, 2, 1 keeping 1000 + 10 n B, the first peaking 300 B x 8 above it: 1000 B, 10 B and 300 B per token."""
-    keys = _keys(8, 4, 2, 1)
-    kept = [1000 + 10 * k.num_tokens for k in keys]
-    fitted = fit_graph_pool(keys, kept, first_peak_bytes=kept[0] + 300 * 8, hidden_size=64, source="fit",
+def test_the_fit_takes_a_line_through_the_later_keys_and_the_first_peak_above_it_as_workspace():
+    """Keys 16, 8, 4, 2, 1 keeping 1000 + 10 n B, the first 4000 B more (what its capture allocates once) and peaking
+    300 B x 16 above that: 1000 B, 10 B and (4000 + 300 x 16) / 16 = 550 B per token; the first key's estimate is
+    its measured peak, the others their kept bytes."""
+    keys = _keys(16, 8, 4, 2, 1)
+    kept = [1000 + 10 * k.num_tokens + (4000 if i == 0 else 0) for i, k in enumerate(keys)]
+    fitted = fit_graph_pool(keys, kept, first_peak_bytes=kept[0] + 300 * 16, hidden_size=64, source="fit",
                             lazy_workspace_bytes=33_554_432)
     assert (fitted.per_graph_bytes, fitted.output_bytes_per_token, fitted.workspace_bytes_per_token) == (1000.0, 10.0,
-                                                                                                            300.0)
+                                                                                                            550.0)
     assert fitted.hidden_size == 64 and fitted.lazy_workspace_bytes == 33_554_432.0 and fitted.calibrated
-    assert [e.nbytes for e in fitted.estimate(keys)] == [kept[0] + 300 * 8, *kept[1:]]
+    assert [e.nbytes for e in fitted.estimate(keys)] == [kept[0] + 300 * 16, *kept[1:]]
 
 
 def test_the_fit_recovers_the_coefficients_of_exact_measurements():
@@ -121,10 +123,10 @@ def test_the_fit_clamps_noise_below_zero_and_needs_one_value_per_key():
     """A falling line fits flat, a negative intercept through the origin, a peak below kept no workspace; a
     missing measurement is a SpecError."""
     flat = fit_graph_pool(_keys(8, 4, 2), [900, 1000, 1100], first_peak_bytes=8900, hidden_size=None, source="fit")
-    assert (flat.per_graph_bytes, flat.output_bytes_per_token, flat.workspace_bytes_per_token) == (1000.0, 0.0,
-                                                                                                    1000.0)
+    assert (flat.per_graph_bytes, flat.output_bytes_per_token, flat.workspace_bytes_per_token) == (1050.0, 0.0,
+                                                                                                    981.25)
     origin = fit_graph_pool(_keys(4, 2, 1), [400, 100, 0], first_peak_bytes=0, hidden_size=None, source="fit")
-    assert origin.per_graph_bytes == 0.0 and origin.output_bytes_per_token == pytest.approx(1800 / 21)
+    assert origin.per_graph_bytes == 0.0 and origin.output_bytes_per_token == 40.0  # (2 x 100 + 1 x 0) / (4 + 1)
     assert origin.workspace_bytes_per_token == 0.0
     one_size = fit_graph_pool(_keys(4, 4), [100, 300], first_peak_bytes=100, hidden_size=None, source="fit")
     assert (one_size.per_graph_bytes, one_size.output_bytes_per_token) == (200.0, 0.0)
