@@ -31,10 +31,22 @@ def test_every_known_gpu_has_an_architecture() -> None:
     assert ARCH_OF_GPU["h100"] == ARCH_OF_GPU["h200"] == "sm_90"
 
 
-def test_the_package_ships_none_yet_and_says_so() -> None:
-    assert shipped_calibrations() == ()
-    assert shipped_calibration("H100", "llama-3.1-8b") is None
-    assert "none has been measured on a GPU yet" in missing_reason("H100", "llama-3.1-8b")
+def test_the_package_ships_llama_measured_on_an_h100() -> None:
+    """llama-3.1-8b for sm_90, labelled with the H100 and versions it was measured with; 90 keys at 2 layers kept;
+    its model reserves the 8192-token key's 1,197,473,792 B footprint (the segments its capture opened) at 32 layers;
+    nothing else ships."""
+    (shipped,) = shipped_calibrations()
+    assert (shipped.file, shipped.model, shipped.arch, shipped.device_name, shipped.torch) == (
+        "llama-3.1-8b.sm_90.json", "llama-3.1-8b", "sm_90", "NVIDIA H100 80GB HBM3", "2.11.0+cu130")
+    model = shipped_calibration("H100", "llama-3.1-8b").graph_pool
+    assert model.calibrated and model.hidden_size == 4096 and model.lazy_workspace_bytes == 34_603_008
+    assert model.per_graph_bytes + model.workspace_bytes_per_token * 8192 == pytest.approx(1_197_473_792, rel=1e-3)
+    assert model.output_bytes_per_token < 1.0  # graphs keep weak views of their outputs
+    data = json.loads((Path(calibrations.__file__).parent / "llama-3.1-8b.sm_90.json").read_text())
+    assert len(data["keys"]) == 90 and data["num_layers"] == 32 and "within the bar" in data["held_out"]
+    assert shipped_calibration("H200", "llama-3.1-8b") is not None  # sm_90 too
+    assert shipped_calibration("A100-80GB", "llama-3.1-8b") is None
+    assert "shipped: llama-3.1-8b (sm_90)" in missing_reason("H100", "qwen3-next-80b-a3b")
 
 
 def test_lookup_matches_architecture_and_preset(tmp_path: Path) -> None:
