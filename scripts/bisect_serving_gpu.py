@@ -1,6 +1,6 @@
 """Which part of graphkv.hf's GPU serving path faults: the gpu_serving benchmark's graphkv flow, bisected.
 
-Not a pytest module (no ``test_`` prefix): a GPU diagnostic. ``python tests/hf/bisect_serving_gpu.py``
+A GPU diagnostic. ``python scripts/bisect_serving_gpu.py``
 runs every variant below (or ``--variants``) at once, each in its own process (a CUDA error is sticky), on the benchmark's
 qwen3 widths (hidden 2048, 16 query / 8 KV heads, head 128, vocab 32000, bf16; ``--layers`` of them),
 ``--batch`` random prompts of 64..1024 tokens (the benchmark's own), a 2048-token step budget and
@@ -13,7 +13,14 @@ the last frames of its traceback. ``--variant NAME`` runs one variant in this pr
 - ``one_split``: the decode kernel forced to one split (no workspace, no combine kernel);
 - ``flex_decode``: decode steps through flex attention (no decode kernel);
 - ``eager_flex``: flex regions not compiled (the compiled CUDA flex kernel out);
-- ``no_graphs``: no CUDA graphs (every step eager).
+- ``no_graphs``: no CUDA graphs (every step eager);
+- ``after_static_compile``: as ``bench``, but between two serves the same model runs transformers'
+  ``generate`` with a static cache under ``torch.compile(mode="reduce-overhead")`` (PyTorch's cudagraph
+  trees) in the same process — what ``benchmarks/gpu_serving.py`` does when it runs every contender.
+
+On the H100 (2026-11-26, torch 2.11, 2 layers, batch 1) the first six were ok; the benchmark's graphkv
+serve failed with an illegal memory access only after its ``generate_static_compiled`` contender had run
+in the process (``--contenders graphkv,generate_static_compiled``), not with graphkv alone.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import sys
 import time
 import traceback
 
-VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex", "no_graphs")
+VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex", "no_graphs", "after_static_compile")
 GPU_MODEL = dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, vocab_size=32000, max_position_embeddings=8192)
 
@@ -64,12 +71,22 @@ def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str
                        decode_attention="flex" if variant == "flex_decode" else None,
                        kernels="triton")
     sync()
-    engine = loop.engine()
     steps = []
     try:
-        engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=new_tokens) for i, p in enumerate(prompts)],
-                   on_step=lambda stats: steps.append(stats.tokens))
-        sync()
+        rounds = 2 if variant == "after_static_compile" else 1
+        for round_ in range(rounds):
+            if round_:  # transformers' fastest path on the same model, in this process, between two serves
+                from transformers.generation.configuration_utils import CompileConfig
+
+                ids = torch.tensor([prompts[0]], device=device)
+                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                               eos_token_id=None, pad_token_id=0, cache_implementation="static",
+                               compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead"))
+                sync()
+            engine = loop.engine()
+            engine.run([DemoRequest(req_id=(round_, i), prompt=p, max_new_tokens=new_tokens)
+                        for i, p in enumerate(prompts)], on_step=lambda stats: steps.append(stats.tokens))
+            sync()
     except Exception as error:  # noqa: BLE001 - the verdict names it
         frames = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in traceback.extract_tb(error.__traceback__)]
         return (f"FAIL after {len(steps)} steps (prompts {lengths}): {type(error).__name__}: "
