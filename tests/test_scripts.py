@@ -93,3 +93,22 @@ def test_gpu_serving_refuses_gpu_mode_without_cuda() -> None:
     done = subprocess.run([sys.executable, str(GPU_SERVING), "--gpu"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "--gpu needs CUDA" in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_serving_runs_an_isolated_contender_in_its_own_process_and_joins_its_row() -> None:
+    """run_batch with the GPU's isolation (here on the CPU mode's workload): generate_static_compiled runs in a child
+    of its own, its row joins graphkv's and generate's, marked isolated, with graphkv's ratio to it."""
+    sys.path.insert(0, str(GPU_SERVING.parent))
+    try:
+        import gpu_serving
+    finally:
+        sys.path.remove(str(GPU_SERVING.parent))
+    argv = ["--repeats", "1", "--new-tokens", "3", "--max-prompt", "12", "--batches", "2"]
+    row = gpu_serving.run_batch(argv, 2, 1e9, ("graphkv", "generate", "generate_static_compiled"), gpu=True)
+    assert set(row) >= {"graphkv", "generate", "generate_static_compiled"} and "generate_batch" not in row
+    assert row["generate_static_compiled"]["isolated"] is True and "isolated" not in row["generate"]
+    assert set(row["graphkv"]["vs"]) == {"generate", "generate_static_compiled"}
+    assert row["graphkv"]["vs"]["generate_static_compiled"]["tok_s"] == pytest.approx(
+        row["graphkv"]["tok_s"] / row["generate_static_compiled"]["tok_s"])
+    assert row["graphkv"]["equal_to_generate"] == 2
