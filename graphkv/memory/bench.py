@@ -363,22 +363,22 @@ def _matmul_dtype(plan: Plan) -> Any:
 
 
 def _free_workspaces(device: Any) -> None:
-    """Free every cuBLAS workspace PyTorch holds (``torch._C._cuda_clearCublasWorkspaces``, where this
-    torch has it): ``torch.cuda.Stream()`` hands out pooled streams, and one that already ran a matmul
-    in this process would keep its workspaces, so the lazy row would read 0. Graphs captured earlier
-    in the process that used cuBLAS must not be replayed afterwards; the benchmark releases its own
-    before the next model."""
+    """Free every cuBLAS workspace PyTorch holds (:func:`~graphkv.runtime.capture.piecewise.release_blas_workspaces`):
+    ``torch.cuda.Stream()`` hands out pooled streams, and one that already ran a matmul in this process
+    would keep its workspaces, so the lazy row would read 0. (graphkv's captures do the same before each
+    capture, so their graphs hold their workspaces in their own pools.)"""
     import torch
 
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        torch.cuda.synchronize(device)
-        clear()
+    from graphkv.runtime.capture.piecewise import release_blas_workspaces
+
+    torch.cuda.synchronize(device)  # ``device``'s pending matmuls; the release itself syncs the current device
+    release_blas_workspaces()
 
 
 def _warm_workspaces(stream: Any, dtype: Any, device: Any) -> None:
     """A small matmul (and a linear with a bias, cuBLASLt's path) on ``stream``: cuBLAS allocates that
-    stream's workspace now, outside any graph pool, instead of inside the first capture."""
+    stream's workspaces now, outside any graph pool, and the lazy row reads their size. The first capture
+    then releases them and takes the capture stream's from the graph pool (its footprint includes them)."""
     import torch
 
     from graphkv.runtime.capture.piecewise import on_stream

@@ -36,7 +36,8 @@ from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
 
 __all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
-           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "split_at_attention"]
+           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "release_blas_workspaces",
+           "split_at_attention"]
 
 # Ops that end a graph piece. Attention / state backends register their capture-unsafe op under
 # one of these names (or callers pass their own list).
@@ -191,9 +192,29 @@ def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple
     rewrites them. The one place graphkv captures.
     """
     graph = torch.cuda.CUDAGraph()
+    release_blas_workspaces()  # the capture's matmuls then take their workspace from ``pool``
     with torch.cuda.graph(graph, pool=pool, stream=stream):  # None: torch's class-level capture stream
         outputs = fn()
     return graph, outputs
+
+
+def release_blas_workspaces() -> None:
+    """Free PyTorch's cached cuBLAS and cuBLASLt workspaces (every stream's), after a synchronize, so that
+    the next matmul on a stream allocates its workspace anew: inside a capture, from the graph's pool.
+
+    Why before every capture: a graph whose matmuls ran on a workspace allocated outside its pool (by a
+    warm-up on the capture stream) reads memory that only PyTorch's workspace cache holds. PyTorch's
+    cudagraph trees (``torch.compile(mode="reduce-overhead")``, e.g. transformers' static-cache
+    ``generate``) free those caches before they record and then empty the allocator's cache, which
+    returns that memory to the driver; the graph's next replay then faults (an illegal memory access
+    on an H100, 2026-11-26, after transformers' compiled ``generate`` ran beside graphkv). Inside the
+    pool the workspace stays mapped while the pool's graphs live. PyTorch's cudagraph trees release
+    the workspaces before each recording for the same reason. Other libraries' graphs captured on
+    workspaces outside their pools are exposed to this, as they are to cudagraph trees."""
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def graph_device(device: torch.device) -> bool:

@@ -114,3 +114,33 @@ def test_weak_view_refuses_nothing_it_cannot_view():
     assert weak_view(torch.empty(0)).shape == (0,)
     s = torch.tensor(2.5)
     assert weak_view(s).item() == pytest.approx(2.5)
+
+
+def test_every_capture_first_releases_the_cached_blas_workspaces(monkeypatch):
+    """capture_graph synchronizes and frees PyTorch's cached cuBLAS workspaces before it enters the capture, so the
+    capture's matmuls take their workspace from the graph's pool (a workspace outside it was released under the
+    graphs by torch's cudagraph trees on an H100)."""
+    from graphkv.runtime.capture import piecewise
+
+    calls = []
+
+    class Graph:
+        pass
+
+    class Capturing:
+        def __init__(self, graph, pool=None, stream=None):
+            calls.append(("enter", pool, stream))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("exit",))
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capturing)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(("synchronize",)))
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append(("clear",)), raising=False)
+    graph, outputs = piecewise.capture_graph(lambda: calls.append(("fn",)) or "out", "pool", "stream")
+    assert isinstance(graph, Graph) and outputs == "out"
+    assert calls == [("synchronize",), ("clear",), ("enter", "pool", "stream"), ("fn",), ("exit",)]
