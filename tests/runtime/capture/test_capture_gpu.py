@@ -159,3 +159,36 @@ def test_keys_share_the_memory_of_their_outputs(mode):
     assert len(fwd.keys) == (10 if mode == "FULL" else 7)
     assert 0 <= kept < MAX_TOKENS * 65536 * 4, kept
     check_replays_equal_eager(fwd, model)
+
+
+class WideMatmuls(torch.nn.Module):
+    """Two 4096-wide bf16 linears: matmuls large enough that cuBLAS uses its workspace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 4096)
+        self.a, self.b = torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(self.embed(input_ids) + positions[:, None].to(self.embed.weight.dtype)).relu())
+
+
+def test_replays_survive_what_cudagraph_trees_do_to_cached_workspaces():
+    """torch.compile(mode="reduce-overhead") frees every stream's cached cuBLAS workspace and empties the allocator's
+    cache before it records; graphkv's graphs hold their workspace in their own pool, so replays after that still
+    equal eager (on an H100 they faulted when the workspace had been warmed outside the pool)."""
+    model = WideMatmuls().cuda().to(torch.bfloat16).eval()
+    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
+              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
+    fwd = capture(plan, static_inputs=static)(model.forward)
+    fwd.capture(progress=False)
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    for n, r, uniform in STEPS:
+        inputs = step_inputs(n, n)
+        out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(**inputs), rtol=2e-2, atol=2e-2)
+    torch.cuda.synchronize()
