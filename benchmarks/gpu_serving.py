@@ -64,7 +64,9 @@ COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piec
 # Run in a process of their own on a GPU. On the H100 (2026-11-26, torch 2.11) graphkv's next serve faulted with an
 # illegal memory access after transformers' generate under torch.compile(mode="reduce-overhead") (PyTorch's
 # cudagraph trees) had run on the same model in the same process; graphkv alone, and beside the other contenders,
-# did not. Not yet understood: scripts/bisect_serving_gpu.py --variants after_static_compile reproduces it.
+# did not: cudagraph trees release every stream's cached cuBLAS workspace, which graphkv's graphs were captured on.
+# graphkv now captures on workspaces in its own pool (not yet run on a GPU): scripts/bisect_serving_gpu.py
+# --variants after_static_compile checks it, and then this isolation can go.
 ISOLATED = ("generate_static_compiled",)
 
 
@@ -353,7 +355,7 @@ def run_batch(argv: list[str], batch: int, bandwidth: float, contenders: tuple[s
         return row
     g = row.get("graphkv", {})
     for name, other in zip(alone, rows[1:]):
-        row[name] = ({"error": other["error"].strip().splitlines()[-1][:300]} if "error" in other
+        row[name] = ({"error": (other["error"].strip().splitlines() or ["no output"])[-1][:300]} if "error" in other
                      else {**other[name], "isolated": True})
         if "tok_s" in g and "tok_s" in row[name]:
             g.setdefault("vs", {})[name] = {"tok_s": g["tok_s"] / row[name]["tok_s"],
@@ -376,7 +378,7 @@ def print_table(rows: list[dict[str, Any]], contenders: tuple[str, ...]) -> None
           f"{'set-up s':>8} {'equal':>7} {'graphkv x (tok/s / step)':>24}")
     for row in rows:
         if "error" in row:
-            print(f"{row['batch']:>5}  failed: {row['error'].splitlines()[-1]}")
+            print(f"{row['batch']:>5}  failed: {(row['error'].strip().splitlines() or ['no output'])[-1]}")
             continue
         print(f"{row['batch']:>5}  limit {row['limit_ms']:.3f} ms/step: {row['weight_bytes'] / 1e6:,.1f} MB weights + "
               f"{row['limit_kv_bytes'] / 1e6:,.1f} MB KV at the mean decode context (prompts "

@@ -14,10 +14,12 @@ preset it was measured on only: another model's activations differ in more than 
 
 Shipped: ``llama-3.1-8b.sm_90.json``, measured by ``graphkv bench memory`` on an NVIDIA H100 80GB HBM3
 (torch 2.11.0+cu130, CUDA 13.0; 2026-11-26) at 1 and 2 layers and extrapolated to 32: a pool of
-1.12 GiB for its 90 keys, set by the 8192-token key's footprint (the segments its capture opened;
-later keys keep 0 to 2 KiB each, as graphs keep weak views of their outputs). Its rows were fitted
-by this version's :func:`~graphkv.plan.graph_pool.fit_graph_pool` (the fit predicts both depths'
-pool reserved bytes to within 0.52 %). Not yet checked: a 32-layer run holding within it. For any
+1.18 GiB for its 90 keys, set by the 8192-token key's footprint (the 1,197 MB of segments its capture
+opened and the 64 MiB staging arena it keeps outside them; later keys keep 0 to 2 KiB each, as graphs
+keep weak views of their outputs). Its rows were fitted by this version's
+:func:`~graphkv.plan.graph_pool.fit_graph_pool` (the fit predicts both depths' pool segments plus arena
+to within 0.49 %). The footprint was the same at both depths although the capture's peak grew
+4.2 MB per layer: the segments absorbed it, so the extrapolation is flat. Not yet checked: a 32-layer run holding within it. For any
 other (architecture, preset), :func:`shipped_calibration` returns ``None`` and
 :func:`missing_reason` says why.
 """

@@ -19,7 +19,8 @@ Phases and how each is measured (the row's ``method`` says which applied):
 - ``lazy workspaces (cuBLAS)`` (GPU, graphs captured): every key is warmed up and captured on one
   explicit capture stream; PyTorch's cached cuBLAS workspaces are freed first (a pooled stream may
   hold some from earlier work in the process), then before the first capture one small matmul in
-  the model's dtype runs on it, so cuBLAS allocates that stream's workspace outside the graph pool. Measured:
+  the model's dtype runs on it, so cuBLAS allocates that stream's workspace outside the graph pool (the
+  captures then release it and take the capture stream's from the pool: the first key's footprint). Measured:
   ``torch.cuda.memory_allocated`` growth over that matmul and every key's warm-up; predicted by
   PyTorch's rule for one stream on this GPU's compute capability and this process's
   ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE``
@@ -32,8 +33,8 @@ Phases and how each is measured (the row's ``method`` says which applied):
   peak above what was allocated before it (``torch.cuda.max_memory_allocated`` after a reset,
   ``measured_peak_bytes``) and the pool's new segment bytes (``measured_reserved_bytes``). The row's
   measured bytes are the kept bytes, and for the first key its footprint: its peak, or the segments
-  it opened where those are more (the allocator's rounding), so the rows sum to what the pool holds:
-  the model's shape. A note compares the pool's reserved bytes with the model's sum, and one gives
+  it opened plus what it keeps outside the pool where those are more (the allocator's rounding, the
+  PIECEWISE staging arena), so the rows sum to about what the pool and the arena hold: the model's shape. A note compares the pool's reserved bytes with the model's sum, and one gives
   the process meter's (NVML's) growth over the whole capture, which adds the graphs' driver-side
   memory. The demo has a forward to capture here; a preset's graphs are measured at its real shapes
   by ``graphkv.memory.command.preset_graphs``. CPU: not measured (CUDA graphs need a GPU). This

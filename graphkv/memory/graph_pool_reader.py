@@ -95,6 +95,7 @@ class KeyMemory:
     peak_bytes: int  # the capture's high-water mark above what was allocated before it
     kept_bytes: int  # memory_allocated after the capture minus before (the pool's growth and what is held outside it)
     reserved_bytes: int  # the pool's segment bytes after the capture minus before
+    pool_kept_bytes: int = 0  # the pool's allocated bytes after the capture minus before (kept inside the pool)
 
     @classmethod
     def between(cls, *, num_tokens: int, uniform: bool, start: KeyStart, after: PoolUsage, allocated_bytes: int,
@@ -105,7 +106,8 @@ class KeyMemory:
         return cls(num_tokens=num_tokens, uniform=uniform,
                    peak_bytes=max(max_allocated_bytes - start.allocated_bytes, 0),
                    kept_bytes=allocated_bytes - start.allocated_bytes,
-                   reserved_bytes=after.reserved_bytes - start.pool.reserved_bytes)
+                   reserved_bytes=after.reserved_bytes - start.pool.reserved_bytes,
+                   pool_kept_bytes=after.allocated_bytes - start.pool.allocated_bytes)
 
     @property
     def workspace_bytes(self) -> int:
@@ -113,11 +115,17 @@ class KeyMemory:
         return max(self.peak_bytes - self.kept_bytes, 0)
 
     @property
+    def outside_kept_bytes(self) -> int:
+        """What the capture keeps outside its pool (e.g. the PIECEWISE staging arena): kept minus kept in the pool."""
+        return max(self.kept_bytes - self.pool_kept_bytes, 0)
+
+    @property
     def footprint_bytes(self) -> int:
-        """What the capture took from the GPU: its peak, or the pool segments it opened where those are
-        more (the caching allocator rounds a capture's blocks into 2 MiB and larger segments: on the H100,
-        llama-3.1-8b's 8192-token key peaked at 973 MB and opened 1,197 MB of segments)."""
-        return max(self.peak_bytes, self.reserved_bytes)
+        """What the capture took from the GPU: its peak, or the pool segments it opened plus what it keeps
+        outside the pool where those are more (the caching allocator rounds a capture's blocks into 2 MiB and
+        larger segments: on the H100, llama-3.1-8b's 8192-token key peaked at 977 MB at 2 layers, opened
+        1,197 MB of segments and kept its 64 MiB staging arena outside them)."""
+        return max(self.peak_bytes, self.reserved_bytes + self.outside_kept_bytes)
 
     def pool_bytes(self, *, first: bool) -> int:
         """What this key adds to the pool: its kept bytes; captured ``first``, its footprint (the
@@ -139,8 +147,8 @@ class CaptureMemory:
 
     @property
     def pool_bytes(self) -> int:
-        """What the captured keys add to the pool: the first captured key's peak and every later one's kept
-        bytes."""
+        """What the captured keys add: the first captured key's footprint and every later one's kept bytes
+        (the first in segments, the later ones in allocated bytes: about what the pool and the arena hold)."""
         captured = [k for k in self.keys if k is not None]
         return sum(k.pool_bytes(first=i == 0) for i, k in enumerate(captured))
 

@@ -15,7 +15,7 @@ forward allocates inside the graph. Graphs are captured largest first into one s
   ``per_graph_bytes``).
 
 ``key_bytes(first) = per_graph + output x n + workspace x n``, ``key_bytes(later) = per_graph +
-output x n``; the graph pool is their sum: the largest key's peak plus what every graph keeps.
+output x n``; the graph pool is their sum: the largest key's footprint plus what every graph keeps.
 Beside it, ``lazy_workspace_bytes`` records what lazily allocated workspaces (cuBLAS's, one set per
 stream) cost once before the first capture; it is carried in the calibration, not in a key, and the
 ledger charges those workspaces by PyTorch's own rule instead (its ``lazy workspaces`` entry,
@@ -23,13 +23,14 @@ ledger charges those workspaces by PyTorch's own rule instead (its ``lazy worksp
 
 The coefficients depend on the model and the GPU, so they come from measurement: ``graphkv bench
 memory --out DIR`` reads each key's capture through the capture's own pool
-(:mod:`graphkv.memory.graph_pool_reader`: the pool's allocated bytes kept after the capture, and
-the capture's peak), :func:`fit_graph_pool` fits a line ``per_graph + output x n`` through every
-key's kept bytes and takes the first key's peak above what it keeps as the workspace, and the
+(:mod:`graphkv.memory.graph_pool_reader`: the bytes kept after the capture, the capture's peak and
+the segments it opened), :func:`fit_graph_pool` fits a line ``per_graph + output x n`` through the
+kept bytes of every key after the first and takes the first key's footprint above it as the
+workspace, and the
 benchmark writes ``graph_calibration.json``, which :meth:`GraphPoolModel.from_file` reads and
 ``compile(..., graph_pool=...)`` (``graphkv plan --graph-calibration PATH``) uses. The planner
-reads a calibration only when given one. This pool-based measurement has run on an H200 for the
-demo only (2026-11-25); no preset has been calibrated on a GPU yet.
+reads a calibration only when given one (``graphkv plan --gpu`` also reads the ones
+:mod:`graphkv.calibrations` ships: llama-3.1-8b's, measured on an H100 on 2026-11-26).
 
 Without a calibration the default is **uncalibrated**: a workspace of ``4 x hidden_size x 2``
 bytes per token (four live bf16 hidden-sized activations, the earlier fixed guess), outputs of

@@ -32,7 +32,8 @@ def _kept(n):
 def _captured(process_bytes=None):
     """Keys 8, 4, 2, 1 keeping 1000 + 10 n B; the first peaking 300 B x 8 above what it keeps; one 2 MiB segment."""
     keys = tuple(KeyMemory(num_tokens=n, uniform=True, peak_bytes=_kept(n) + (300 * n if n == 8 else 0),
-                           kept_bytes=_kept(n), reserved_bytes=2 * MIB if n == 8 else 0) for n in DEMO_KEYS)
+                           kept_bytes=_kept(n), reserved_bytes=2 * MIB if n == 8 else 0, pool_kept_bytes=_kept(n))
+                 for n in DEMO_KEYS)
     pool = PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=sum(_kept(n) for n in DEMO_KEYS))
     return CaptureMemory(keys=keys, lazy_workspace_bytes=LAZY, process_bytes=process_bytes, pool=pool)
 
@@ -181,7 +182,8 @@ def test_capture_warms_workspaces_on_the_capture_stream_then_reads_the_pool_arou
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the demo's capture into a real pool (the "
                                                            "tests above check the same logic with faked reads)")
 def test_the_demo_capture_reads_its_pool_on_a_gpu():
-    """On a GPU: every key keeps >= 0 B, reserves whole 2 MiB granules, and the first peaks at least what it keeps."""
+    """On a GPU: every key keeps >= 0 B, reserves whole 2 MiB granules, the first peaks at least what it keeps, and
+    its row is its footprint: at least its peak and the segments it opened."""
     from graphkv.memory.command import MemoryBenchOptions, bench_memory
 
     run = bench_memory(MemoryBenchOptions(models=("demo",), device="cuda", progress=False))[0]
@@ -189,7 +191,7 @@ def test_the_demo_capture_reads_its_pool_on_a_gpu():
     assert keys and all(r.measured_kept_bytes is not None and r.measured_kept_bytes >= 0 for r in keys)
     assert all(r.measured_reserved_bytes is not None and r.measured_reserved_bytes % (2 * MIB) == 0 for r in keys)
     assert keys[0].measured_peak_bytes >= keys[0].measured_kept_bytes
-    assert keys[0].measured_bytes == keys[0].measured_peak_bytes
+    assert keys[0].measured_bytes >= max(keys[0].measured_peak_bytes, keys[0].measured_reserved_bytes)
     lazy = next(r for r in run.rows if r.phase == LAZY_WORKSPACES)
     # PyTorch's rule for one stream (cuBLAS + cuBLASLt; 34,603,008 B on an H200, torch 2.11), to the byte. Torch 2.13
     # documents the cuBLASLt workspace as sharing the cuBLAS one by default: 1 MiB less there.

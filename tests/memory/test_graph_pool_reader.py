@@ -42,7 +42,7 @@ def test_key_memory_is_the_pools_growth_and_the_peak_above_what_was_allocated():
                             after=PoolUsage(reserved_bytes=4 * MIB, allocated_bytes=MIB + 1536 * 1024),
                             allocated_bytes=5 * MIB + 1536 * 1024, max_allocated_bytes=9 * MIB)
     assert key == KeyMemory(num_tokens=8, uniform=True, peak_bytes=4 * MIB, kept_bytes=1536 * 1024,
-                            reserved_bytes=2 * MIB)
+                            reserved_bytes=2 * MIB, pool_kept_bytes=1536 * 1024)
     assert key.workspace_bytes == 4 * MIB - 1536 * 1024
     assert key.pool_bytes(first=True) == 4 * MIB and key.pool_bytes(first=False) == 1536 * 1024
 
@@ -52,10 +52,15 @@ def test_a_peak_below_kept_is_no_workspace_and_the_capture_sums_first_footprint_
     segments it opened, whichever is more; the pool's sum is the 2 MiB segment + 600 + 300 B."""
     low = KeyMemory(num_tokens=4, uniform=True, peak_bytes=100, kept_bytes=600, reserved_bytes=0)
     assert low.workspace_bytes == 0 and low.pool_bytes(first=True) == 600
-    first = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=2 * MIB)
+    first = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=2 * MIB,
+                      pool_kept_bytes=1200)
     assert first.footprint_bytes == 2 * MIB and first.pool_bytes(first=True) == 2 * MIB
-    in_open_segments = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=0)
+    in_open_segments = KeyMemory(num_tokens=8, uniform=True, peak_bytes=9000, kept_bytes=1200, reserved_bytes=0,
+                                 pool_kept_bytes=1200)
     assert in_open_segments.footprint_bytes == 9000 and in_open_segments.pool_bytes(first=False) == 1200
+    arena = KeyMemory(num_tokens=8, uniform=False, peak_bytes=9000, kept_bytes=5000, reserved_bytes=2 * MIB,
+                      pool_kept_bytes=1000)  # 4000 B kept outside the pool (a staging arena)
+    assert (arena.outside_kept_bytes, arena.footprint_bytes) == (4000, 2 * MIB + 4000)
     later = KeyMemory(num_tokens=2, uniform=True, peak_bytes=400, kept_bytes=300, reserved_bytes=0)
     captured = CaptureMemory(keys=(first, low, later), lazy_workspace_bytes=0,
                              pool=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=2100))
@@ -72,11 +77,12 @@ def test_the_live_reader_synchronises_resets_the_peak_and_reads_each_capture(mon
     assert fake.calls == ["synchronize", "snapshot", "synchronize", "reset"]
     fake.capture(workspace_bytes=64 * 1024, kept_bytes=4096)
     assert reader.finish(start, num_tokens=8, uniform=True) == KeyMemory(
-        num_tokens=8, uniform=True, peak_bytes=64 * 1024 + 4096, kept_bytes=4096, reserved_bytes=2 * MIB)
+        num_tokens=8, uniform=True, peak_bytes=64 * 1024 + 4096, kept_bytes=4096, reserved_bytes=2 * MIB,
+        pool_kept_bytes=4096)
     second = reader.start()
     fake.capture(workspace_bytes=0, kept_bytes=2048)
     assert reader.finish(second, num_tokens=4, uniform=True) == KeyMemory(
-        num_tokens=4, uniform=True, peak_bytes=2048, kept_bytes=2048, reserved_bytes=2 * MIB)
+        num_tokens=4, uniform=True, peak_bytes=2048, kept_bytes=2048, reserved_bytes=2 * MIB, pool_kept_bytes=2048)
     assert reader.read() == PoolUsage(reserved_bytes=4 * MIB, allocated_bytes=6144)
     assert reader.allocated_bytes() == 3 * MIB + 6144
 
@@ -89,3 +95,4 @@ def test_kept_counts_what_a_piecewise_capture_holds_outside_the_pool():
                             after=PoolUsage(reserved_bytes=2 * MIB, allocated_bytes=MIB + 16 * 1024),
                             allocated_bytes=5 * MIB + 80 * 1024, max_allocated_bytes=5 * MIB + 80 * 1024)
     assert (key.kept_bytes, key.peak_bytes, key.workspace_bytes, key.reserved_bytes) == (80 * 1024, 80 * 1024, 0, 0)
+    assert (key.pool_kept_bytes, key.outside_kept_bytes, key.footprint_bytes) == (16 * 1024, 64 * 1024, 80 * 1024)

@@ -260,6 +260,8 @@ class CapturedForward:
             # while warming up, and a graph must be captured on the compiled entry that serving will use.
             what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
             for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
+                if step == self._capture_key and not rehearse:  # the warm-ups' cuBLAS workspaces, outside the pool,
+                    piecewise.release_blas_workspaces()  # go now: the captures take theirs from the pool
                 for i, key in enumerate(keys):
                     if progress:
                         sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
@@ -268,8 +270,8 @@ class CapturedForward:
                         step(key)
                     if on_key is not None:
                         on_key("warm-up" if step == self._warm_up else "capture", key)
-            if not rehearse:
-                torch.cuda.synchronize()
+            if not rehearse:  # the capture stream's workspace is a block of the pool the graphs read: freed to
+                piecewise.release_blas_workspaces()  # the pool (scratch, still mapped), no later matmul writes it
         self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),

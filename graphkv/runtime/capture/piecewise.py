@@ -208,8 +208,10 @@ def release_blas_workspaces() -> None:
     ``generate``) free those caches before they record and then empty the allocator's cache, which
     returns that memory to the driver; the graph's next replay then faults (an illegal memory access
     on an H100, 2026-11-26, after transformers' compiled ``generate`` ran beside graphkv). Inside the
-    pool the workspace stays mapped while the pool's graphs live. PyTorch's cudagraph trees release
-    the workspaces before each recording for the same reason. Other libraries' graphs captured on
+    pool the workspace stays mapped while the pool's graphs live. :class:`~graphkv.runtime.capture.graphs.CapturedForward`
+    also releases them once after its warm-ups and once after its last capture (so that no later
+    matmul on the capture stream writes the pool block its graphs use as scratch), as PyTorch's
+    cudagraph trees release them around each recording. Other libraries' graphs captured on
     workspaces outside their pools are exposed to this, as they are to cudagraph trees."""
     torch.cuda.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
