@@ -15,6 +15,7 @@
 #   readme       the README's code blocks (their examples run on CUDA where a GPU is present)
 #   memcheck     compute-sanitizer --tool memcheck over a short demo and a short `demo --hf qwen3`
 #   big-model    a 0.9B bf16 random-weight Qwen3 at batch 32 with a 2048-token step budget
+#   bisect-serving  graphkv.hf's serving flow at the 0.9B model's widths in variants, after_static_compile included
 # Reported, not checked (their targets belong to later issues): the GPU benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +143,19 @@ if [ "$QUICK" -eq 0 ]; then
     --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
   run bench-memory-processes info 3000 "repeated|differ|process" python -m graphkv.cli bench memory --model demo \
     --model llama-3.1-8b --processes 3 --out "$OUT/bench_memory_processes"
+  run bench-decode-sweep info 1200 "x[0-9]|copy" python benchmarks/decode_kernel_sweep.py --gpu \
+    --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 \
+    --out "$OUT/decode_kernel_sweep.json"
+fi
+# graphkv.hf's serving flow in variants, each in its own process; after_static_compile is the H100's illegal memory
+# access of 2026-11-26 (graphkv after transformers' reduce-overhead generate on the same model).
+if want bisect-serving; then
+  run bisect-serving check 600 "ok|FAIL|TIMEOUT" python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 \
+    --variants bench,one_split,after_static_compile --timeout 500
+  if grep -qE "FAIL|TIMEOUT|no verdict" "$OUT/bisect-serving.log"; then
+    FAILURES=$((FAILURES + 1))
+    ROWS[-1]="${ROWS[-1]/| pass |/| FAIL (a variant failed) |}"
+  fi
 fi
 
 {
