@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import attrs
 import torch
-from gpu_attention import CPU, GPU, LAYOUT, copy_gbps, make_cell, time_cpu, time_gpu
-from timing import add_common_arguments, set_up
+from gpu_attention import LAYOUT, chosen_setup, copy_gbps, make_cell, time_cpu, time_gpu
+from timing import add_common_arguments
 
 import graphkv.kernels.paged_attention as kernel
 from graphkv.kernels.decode_splits import workspace_row_floats
@@ -50,8 +49,7 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     gen = torch.Generator().manual_seed(tokens + requests)
     cell = make_cell(s, requests, tokens, None, gen)
     sdpa = cell["calls"]["sdpa"]
-    graphkv_call = cell["calls"]["graphkv"]
-    query, cache, table, seq_lens, out = _closure(graphkv_call)
+    query, cache, table, seq_lens, out = cell["graphkv_inputs"]
     max_splits = max(g[0] for g in grid)
     workspace = torch.empty(requests * max_splits, query.shape[1], workspace_row_floats(query.shape[2]),
                             dtype=torch.float32, device=query.device)
@@ -95,12 +93,6 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     return rows
 
 
-def _closure(fn: Callable[..., Any]) -> tuple[Any, ...]:
-    """The query, cache, table, seq_lens and out tensors ``gpu_attention.make_cell``'s graphkv call reads."""
-    cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
-    return cells["query"], cells["cache"], cells["table"], cells["seq_lens"], cells["out"]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Sweep, print the table (best setting per cell first), write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -112,11 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--tiles", type=int, nargs="+", default=[32, 64, 128], help="tokens per tile")
     args = parser.parse_args(argv)
-    measured_with = set_up(args)
-    if args.gpu and not torch.cuda.is_available():
-        print("--gpu: CUDA is not available on this machine (torch.cuda.is_available() is False)", file=sys.stderr)
+    chosen = chosen_setup(args)
+    if chosen is None:
         return 2
-    s = GPU if args.gpu else CPU
+    s, measured_with = chosen
     cells = args.cells or ([(32, 4096), (32, 16384), (1, 16384), (8, 4096)] if args.gpu else [(3, 97)])
     if not args.gpu:
         args.splits, args.warps, args.stages, args.tiles = [1, 2], [4], [2], [16]
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_gbps(s, args.repeats)
     rows = []
     for requests, tokens in cells:
-        rows += sweep_cell(attrs.evolve(s), requests, tokens, grid, args.repeats, copy)
+        rows += sweep_cell(s, requests, tokens, grid, args.repeats, copy)
     device = torch.cuda.get_device_name() if args.gpu else "CPU (interpreter: proves it runs)"
     print(f"paged decode kernel settings vs dense SDPA; {device}; {measured_with}; device copy {copy:.1f} GB/s")
     print(f"{'cell':>10} {'splits':>6} {'warps':>5} {'stages':>6} {'tile':>4} | {'ms':>8} {'GB/s':>7} {'copy':>5} | "

@@ -161,7 +161,7 @@ def make_cell(s: Setup, requests: int, tokens: int, flex: FlexPool | None, gen: 
         calls["flex"] = run_flex
     splits = num_decode_splits(requests, num_kv_heads=s.kv_heads, table_width_kernel_blocks=per_req,
                                kernel_block_size=kbs, num_sms=num_sms)
-    return {"calls": calls, "num_splits": splits}
+    return {"calls": calls, "num_splits": splits, "graphkv_inputs": (query, cache, table, seq_lens, out)}
 
 
 @attrs.frozen(kw_only=True)
@@ -330,6 +330,16 @@ def misses(rows: list[dict[str, Any]], gpu: bool) -> list[str]:
     return out
 
 
+def chosen_setup(args: argparse.Namespace) -> tuple[Setup, str] | None:
+    """The mode's :class:`Setup` and the measuring conditions (torch threads pinned by ``timing.set_up``); ``None``
+    after saying why when ``--gpu`` was asked on a machine without CUDA."""
+    measured_with = set_up(args)
+    if args.gpu and not torch.cuda.is_available():
+        print("--gpu: CUDA is not available on this machine (torch.cuda.is_available() is False)", file=sys.stderr)
+        return None
+    return (GPU if args.gpu else CPU), measured_with
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CPU or GPU table, print it, write JSON; exit 1 when a target or a check is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -338,11 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, nargs="+", help="only these request counts (default: the mode's)")
     parser.add_argument("--tokens", type=int, nargs="+", help="only these cached-token counts (default: the mode's)")
     args = parser.parse_args(argv)
-    measured_with = set_up(args)
-    if args.gpu and not torch.cuda.is_available():
-        print("--gpu: CUDA is not available on this machine (torch.cuda.is_available() is False)", file=sys.stderr)
+    chosen = chosen_setup(args)
+    if chosen is None:
         return 2
-    s = GPU if args.gpu else CPU
+    s, measured_with = chosen
     s = attrs.evolve(s, requests=tuple(args.requests or s.requests),
                      cached_tokens=tuple(args.tokens or s.cached_tokens))
     if not args.gpu:  # eager flex on a CPU says it is unfused: known, and not what a GPU runs

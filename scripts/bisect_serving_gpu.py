@@ -32,10 +32,11 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex", "no_graphs", "after_static_compile")
-GPU_MODEL = dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, vocab_size=32000, max_position_embeddings=8192)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gpu_serving import GPU_MODEL, prompts_for  # noqa: E402 - the benchmark's model and prompts, not a copy
 
 
 def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str = "cuda") -> str:
@@ -56,11 +57,10 @@ def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str
     torch.manual_seed(0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(tiny_config("qwen3", num_hidden_layers=layers, **GPU_MODEL),
+        model = AutoModelForCausalLM.from_config(tiny_config("qwen3", **{**GPU_MODEL, "num_hidden_layers": layers}),
                                                  dtype=torch.bfloat16).eval()
-    gen = torch.Generator().manual_seed(1 + batch)  # benchmarks/gpu_serving.py's prompts_for
-    lengths = torch.randint(64, 1025, (batch,), generator=gen).tolist()
-    prompts = [torch.randint(0, 32000, (n,), generator=gen).tolist() for n in lengths]
+    prompts = prompts_for(batch, GPU_MODEL["vocab_size"], 64, 1024)  # the benchmark's GPU mode's prompts
+    lengths = [len(p) for p in prompts]
     declared = model_kv(model)
     limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=batch,
                           max_num_batched_tokens=max(2048, batch))
