@@ -223,7 +223,7 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
             lo, hi = int(ids.min()), int(ids.max())
     except (struct.error, TypeError, OverflowError, ValueError):
         ids, lo, hi = None, 0, 0
-    if ids is None or (lo <= 1 and bool_among(ids, list(_chain(lists)).__getitem__)):
+    if ids is None or (lo <= 1 and ids.shape[0] and bool_among(ids, list(_chain(lists)).__getitem__)):
         raise _bad_id_error(lists, given, num_groups, req_ids)
     counts = np.array(lengths, dtype=np.int64)
     uniform = lengths[0] if lengths and lengths.count(lengths[0]) == len(lengths) else 0

@@ -115,6 +115,24 @@ def test_rows_are_reused_after_finish_and_tables_follow_the_request():
     assert step.tables.input_tables[attn][1, :bpk].tolist() == [8 * bpk + k for k in range(bpk)]
 
 
+def test_empty_page_lists_for_every_request_are_no_new_pages():
+    """Every request given an empty page list in every group (no request gains a page) is a step
+    like ``(None, None)``: same tables and slots, no error (it raised numpy's ValueError)."""
+    plan = _plan()
+    attn, _ = _groups(plan)
+    prefill = Batch(req_ids=("a", "b"), query_lens=(3, 3), seq_lens=(3, 3),
+                    new_pages=(_pages(plan, [3], 4), _pages(plan, [5], 6)))
+    empty = tuple(() for _ in plan.groups)
+    seen = []
+    for new_pages in ((None, None), (empty, empty)):
+        step = Step(plan)
+        step.prepare(prefill)
+        step.prepare(Batch(req_ids=("a", "b"), query_lens=(1, 1), seq_lens=(4, 4), new_pages=new_pages))
+        seen.append((step.slot_mappings[attn, :2].tolist(), step.tables.input_tables[attn][:2].tolist()))
+    bs = plan.groups[attn].block_size
+    assert seen[0] == seen[1] and seen[0][0] == [3 * bs + 3, 5 * bs + 3]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_uniform_decode_keys_and_padding_for_every_batch_size(n):
     """Decode batches of 1..max_num_seqs get the smallest decode key; padding tokens get row -1;
