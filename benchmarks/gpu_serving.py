@@ -60,7 +60,8 @@ MODES = {"gpu": dict(batches="1,8,32,128", min_prompt=64, max_prompt=1024, new_t
                      step_tokens=2048),
          "cpu": dict(batches="1,4", min_prompt=8, max_prompt=32, new_tokens=8, dtype="float32", step_tokens=256)}
 DTYPES = ("bfloat16", "float16", "float32")
-COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "none": False}
+COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused",
+           "none": False}
 # Run in a process of their own on a GPU. On the H100 (2026-11-26, torch 2.11) graphkv's next serve faulted with an
 # illegal memory access after transformers' generate under torch.compile(mode="reduce-overhead") (PyTorch's
 # cudagraph trees) had run on the same model in the same process; graphkv alone, and beside the other contenders,

@@ -76,6 +76,11 @@ def prompts_for(batch: int, seed: int = 1) -> list[list[int]]:
     return [torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
 
 
+# --compile: what graphkv compiles
+COMPILED = {"model": "the whole forward", "fused": "the pieces between attention calls (Inductor)",
+            "piecewise": "the pieces between attention calls (traced)", "attention": "each attention call"}
+
+
 class GraphkvServer:
     """graphkv.hf: a ServingLoop sized for the prompts and its engine."""
 
@@ -92,7 +97,7 @@ class GraphkvServer:
                                 max_num_batched_tokens=STEP_TOKENS, block_size=PAGE_TOKENS,
                                 cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)
         self.loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits),
-                                compile="model" if compile_mode == "model" else True)
+                                compile=True if compile_mode == "attention" else compile_mode)
         self.kv_tokens = self.loop.plan.num_blocks * self.loop.plan.block_size  # the pool, null page included
         self.runs = 0
 
@@ -217,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7, help="timed serves per contender (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-    parser.add_argument("--compile", choices=("model", "attention"), default="model",
-                        help="graphkv compiles the model's whole forward, or only each attention call "
+    parser.add_argument("--compile", choices=tuple(COMPILED), default="model",
+                        help="graphkv compiles the model's whole forward, its pieces between attention calls "
+                             "(fused: by Inductor; piecewise: as traced), or only each attention call "
                              "(default: %(default)s)")
     parser.add_argument("--profile", action="store_true", help="print where graphkv's serve time goes")
     parser.add_argument("--profile-sort", default="cumulative", help="cProfile sort key (default: %(default)s)")
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
           f"prompts 8-64 tokens; torch {torch.__version__}, transformers {transformers.__version__}, Python "
           f"{platform.python_version()}, {platform.machine()}, torch threads {rows[0]['threads']} (--threads); "
           f"medians of {args.repeats} alternating serves; graphkv compiles "
-          f"{'the whole forward' if args.compile == 'model' else 'each attention call'} (--compile)")
+          f"{COMPILED[args.compile]} (--compile)")
     print(f"{'batch':>5}  {'same':>5}  {'graphkv':>8}  {'transformers call':>17}  {'ratio':>5}  {'to last token':>13}  "
           f"{'ratio':>5}  {'TTFT graphkv':>12}  {'TTFT transf.':>12}  {'set-up graphkv':>16}  {'set-up transf.':>16}  "
           f"{'serve peak':>17}")

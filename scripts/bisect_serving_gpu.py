@@ -14,6 +14,8 @@ the last frames of its traceback. ``--variant NAME`` runs one variant in this pr
 - ``flex_decode``: decode steps through flex attention (no decode kernel);
 - ``eager_flex``: flex regions not compiled (the compiled CUDA flex kernel out);
 - ``no_graphs``: no CUDA graphs (every step eager);
+- ``model`` / ``fused``: the forward compiled whole by Inductor (``compile="model"``), or split at the
+  attention ops with each piece compiled by Inductor and mixed steps captured too (``compile="fused"``);
 - ``after_static_compile``: as ``bench``, but between two serves the same model runs transformers'
   ``generate`` with a static cache under ``torch.compile(mode="reduce-overhead")`` (PyTorch's cudagraph
   trees) in the same process — what ``benchmarks/gpu_serving.py`` does when it runs every contender.
@@ -34,7 +36,9 @@ import time
 import traceback
 from pathlib import Path
 
-VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex", "no_graphs", "after_static_compile")
+VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex", "no_graphs", "model", "fused",
+            "after_static_compile")
+COMPILE = {"eager_flex": False, "model": "model", "fused": "fused"}  # ServingLoop's compile per variant (else None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import GPU_MODEL, prompts_for  # noqa: E402 - the benchmark's model and prompts, not a copy
 
@@ -66,7 +70,7 @@ def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str
                           max_num_batched_tokens=max(2048, batch))
     limits = sliding_tables_for(limits, declared)
     loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits),
-                       compile=False if variant == "eager_flex" else None,
+                       compile=COMPILE.get(variant),
                        capture_graphs=variant != "no_graphs",
                        decode_attention="flex" if variant == "flex_decode" else None,
                        kernels="triton")

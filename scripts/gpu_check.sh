@@ -133,8 +133,12 @@ if [ "$QUICK" -eq 0 ]; then
   run bench-gpu-attention info 1200 "graphkv|flex|sdpa|copy" python benchmarks/gpu_attention.py --gpu --repeats 20
   run bench-gpu-serving info 1800 "graphkv|generate|limit" python benchmarks/gpu_serving.py --gpu --batches 1,32 \
     --repeats 2 --out "$OUT/gpu_serving.json"
-  run bench-gpu-serving-piecewise info 1800 "graphkv|limit" python benchmarks/gpu_serving.py --gpu --batches 32 \
-    --repeats 1 --contenders graphkv --compile piecewise --out "$OUT/gpu_serving_piecewise.json"
+  # graphkv alone under each compile mode: attention regions only (the default), the whole forward by Inductor
+  # (FULL decode graphs), pieces traced and pieces fused by Inductor (FULL decode and PIECEWISE mixed graphs).
+  for mode in attention model piecewise fused; do
+    run "bench-gpu-serving-$mode" info 1200 "graphkv|limit" python benchmarks/gpu_serving.py --gpu --batches 1,32 \
+      --repeats 1 --contenders graphkv --compile "$mode" --out "$OUT/gpu_serving_$mode.json"
+  done
   run bench-step-latency info 1200 "decode|captured|eager|ratio" python benchmarks/step_latency.py --gpu
   run bench-flex-mask info 1200 "decode|ratio|sdpa|flex" python benchmarks/flex_mask.py --gpu
   run bench-block-tables info 1200 "ratio|gather|write" python benchmarks/block_tables.py --gpu
@@ -151,7 +155,7 @@ fi
 # access of 2026-11-26 (graphkv after transformers' reduce-overhead generate on the same model).
 if want bisect-serving; then
   run bisect-serving check 600 "ok|FAIL|TIMEOUT" python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 \
-    --variants bench,one_split,after_static_compile --timeout 500
+    --variants bench,one_split,model,fused,after_static_compile --timeout 500
   if grep -qE "FAIL|TIMEOUT|no verdict" "$OUT/bisect-serving.log"; then
     FAILURES=$((FAILURES + 1))
     ROWS[-1]="${ROWS[-1]/| pass |/| FAIL (a variant failed) |}"

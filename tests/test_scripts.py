@@ -87,6 +87,21 @@ def test_gpu_serving_cpu_mode_reports_every_contender_and_batch(tmp_path: Path) 
         assert graphkv["decode_steps"] >= 1 and graphkv["step_x_limit"] > 0
 
 
+@pytest.mark.slow
+def test_gpu_serving_runs_graphkv_fused_and_its_tokens_equal_generates(tmp_path: Path) -> None:
+    """``--compile fused`` (the pieces between attention calls compiled by Inductor) at batch 2 on the CPU mode: graphkv
+    serves and its tokens equal generate's for both requests."""
+    import json  # appended to this file: its header stays as it was
+
+    out = tmp_path / "gpu_serving.json"
+    done = subprocess.run([sys.executable, str(GPU_SERVING), "--repeats", "1", "--new-tokens", "3", "--max-prompt",
+                           "12", "--batches", "2", "--contenders", "graphkv,generate", "--compile", "fused", "--out",
+                           str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["graphkv"]["equal_to_generate"] == 2 and set(row["graphkv"]["vs"]) == {"generate"}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu would run the full workload")
 def test_gpu_serving_refuses_gpu_mode_without_cuda() -> None:
     """``--gpu`` without CUDA stops at once with exit code 2 and says why."""

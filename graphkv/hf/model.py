@@ -73,7 +73,12 @@ class PagedModel(torch.nn.Module):
     once and split at the attention and state-mixer ops
     (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture``
     captures mixed steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces
-    run as traced, not fused by Inductor; the attention regions stay compiled. Either way the K/V write writes only the step's
+    run as traced, not fused by Inductor; the attention regions stay compiled; ``compile="fused"``: split
+    as ``"piecewise"`` and each piece compiled by Inductor
+    (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and residual adds fused
+    into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed graphs
+    launch fused kernels (a CPU spends seconds compiling each distinct piece, twice: static and
+    dynamic shapes). Either way the K/V write writes only the step's
     slots and a step's cost does not grow with the pool. ``kernels``: the K/V write's implementation (``"auto"``:
     Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's
     interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
@@ -106,12 +111,13 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if compile is None:
             compile = pool.device.type == "cuda"
-        if compile not in (True, False, "model", "piecewise"):
+        if compile not in COMPILE_MODES:
             raise SpecError(Problem(field="compile", value=compile,
-                                    limit="must be True, False, None, 'model' or 'piecewise'",
+                                    limit="must be True, False, None, 'model', 'piecewise' or 'fused'",
                                     fix="True compiles each layer's attention, 'model' the whole forward, 'piecewise' "
                                         "splits it at attention and state mixers so mixed steps are captured piece "
-                                        "by piece, None picks True on a GPU"))
+                                        "by piece, 'fused' also compiles each piece with Inductor, None picks True "
+                                        "on a GPU"))
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -164,12 +170,13 @@ class PagedModel(torch.nn.Module):
         # recompile limit (8) per code object, and every transformers model shares its forward's (decorated)
         # code, so a process's fourth PagedModel would otherwise run uncompiled, its PIECEWISE keys uncaptured.
         self._call: Callable[..., Any] = self.view.__call__  # (a bound method: not registered as a submodule)
-        if compile in ("model", "piecewise"):
+        if compile in ("model", "piecewise", "fused"):
             fresh = types.MethodType(fresh_function(type(self.view).forward,
                                                     f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
-            # piecewise: PIECEWISE mixed graphs, the pieces between these ops are captured
+            # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured
             self._call = (torch.compile(fresh) if compile == "model"
-                          else torch.compile(fresh, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS)))
+                          else torch.compile(fresh, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS,
+                                                                              fuse=compile == "fused")))
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
@@ -228,6 +235,8 @@ class PagedModel(torch.nn.Module):
 
 
 DECODE_ATTENTION = ("kernel", "flex")
+COMPILE_MODES = (True, False, "model", "piecewise", "fused")
+"""``compile`` values (``None`` picks ``True`` on a GPU, ``False`` elsewhere)."""
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""

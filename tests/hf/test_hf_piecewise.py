@@ -3,12 +3,15 @@
 The forward is traced once and split at ``graphkv::attention`` and ``graphkv::state_mixer``; on
 the GPU path on a CPU (``kernels="triton"``) capture is rehearsed, so every mixed key's pieces run
 where a GPU would replay them. With ``compile="model"`` (one Inductor graph, no runners) the same
-plan's mixed keys are skipped and mixed steps run eagerly.
+plan's mixed keys are skipped and mixed steps run eagerly. With ``compile="fused"`` the same keys hold
+Inductor-compiled pieces: a decode step's norms, rotary, activations and residual adds run in fused kernels.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 from graphkv import CudaGraphMode, Limits
 from graphkv.hf import ServingLoop
@@ -16,6 +19,7 @@ from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import workload_budget
 from graphkv.hf.tiny import tiny_model
 from graphkv.models.demo_engine import DemoRequest
+from graphkv.runtime.step.batch import Batch
 
 from hf_harness import NEW_TOKENS, generate_alone, prompts
 
@@ -46,3 +50,54 @@ def test_piecewise_captures_mixed_keys_and_serves_generates_tokens(family: str, 
     if family == "qwen3":
         whole = _loop(model, "model").capture_report.keys
         assert [k for k in whole if not k.uniform] == [] and len(whole) == 3
+
+
+# Elementwise ops and reductions of a Qwen3 layer (RMSNorm's pow / mean / rsqrt / mul, rotary's neg / cat / mul / add,
+# the MLP's silu / mul, residual adds): a traced piece dispatches each as its own aten op (one kernel each on a GPU);
+# Inductor fuses them into its own kernels.
+FUSED_AWAY = frozenset({"aten::pow", "aten::mean", "aten::rsqrt", "aten::neg", "aten::silu", "aten::mul", "aten::add",
+                        "aten::cat"})
+
+
+def _decode_step_ops(loop: ServingLoop) -> dict[str, int]:
+    """Top-level aten ops (not nested in another aten op) a one-token decode step dispatches, by name (a request on
+    page 1 of the plan's one group, finished afterwards)."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 128, (6,), generator=gen).tolist()
+    loop.run(Batch(req_ids=("p",), query_lens=(5,), seq_lens=(5,), new_pages=(((1,),),)), input_ids=ids[:5])
+    loop.run(Batch(req_ids=("p",), query_lens=(1,), seq_lens=(6,), new_pages=(None,)), input_ids=ids[5:])  # compiles
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop.run(Batch(req_ids=("p",), query_lens=(1,), seq_lens=(7,), new_pages=(None,)), input_ids=ids[:1])
+    loop.finish("p")
+    counts: dict[str, int] = {}
+    for event in prof.events():
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if event.name.startswith("aten::") and parent is None:
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+def test_fused_pieces_fuse_a_decode_steps_elementwise_ops_and_serve_generates_tokens(device: str) -> None:
+    """qwen3 with 'fused': the same 3 decode and 7 mixed keys as 'piecewise'; a decode step dispatches none of the
+    norms' / rotary's / MLP's elementwise aten ops that 'piecewise' dispatches (86 for 2 layers), and the same 15
+    matmuls (7 per layer and the head; counted on a CPU, where no graph replays); prompts served 4 at a time give
+    generate's tokens."""
+    model = tiny_model("qwen3").to(device)
+    fused, traced = _loop(model, "fused"), _loop(model, "piecewise")
+    assert [(k.num_tokens, k.uniform) for k in fused.capture_report.keys] == \
+        [(k.num_tokens, k.uniform) for k in traced.capture_report.keys]
+    assert len(fused.capture_report.keys) == 10
+    if device == "cpu":  # on a GPU the decode step replays a CUDA graph: no op is dispatched
+        ops_fused, ops_traced = _decode_step_ops(fused), _decode_step_ops(traced)
+        assert {name: ops_traced.get(name, 0) for name in FUSED_AWAY} == \
+            {"aten::pow": 9, "aten::mean": 9, "aten::rsqrt": 9, "aten::neg": 4, "aten::silu": 2, "aten::mul": 31,
+             "aten::add": 17, "aten::cat": 5}
+        assert FUSED_AWAY.isdisjoint(ops_fused)
+        assert ops_fused["aten::mm"] == ops_traced["aten::linear"] == 15  # Inductor calls mm; traced, nn.Linear
+    batch = prompts((5, 40, 17, 9), seed=1)
+    engine = fused.engine()
+    engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
+    assert [engine.finished[i] for i in range(len(batch))] == [generate_alone(model, p) for p in batch]

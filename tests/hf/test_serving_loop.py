@@ -75,9 +75,9 @@ def test_compiled_sinks_on_a_cpu_run_their_regions_eagerly() -> None:
 
 
 def test_an_unknown_compile_mode_is_refused() -> None:
-    """compile takes True, False, None, 'model' or 'piecewise': anything else is a one-line SpecError naming it."""
+    """compile takes True, False, None, 'model', 'piecewise' or 'fused': anything else is a one-line SpecError naming it."""
     loop = loop_for("llama")
-    with pytest.raises(SpecError, match="compile='graph': must be True, False, None, 'model' or 'piecewise'"):
+    with pytest.raises(SpecError, match="compile='graph': must be True, False, None, 'model', 'piecewise' or 'fused'"):
         PagedModel(tiny_model("llama"), loop.pool, compile="graph")
 
 

@@ -337,21 +337,32 @@ class PiecewiseBackend:
 
     ``splits`` keeps one :class:`SplitResult` per compiled graph (several after recompiles or
     graph breaks), with the runners installed on ``split.module``; ``runners`` lists them.
+    ``fuse``: compile each graph piece with Inductor first (:mod:`graphkv.runtime.capture.fuse`:
+    its elementwise ops and reductions fused, a few kernels around the matmuls); the runners then
+    capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
     """
 
-    def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None) -> None:
+    def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
+                 fuse: bool = False) -> None:
         self.splitting_ops = tuple(op_name(op) for op in splitting_ops)
         self.capture_fn = PiecewiseRunner if capture_fn is None else capture_fn
+        self.fuse = fuse
         self.splits: list[SplitResult] = []
         self.runners: list[torch.nn.Module] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         split = split_at_attention(gm, self.splitting_ops)
+        compiled: dict[str, Callable[..., Any]] = {}
+        if self.fuse:
+            from graphkv.runtime.capture.fuse import compile_pieces  # (it imports this module)
+
+            compiled = compile_pieces(split, gm)
         for piece in split.graph_pieces:
+            module = _CallableModule(compiled[piece.name]) if piece.name in compiled else piece.module
             if self.capture_fn is PiecewiseRunner:
-                runner = PiecewiseRunner(piece.module, piece.index, staged_args=split.eager_args(piece))
+                runner = PiecewiseRunner(module, piece.index, staged_args=split.eager_args(piece))
             else:
-                runner = self.capture_fn(piece.module, piece.index)
+                runner = self.capture_fn(module, piece.index)
             if not isinstance(runner, torch.nn.Module):
                 runner = _CallableModule(runner)
             setattr(split.module, piece.name, runner)
@@ -360,8 +371,8 @@ class PiecewiseBackend:
         return split.module
 
 
-def piecewise_backend(splitting_ops: Iterable[Any] = SPLITTING_OPS,
-                      capture_fn: CaptureFn | None = None) -> PiecewiseBackend:
+def piecewise_backend(splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
+                      fuse: bool = False) -> PiecewiseBackend:
     """A ``torch.compile(backend=...)`` that splits at ``splitting_ops`` and captures the pieces
-    between them (see :class:`PiecewiseBackend`)."""
-    return PiecewiseBackend(splitting_ops, capture_fn)
+    between them, each compiled by Inductor first with ``fuse`` (see :class:`PiecewiseBackend`)."""
+    return PiecewiseBackend(splitting_ops, capture_fn, fuse=fuse)
