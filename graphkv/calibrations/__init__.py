@@ -94,7 +94,9 @@ def shipped_calibration(gpu_name: str, model_name: str, *,
     """The calibration for preset ``model_name`` on a GPU of ``gpu_name``'s architecture, or
     ``None`` when none ships (or the GPU's architecture is unknown).
 
-    >>> shipped_calibration("H100", "llama-3.1-8b") is None  # none measured yet
+    >>> shipped_calibration("H100", "llama-3.1-8b").device_name
+    'NVIDIA H100 80GB HBM3'
+    >>> shipped_calibration("H100", "gpt-oss-20b") is None  # none measured
     True
     """
     arch = arch_of(gpu_name)

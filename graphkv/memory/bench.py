@@ -141,6 +141,7 @@ class MemoryRun:
     # reduced-depth models, and the one-line outcome (the calibration, or why none was measured).
     graph_runs: tuple["MemoryRun", ...] = ()
     graph_summary: str | None = None
+    holds: bool | None = None  # --full-depth: whether the whole-depth capture held within its calibration
 
     def with_graph_runs(self) -> tuple["MemoryRun", ...]:
         """This run followed by its reduced-depth graph runs (what ``memory.json`` and the plot show)."""

@@ -34,7 +34,6 @@ from graphkv.memory.repeat import MAX_PROCESSES
 __all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
 
 DEFAULT_MODELS = ("demo", "llama-3.1-8b")
-_GRAPH_MAX_MODEL_LEN = 4096  # the reduced-depth models' max_model_len (graph memory does not depend on it)
 _CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
 _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
 
@@ -43,13 +42,16 @@ _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memo
 class MemoryBenchOptions:
     """What to measure: ``models`` (``"demo"`` or preset names), the device (``auto``: CUDA when
     available), the presets' KV budget (``None``: a quarter of the available memory, at most 1 GiB on
-    a CPU), ``out`` (a directory for memory.json / memory.png, or ``None``) and the progress bar."""
+    a CPU), ``out`` (a directory for memory.json / memory.png, or ``None``), the progress bar, and
+    ``full_depth``: capture each preset at its own depth and check it holds within the shipped
+    calibration (:mod:`graphkv.memory.full_depth`) instead of measuring it at two reduced depths."""
 
     models: tuple[str, ...] = DEFAULT_MODELS
     device: str = "auto"
     kv_memory: str | None = None
     out: str | None = None
     progress: bool = True
+    full_depth: bool = False
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -76,11 +78,16 @@ def add_bench_parser(sub: Any) -> None:
     memory.add_argument("--processes", metavar="N", type=count(1, maximum=MAX_PROCESSES), default=1,
                         help="run the measurement in N fresh processes and compare every measured row (each "
                              "process's files under --out DIR/process-<i>, the comparison in repeat.json; default 1)")
+    memory.add_argument("--full-depth", action="store_true",
+                        help="capture each preset at its own depth (random weights: 16 GB for llama-3.1-8b) and "
+                             "check that its graph pool holds within the calibration shipped for this GPU, instead "
+                             "of calibrating at two reduced depths; exit status 1 when it does not")
     memory.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run ``graphkv bench memory`` from parsed arguments; 0 on success."""
+    """Run ``graphkv bench memory`` from parsed arguments; 0 on success, 1 when a ``--full-depth`` capture
+    exceeds its calibration."""
     from graphkv.extras import require
 
     require("runtime", "torch", needed_by="graphkv bench memory")
@@ -89,17 +96,18 @@ def run_bench(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # as every benchmark: memory does not depend on it, the run's time does less
     options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
                                  kv_memory=args.kv_memory, out=args.out,
-                                 progress=not args.no_progress and sys.stderr.isatty())
+                                 progress=not args.no_progress and sys.stderr.isatty(), full_depth=args.full_depth)
     if args.processes > 1:
         from graphkv.memory.repeat import repeat_in_processes
 
         _out_dir(options.out)  # a bad --out fails before any process starts
         argv = [flag for name in options.models for flag in ("--model", name)] + ["--device", options.device]
         argv += ["--kv-memory", options.kv_memory] if options.kv_memory is not None else []
+        argv += ["--full-depth"] if options.full_depth else []
         repeat_in_processes(argv, args.processes, out_dir=options.out, progress=options.progress)
         return 0
-    bench_memory(options)
-    return 0
+    runs = bench_memory(options)
+    return 1 if any(run.holds is False for run in runs) else 0
 
 
 def _out_dir(out: str | None) -> Path | None:
@@ -222,8 +230,8 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     the path runs, its graph rows unmeasured). A preset graphkv.hf does not run is skipped with why."""
     from graphkv.memory.bench import run_phases
     from graphkv.memory.depth_fit import extrapolate
-    from graphkv.memory.preset_forward import (depths, gathered_expert_bytes, measured_presets, preset_forward,
-                                               served_presets)
+    from graphkv.memory.preset_forward import (depths, gathered_expert_bytes, graph_limits, measured_presets,
+                                               preset_forward, served_presets)
     from graphkv.presets import load_preset_config
     from graphkv.spec.budget import format_bytes
 
@@ -247,17 +255,13 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                                     f"{total})")
     import torch
 
-    # Graph memory does not depend on max_model_len (only the tables' widths do, and they are static
-    # buffers): 4096 keeps the reduced models' tables small. The capture keys are the preset plan's.
-    asked = limits.max_model_len  # an int, or 'auto' (the preset plan's default)
-    graph_limits = attrs.evolve(limits, max_model_len=min(asked, _GRAPH_MAX_MODEL_LEN) if isinstance(asked, int)
-                                else _GRAPH_MAX_MODEL_LEN)
+    reduced_limits = graph_limits(limits)  # the preset plan's capture keys, max_model_len at most 4096
     runs = []
     # One pool size for both depths, read once: what the first depth leaves cached must not size the second.
     pool_bytes = kv_bytes if kv_bytes is not None else _auto_kv_bytes(device)[0]
     for layers in (shallow, deep):
         try:
-            target = preset_forward(name, layers, device, limits=graph_limits, kv_bytes=pool_bytes, dtype=dtype,
+            target = preset_forward(name, layers, device, limits=reduced_limits, kv_bytes=pool_bytes, dtype=dtype,
                                     compile=compile, **overrides)
             runs.append(run_phases(target.plan, device, choice, budget=f"{pool_bytes:,} B (graph measurement)",
                                    progress=progress, forward_for=target.forward_for, hidden_size=target.hidden_size))
@@ -285,6 +289,18 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
                f"{calibration.workspace_bytes_per_token:,.1f} B per token, lazy workspaces "
                f"{calibration.lazy_workspace_bytes:,.0f} B" + (f"; {line}" if line else ""))
     return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary)
+
+
+def _full_depth(name: str, plan: Any, device: Any, choice: Any, progress: Any) -> Any:
+    """:func:`~graphkv.memory.full_depth.check_full_depth` of preset ``name`` (its plan's capture keys, a quarter
+    of the available memory for its pool), its compiled state freed afterwards."""
+    from graphkv.memory.full_depth import check_full_depth
+
+    try:
+        return check_full_depth(name, device, choice, progress, limits=plan.limits,
+                                kv_bytes=_auto_kv_bytes(device)[0])
+    finally:
+        _release_compiled(device)
 
 
 def _key_record(row: Any) -> dict[str, Any]:
@@ -375,7 +391,17 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
                              hidden_size=hidden)
             print("", file=out)
             print("\n".join(format_run(run)), file=out)
-            if name != "demo":
+            if name != "demo" and options.full_depth:
+                check = _full_depth(name, plan, device, choice, progress)
+                if check.run is not None:
+                    print("", file=out)
+                    print("\n".join(format_run(check.run)), file=out)
+                print("", file=out)
+                print(f"{name}: {check.summary}", file=out)
+                run = attrs.evolve(run, graph_runs=() if check.run is None else (check.run,),
+                                   graph_summary=check.summary,
+                                   holds=None if check.holding is None else check.holding.holds)
+            elif name != "demo":
                 graphs = preset_graphs(name, device, choice, progress, limits=plan.limits)
                 for depth_run in graphs.runs:
                     print("", file=out)

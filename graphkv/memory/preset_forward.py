@@ -24,8 +24,8 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 
-__all__ = ["COMPUTE_FIELDS", "PresetForward", "depths", "gathered_expert_bytes", "measured_presets", "preset_forward",
-           "reduced_config", "served_presets"]
+__all__ = ["COMPUTE_FIELDS", "GRAPH_MAX_MODEL_LEN", "PresetForward", "depths", "gathered_expert_bytes", "graph_limits",
+           "measured_presets", "preset_forward", "reduced_config", "served_presets"]
 
 COMPUTE_FIELDS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "llama-3.1-8b": types.MappingProxyType(dict(vocab_size=128256, intermediate_size=14336)),
@@ -41,6 +41,17 @@ COMPUTE_FIELDS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
 """Per served preset, the compute fields of its source ``config.json`` the planner does not read."""
 
 _NOT_CONFIG = ("_source", "architectures", "torch_dtype")
+GRAPH_MAX_MODEL_LEN = 4096
+"""The measured models' ``max_model_len`` at most: graph memory does not depend on it (only the tables'
+widths do, and they are static buffers), and 4096 keeps the tables small."""
+
+
+def graph_limits(limits: Any) -> Any:
+    """``limits`` (a preset plan's: its capture keys) with ``max_model_len`` at most
+    :data:`GRAPH_MAX_MODEL_LEN` (``'auto'`` becomes it)."""
+    asked = limits.max_model_len  # an int, or 'auto' (the preset plan's default)
+    return attrs.evolve(limits, max_model_len=min(asked, GRAPH_MAX_MODEL_LEN) if isinstance(asked, int)
+                        else GRAPH_MAX_MODEL_LEN)
 
 
 def served_presets() -> tuple[str, ...]:
@@ -162,12 +173,14 @@ class PresetForward:
 
 def preset_forward(name: str, num_layers: int, device: Any, *, limits: Any, kv_bytes: int,
                    dtype: str = "bfloat16", seed: int = 0, compile: bool | str | None = None,  # noqa: A002
-                   **overrides: Any) -> PresetForward:
+                   graph_pool: Any = None, **overrides: Any) -> PresetForward:
     """Build preset ``name`` at ``num_layers`` layers with random weights on ``device`` in ``dtype``
     (drawn from ``seed``), read its cache layers (:func:`graphkv.hf.declare.model_kv`) and plan it
     for ``limits`` with a pool of ``kv_bytes``. The weights are made on the device directly (a CPU
     copy of a multi-GB model would cost minutes). ``compile``: the :class:`~graphkv.hf.PagedModel`
-    compile mode (``"piecewise"`` to capture mixed keys; ``None``: its default)."""
+    compile mode (``"piecewise"`` to capture mixed keys; ``None``: its default). ``graph_pool``: the
+    :class:`~graphkv.plan.graph_pool.GraphPoolModel` the plan's ledger estimates graph memory with
+    (default: the planner's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -184,7 +197,8 @@ def preset_forward(name: str, num_layers: int, device: Any, *, limits: Any, kv_b
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), **attn).eval()
     kernels = resolve_kernels("auto", device)
     declared = model_kv(model, flex_q_tile_tokens=flex_q_tile_for(device, kernels))
-    plan = compile_plan(attrs.evolve(declared, name=f"{name} ({num_layers} layer{'' if num_layers == 1 else 's'})"), limits, Budget.kv_bytes(kv_bytes))
+    plan = compile_plan(attrs.evolve(declared, name=f"{name} ({num_layers} layer{'' if num_layers == 1 else 's'})"),
+                        limits, Budget.kv_bytes(kv_bytes), graph_pool=graph_pool)
 
     def forward_for(pool: Any, step: Any) -> Any:
         return PagedModel(model, pool, logits="last", kernels=kernels, compile=compile).forward
