@@ -16,6 +16,8 @@
 #   memcheck     compute-sanitizer --tool memcheck over a short demo and a short `demo --hf qwen3`
 #   big-model    a 0.9B bf16 random-weight Qwen3 at batch 32 with a 2048-token step budget
 #   bisect-serving  graphkv.hf's serving flow at the 0.9B model's widths in variants, after_static_compile included
+#   memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (not with --quick)
+#   gpu-serving-float32  the 0.94B model in float32: graphkv's greedy tokens equal generate's (not with --quick)
 # Reported, not checked (their targets belong to later issues): the GPU benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ while [ "$#" -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --steps) STEPS=",${2:-},"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (use --quick, --steps NAME,NAME or --help)" >&2; exit 2 ;;
   esac
   shift
@@ -147,6 +149,12 @@ if [ "$QUICK" -eq 0 ]; then
     --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
   run bench-memory-processes info 3000 "repeated|differ|process" python -m graphkv.cli bench memory --model demo \
     --model llama-3.1-8b --processes 3 --out "$OUT/bench_memory_processes"
+  # Issue 21: llama-3.1-8b at its own 32 layers (16 GB of random bf16 weights) holds within the shipped calibration.
+  run memory-full-depth check 1800 "holds|EXCEEDS|not checked" python -m graphkv.cli bench memory \
+    --model llama-3.1-8b --full-depth --out "$OUT/bench_memory_full_depth"
+  # Issue 20: greedy tokens equal transformers' generate on the float32 0.94B model (exit 1 when they differ).
+  run gpu-serving-float32 check 1800 "graphkv|generate|equal" python benchmarks/gpu_serving.py --gpu --dtype float32 \
+    --batches 8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --out "$OUT/gpu_serving_float32.json"
   run bench-decode-sweep info 1200 "x[0-9]|copy" python benchmarks/decode_kernel_sweep.py --gpu \
     --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 \
     --out "$OUT/decode_kernel_sweep.json"
