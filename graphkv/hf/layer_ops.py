@@ -77,7 +77,7 @@ def _state_mixer_op(hidden: torch.Tensor, layer: int) -> torch.Tensor:
 
 @_state_mixer_op.register_fake
 def _(hidden: torch.Tensor, layer: int) -> torch.Tensor:
-    return torch.empty_like(hidden)
+    return hidden.new_empty(hidden.shape)  # contiguous, as the op returns (empty_like would keep hidden's strides)
 
 
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,

@@ -23,7 +23,7 @@ from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
 from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
-from graphkv.runtime.capture.piecewise import piecewise_backend
+from graphkv.runtime.capture.piecewise import PiecewiseBackend, piecewise_backend
 from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.flex.region import FlexRegions, fresh_function
 from graphkv.runtime.flex.views import paged_kv_views
@@ -91,7 +91,8 @@ class PagedModel(torch.nn.Module):
     block tables directly, so no flex mask is built for it (its split partials go to a workspace
     allocated here, one per attention geometry) — or ``"flex"`` (every step through flex and its
     mask); default: the kernel on the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The
-    model's weights are used in place (no copy) and the model is not changed.
+    model's weights are used in place (no copy) and the model is not changed. :attr:`piecewise` is the
+    splitting backend under ``"piecewise"`` / ``"fused"`` (its splits, runners and ``num_fused``), else ``None``.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
@@ -170,13 +171,17 @@ class PagedModel(torch.nn.Module):
         # recompile limit (8) per code object, and every transformers model shares its forward's (decorated)
         # code, so a process's fourth PagedModel would otherwise run uncompiled, its PIECEWISE keys uncaptured.
         self._call: Callable[..., Any] = self.view.__call__  # (a bound method: not registered as a submodule)
+        self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         if compile in ("model", "piecewise", "fused"):
             fresh = types.MethodType(fresh_function(type(self.view).forward,
                                                     f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
-            # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured
-            self._call = (torch.compile(fresh) if compile == "model"
-                          else torch.compile(fresh, backend=piecewise_backend(PIECEWISE_SPLITTING_OPS,
-                                                                              fuse=compile == "fused")))
+            # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. Automatic
+            # dynamic shapes: the first size traced static, the next dynamic (dynamic=True from the start makes
+            # host-side values symbolic that the pieces read as ints).
+            self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused")
+                              if compile != "model" else None)
+            self._call = (torch.compile(fresh) if self.piecewise is None
+                          else torch.compile(fresh, backend=self.piecewise))
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:

@@ -81,13 +81,15 @@ def add_bench_parser(sub: Any) -> None:
     memory.add_argument("--full-depth", action="store_true",
                         help="capture each preset at its own depth (random weights: 16 GB for llama-3.1-8b) and "
                              "check that its graph pool holds within the calibration shipped for this GPU, instead "
-                             "of calibrating at two reduced depths; exit status 1 when it does not")
+                             "of calibrating at two reduced depths; exit status 1 when it does not, or when a GPU "
+                             "cannot check it")
     memory.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``graphkv bench memory`` from parsed arguments; 0 on success, 1 when a ``--full-depth`` capture
-    exceeds its calibration."""
+    exceeds its calibration or, on a GPU, could not be checked (no calibration ships for it, a key was
+    not captured, the capture failed)."""
     from graphkv.extras import require
 
     require("runtime", "torch", needed_by="graphkv bench memory")
@@ -398,9 +400,10 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
                     print("\n".join(format_run(check.run)), file=out)
                 print("", file=out)
                 print(f"{name}: {check.summary}", file=out)
+                # on a GPU a check that could not be made counts as not holding (exit status 1)
+                holds = check.holding.holds if check.holding is not None else (False if device.type == "cuda" else None)
                 run = attrs.evolve(run, graph_runs=() if check.run is None else (check.run,),
-                                   graph_summary=check.summary,
-                                   holds=None if check.holding is None else check.holding.holds)
+                                   graph_summary=check.summary, holds=holds)
             elif name != "demo":
                 graphs = preset_graphs(name, device, choice, progress, limits=plan.limits)
                 for depth_run in graphs.runs:

@@ -23,8 +23,8 @@ __all__ = ["FullDepthCheck", "Holding", "check_full_depth", "holds_within"]
 @attrs.frozen(kw_only=True)
 class Holding:
     """The comparison of one whole-depth run: ``measured_bytes`` (every captured key's row and the lazy
-    workspaces) against ``reserved_bytes`` (the plan's estimates of the same rows); ``holds`` when
-    measured <= reserved; ``line`` says it in one sentence."""
+    workspaces) against ``reserved_bytes`` (the plan's estimates of the same rows); ``holds`` when every
+    key was captured and measured <= reserved; ``line`` says it in one sentence."""
 
     measured_bytes: int
     reserved_bytes: int
@@ -36,7 +36,7 @@ def holds_within(rows: Sequence[Any], *, calibration: str) -> Holding | None:
     """Compare the graph rows of a run (:class:`~graphkv.memory.bench.PhaseRow` s: the lazy-workspaces row
     and one per capture key) with the plan's estimates, which come from ``calibration`` (its label).
     ``None`` when no key was measured (a CPU, or a forward that captured nothing); a key not captured
-    makes the comparison cover the captured ones and says so."""
+    makes the comparison cover the captured ones, say so, and not hold (the plan reserves for every key)."""
     from graphkv.memory.bench import LAZY_WORKSPACES
 
     keys = [r for r in rows if r.num_tokens is not None]
@@ -47,12 +47,13 @@ def holds_within(rows: Sequence[Any], *, calibration: str) -> Holding | None:
     taken = measured + lazy
     got = sum(r.measured_bytes for r in taken)
     reserved = sum(r.predicted_bytes for r in taken)
-    partial = f" ({len(keys) - len(measured)} of {len(keys)} keys not captured)" if len(measured) < len(keys) else ""
-    verdict = "holds within" if got <= reserved else "EXCEEDS"
+    missing = len(keys) - len(measured)
+    verdict = ("CANNOT TELL against" if missing else "holds within" if got <= reserved else "EXCEEDS")
     line = (f"{verdict} the calibration {calibration}: {len(measured)} keys and the lazy workspaces measured "
             f"{got:,} B against {reserved:,} B reserved ({got - reserved:+,} B, "
-            f"{100.0 * (got - reserved) / reserved if reserved else 0.0:+.2f} %){partial}")
-    return Holding(measured_bytes=got, reserved_bytes=reserved, holds=got <= reserved, line=line)
+            f"{100.0 * (got - reserved) / reserved if reserved else 0.0:+.2f} %)"
+            + (f"; {missing} of {len(keys)} keys not captured" if missing else ""))
+    return Holding(measured_bytes=got, reserved_bytes=reserved, holds=not missing and got <= reserved, line=line)
 
 
 @attrs.frozen(kw_only=True)
@@ -101,7 +102,6 @@ def check_full_depth(name: str, device: Any, choice: Any, progress: Any, *, limi
         calibration = shipped_calibration(gpu, name)
         if calibration is None:
             return skipped(missing_reason(gpu, name))
-    target = None
     try:
         target = preset_forward(name, total, device, limits=graph_limits(limits), kv_bytes=kv_bytes, dtype=dtype,
                                 compile=compile, graph_pool=calibration.graph_pool, **overrides)
@@ -109,8 +109,6 @@ def check_full_depth(name: str, device: Any, choice: Any, progress: Any, *, limi
                          forward_for=target.forward_for, hidden_size=target.hidden_size)
     except (GraphkvError, RuntimeError) as e:  # a capture error, out of memory, a compile failure
         return skipped(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-    finally:
-        target = None
     holding = holds_within(run.rows, calibration=calibration.label)
     if holding is None:
         first = next((r for r in run.rows if r.num_tokens is not None), None)

@@ -83,18 +83,23 @@ def _decode_step_ops(loop: ServingLoop) -> dict[str, int]:
 def test_fused_pieces_fuse_a_decode_steps_elementwise_ops_and_serve_generates_tokens(device: str) -> None:
     """qwen3 with 'fused': the same 3 decode and 7 mixed keys as 'piecewise'; a decode step dispatches none of the
     norms' / rotary's / MLP's elementwise aten ops that 'piecewise' dispatches (86 for 2 layers), and the same 15
-    matmuls (7 per layer and the head; counted on a CPU, where no graph replays); prompts served 4 at a time give
-    generate's tokens."""
+    matmuls (7 per layer and the head; counted on a CPU, where no graph replays); every graph piece is Inductor's;
+    prompts served 4 at a time give generate's tokens."""
     model = tiny_model("qwen3").to(device)
     fused, traced = _loop(model, "fused"), _loop(model, "piecewise")
     assert [(k.num_tokens, k.uniform) for k in fused.capture_report.keys] == \
         [(k.num_tokens, k.uniform) for k in traced.capture_report.keys]
     assert len(fused.capture_report.keys) == 10
+    # every trace's 3 graph pieces (before, between and after the 2 attention layers) compiled by Inductor, on any
+    # device; the traced mode compiles none
+    splits = fused.model.piecewise.splits
+    assert splits and [len(split.graph_pieces) for split in splits] == [3] * len(splits)
+    assert fused.model.piecewise.num_fused == 3 * len(splits) and traced.model.piecewise.num_fused == 0
     if device == "cpu":  # on a GPU the decode step replays a CUDA graph: no op is dispatched
         ops_fused, ops_traced = _decode_step_ops(fused), _decode_step_ops(traced)
-        assert {name: ops_traced.get(name, 0) for name in FUSED_AWAY} == \
-            {"aten::pow": 9, "aten::mean": 9, "aten::rsqrt": 9, "aten::neg": 4, "aten::silu": 2, "aten::mul": 31,
-             "aten::add": 17, "aten::cat": 5}
+        # transformers 5.24 here: pow 9, mean 9, rsqrt 9, neg 4, silu 2, mul 31, add 17, cat 5 (86); other versions
+        # may count differently, but each runs
+        assert all(ops_traced.get(name, 0) > 0 for name in FUSED_AWAY) and sum(map(ops_traced.get, FUSED_AWAY)) >= 80
         assert FUSED_AWAY.isdisjoint(ops_fused)
         assert ops_fused["aten::mm"] == ops_traced["aten::linear"] == 15  # Inductor calls mm; traced, nn.Linear
     batch = prompts((5, 40, 17, 9), seed=1)

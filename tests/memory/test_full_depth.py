@@ -37,12 +37,15 @@ def test_holds_within_sums_the_measured_keys_and_the_lazy_workspaces_against_the
 
 
 def test_holds_within_says_when_a_key_exceeds_and_when_keys_were_not_captured() -> None:
-    """1,300 B measured for 1,220 B reserved EXCEEDS (+6.56 %); a key not captured is left out and named; nothing
-    measured (a CPU) is None."""
-    holding = holds_within([_key(64, 1200, 1290), _key(8, 20, 10), _key(1, 20, None)], calibration="c")
-    assert not holding.holds and holding.line == ("EXCEEDS the calibration c: 2 keys and the lazy workspaces measured "
-                                                  "1,300 B against 1,220 B reserved (+80 B, +6.56 %) (1 of 3 keys not "
-                                                  "captured)")
+    """1,300 B measured for 1,220 B reserved EXCEEDS (+6.56 %); a key not captured is left out, named, and the check
+    does not hold even below the reserve; nothing measured (a CPU) is None."""
+    exceeds = holds_within([_key(64, 1200, 1290), _key(8, 20, 10)], calibration="c")
+    assert not exceeds.holds and exceeds.line == ("EXCEEDS the calibration c: 2 keys and the lazy workspaces measured "
+                                                  "1,300 B against 1,220 B reserved (+80 B, +6.56 %)")
+    partial = holds_within([_key(64, 1200, 1000), _key(8, 20, 10), _key(1, 20, None)], calibration="c")
+    assert not partial.holds and partial.line == ("CANNOT TELL against the calibration c: 2 keys and the lazy "
+                                                  "workspaces measured 1,010 B against 1,220 B reserved (-210 B, "
+                                                  "-17.21 %); 1 of 3 keys not captured")
     assert holds_within([_lazy(1, 1), _key(1, 20, None)], calibration="c") is None
 
 
@@ -100,3 +103,20 @@ def test_bench_memory_full_depth_on_a_cpu_says_why_and_exits_0() -> None:
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "llama-3.1-8b: not checked at 32 layers: CUDA graphs need a GPU" in done.stdout
+
+
+def test_bench_memory_exit_status_follows_the_full_depth_verdict(monkeypatch) -> None:
+    """run_bench exits 1 when a --full-depth run did not hold (EXCEEDS, or a GPU that could not check), else 0."""
+    import argparse
+
+    import graphkv.memory.command as command
+    from graphkv.memory.bench import MemoryRun
+
+    def run(holds):
+        return MemoryRun(model="llama-3.1-8b", device="cuda", budget="b", rows=(), calibration=None, holds=holds)
+
+    args = argparse.Namespace(models=["llama-3.1-8b"], device="cpu", kv_memory=None, out=None, no_progress=True,
+                              full_depth=True, processes=1)
+    for holds, status in ((True, 0), (None, 0), (False, 1)):
+        monkeypatch.setattr(command, "bench_memory", lambda options, holds=holds: [run(True), run(holds)])
+        assert command.run_bench(args) == status

@@ -35,7 +35,9 @@ def has_ops(module: torch.fx.GraphModule) -> bool:
 
 
 def _fake_inputs(gm: torch.fx.GraphModule) -> tuple[list[Any], Any]:
-    """The traced forward's fake inputs (each placeholder's ``example_value``) and their fake mode."""
+    """The traced forward's fake inputs (each placeholder's ``example_value``) and their fake mode: Dynamo's
+    tracing mode, whose shape environment holds the trace's symbolic sizes (the backend's tracing context
+    carries another mode, which refuses these fakes)."""
     fakes = [node.meta.get("example_value") for node in gm.graph.nodes if node.op == "placeholder"]
     mode = next((f.fake_mode for f in fakes if isinstance(f, torch._subclasses.FakeTensor)), None)
     if mode is None or any(f is None for f in fakes):
@@ -65,8 +67,10 @@ def compile_pieces(split: SplitResult, gm: torch.fx.GraphModule) -> dict[str, Ca
                 compiled[target] = compile_fx(wanted[target], list(args))
             return out
 
+    from torch._dispatch.python import enable_python_dispatcher
+
     fakes, mode = _fake_inputs(gm)
-    with mode:
+    with mode, enable_python_dispatcher():  # symbolic sizes through Python meta kernels, as Dynamo runs them
         _Compiling(split.module).run(*fakes)
     missing = sorted(set(wanted) - set(compiled))
     assert not missing, f"graph pieces never called by the split module: {missing}"

@@ -281,7 +281,7 @@ class CapturedForward:
         logger.info("%s", report)
         return report
 
-    def _failed(self, key: GraphKey, what: str, error: RuntimeError) -> CaptureError:
+    def _failed(self, key: GraphKey, what: str, error: Exception) -> CaptureError:
         return CaptureError(Problem(field="forward", value=str(key), limit=f"{what} failed: {error}",
                                     fix="keep host syncs (.item(), .cpu(), data-dependent shapes) out of the forward, "
                                         "or use cudagraph_mode='NONE'"))
@@ -291,7 +291,7 @@ class CapturedForward:
         try:  # torch's recipe: warm up on a side stream (here the capture stream) before capture
             with self._on_capture_stream():
                 self.fn(**views)
-        except RuntimeError as e:
+        except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
             raise self._failed(key, "warm-up", e) from e
 
     @contextlib.contextmanager
@@ -325,7 +325,7 @@ class CapturedForward:
                                              staging=self._staging) as scope, \
                     self._on_capture_stream():
                 self.fn(**views)
-        except RuntimeError as e:
+        except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
             raise self._failed(key, f"{mode.value} capture", e) from e
         if scope.num_captured or scope.num_replayed or scope.num_rehearsed:
             self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=self._rehearsed)

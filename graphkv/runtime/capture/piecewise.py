@@ -336,7 +336,8 @@ class PiecewiseBackend:
     graph piece with ``capture_fn(piece_module, piece_index)`` (default :class:`PiecewiseRunner`).
 
     ``splits`` keeps one :class:`SplitResult` per compiled graph (several after recompiles or
-    graph breaks), with the runners installed on ``split.module``; ``runners`` lists them.
+    graph breaks), with the runners installed on ``split.module``; ``runners`` lists them and
+    ``num_fused`` counts the pieces compiled by Inductor.
     ``fuse``: compile each graph piece with Inductor first (:mod:`graphkv.runtime.capture.fuse`:
     its elementwise ops and reductions fused, a few kernels around the matmuls); the runners then
     capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
@@ -349,6 +350,7 @@ class PiecewiseBackend:
         self.fuse = fuse
         self.splits: list[SplitResult] = []
         self.runners: list[torch.nn.Module] = []
+        self.num_fused = 0  # graph pieces compiled by Inductor (``fuse``), over every split
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         split = split_at_attention(gm, self.splitting_ops)
@@ -357,6 +359,7 @@ class PiecewiseBackend:
             from graphkv.runtime.capture.fuse import compile_pieces  # (it imports this module)
 
             compiled = compile_pieces(split, gm)
+            self.num_fused += len(compiled)
         for piece in split.graph_pieces:
             module = _CallableModule(compiled[piece.name]) if piece.name in compiled else piece.module
             if self.capture_fn is PiecewiseRunner:
