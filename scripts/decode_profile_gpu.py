@@ -1,0 +1,150 @@
+"""Where a graphkv.hf decode step's time goes, per compile mode: kernels launched, their device time, the wall.
+
+A GPU diagnostic for issue 20 (decode within 1.3x of the bandwidth limit). ``python scripts/decode_profile_gpu.py``
+serves ``--batch`` requests of ``--context`` prompt tokens on the serving benchmark's 0.94B qwen3-like bf16 model
+(``benchmarks/gpu_serving.py``'s ``GPU_MODEL``, ``--layers`` of its 16 layers) under each ``--modes`` compile mode, each
+in its own process, and for the decode steps in which every request decodes prints:
+
+- ``kernels``: device kernels per step (the profiler's CUDA kernel events; memcpy / memset apart);
+- ``kernel us``: their summed device time per step, and what it would be at the device's copy bandwidth for the
+  weights and KV bytes the step reads (the step's bandwidth limit);
+- ``wall ms``: the step's wall time in the engine (unprofiled steps; the engine syncs when it samples), so
+  ``wall - kernel`` is what the host and the gaps between kernels add.
+
+A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
+attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
+count, the wall only) for this script's test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gpu_serving import (COMPILE, GPU_MODEL, copy_bandwidth, kv_bytes_per_token, prompts_for, sync,  # noqa: E402
+                         weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
+
+MODES = ("attention", "model", "piecewise", "fused")
+
+
+def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str) -> dict[str, Any]:
+    """Serve one mode and measure its full-batch decode steps (see the module docstring)."""
+    import attrs
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    from graphkv.hf import ServingLoop, model_kv
+    from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
+    from graphkv.hf.tiny import tiny_config
+    from graphkv.models.demo_engine import DemoRequest
+
+    torch.manual_seed(0)
+    widths = {**GPU_MODEL, "num_hidden_layers": layers} if device == "cuda" else {"num_hidden_layers": layers}
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(tiny_config("qwen3", **widths),
+                                                 dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
+    vocab = int(model.config.vocab_size)
+    prompts = prompts_for(batch, vocab, context, context)
+    new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
+    declared = model_kv(model)
+    limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=batch,
+                          max_num_batched_tokens=max(2048, batch))
+    limits = sliding_tables_for(limits, declared)
+    start = time.perf_counter()
+    loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), compile=COMPILE[mode],
+                       kernels="auto" if device == "cuda" else "triton")
+    build_s = time.perf_counter() - start
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    prof = profile(activities=activities)
+    state = {"decode": 0, "at": 0.0, "tokens": 0, "generated": 0, "profiling": False}
+    walls: list[float] = []
+
+    def on_step(stats: Any) -> None:
+        now = time.perf_counter()
+        tokens, generated = stats.tokens - state["tokens"], stats.generated - state["generated"]
+        state.update(tokens=stats.tokens, generated=stats.generated)
+        full = tokens == generated == batch  # every request decoded one token
+        if full:
+            state["decode"] += 1
+            if state["profiling"] and state["decode"] == 4 + steps:
+                sync(device)
+                prof.stop()
+                state["profiling"] = False
+            elif state["decode"] > 4 + steps:
+                walls.append(now - state["at"])
+            if state["decode"] == 3:  # three warm decode steps, then profile the next ``steps``
+                prof.start()
+                state["profiling"] = True
+        state["at"] = time.perf_counter()
+
+    engine = loop.engine()
+    engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=new_tokens) for i, p in enumerate(prompts)],
+               on_step=on_step)
+    sync(device)
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset"))]
+    kv_tokens = batch * (context + 3 + steps // 2)  # what the middle profiled step reads
+    return {"mode": mode, "build_s": build_s, "graphs": loop.graphs, "kernels_per_step": len(kernels) / steps,
+            "kernel_us_per_step": sum(e.device_time for e in kernels) / steps,
+            "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
+            "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default=",".join(MODES), help="compile modes (default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=16, help="model layers (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=1, help="requests (default: %(default)s)")
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens per request (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="profiled (and timed) decode steps (default: %(default)s)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="default: %(default)s")
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
+    args = parser.parse_args(argv)
+    sizes = dict(layers=args.layers, batch=args.batch, context=args.context, steps=args.steps, device=args.device)
+    if args.mode:
+        print(json.dumps(profile_mode(args.mode, **sizes)))
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("decode_profile_gpu.py: CUDA is not available here (use --device cpu for the GPU path on a CPU)",
+              file=sys.stderr)
+        return 2
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        print(f"--modes: {unknown or modes} not among {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    bandwidth = copy_bandwidth(args.device)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"graphkv.hf decode steps on {where}: qwen3-like, {args.layers} layers, batch {args.batch}, context "
+          f"{args.context}, {args.steps} profiled steps; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; torch "
+          f"{torch.__version__}")
+    print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'build s':>8}  graphs")
+    failed = 0
+    for mode in modes:
+        cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            failed += 1
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:200]
+            print(f"{mode:<10} FAILED: {tail}")
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        wall = "n/a" if r["wall_ms_per_step"] is None else f"{r['wall_ms_per_step']:.3f}"
+        print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
+              f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {r['build_s']:>8.1f}  {r['graphs'][:60]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
