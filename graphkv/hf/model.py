@@ -172,6 +172,7 @@ class PagedModel(torch.nn.Module):
         # code, so a process's fourth PagedModel would otherwise run uncompiled, its PIECEWISE keys uncaptured.
         self._call: Callable[..., Any] = self.view.__call__  # (a bound method: not registered as a submodule)
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
+        self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         if compile in ("model", "piecewise", "fused"):
             fresh = types.MethodType(fresh_function(type(self.view).forward,
                                                     f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
@@ -233,9 +234,14 @@ class PagedModel(torch.nn.Module):
         if self.logits == "last":
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
             keep = (ctx.query_start_loc[1:rows + 1].long() - 1).clamp(min=0)
+        ids, positions = input_ids[None], ctx.positions[:num_tokens][None]
+        if self._whole:  # dynamic from the first trace: one compile for every step size (else 1-token steps
+            # aside, a static trace, then one with dynamic tokens, then one with dynamic logits rows)
+            for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
+                if isinstance(t, torch.Tensor):
+                    torch._dynamo.maybe_mark_dynamic(t, dim)
         with paged_step_context(step):
-            out = self._call(input_ids=input_ids[None], position_ids=ctx.positions[:num_tokens][None],
-                            use_cache=False, logits_to_keep=keep, graphkv=step)
+            out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep, graphkv=step)
         return out.logits[0]
 
 
