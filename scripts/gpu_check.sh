@@ -149,6 +149,9 @@ if [ "$QUICK" -eq 0 ]; then
     --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
   run bench-memory-processes info 3000 "repeated|differ|process" python -m graphkv.cli bench memory --model demo \
     --model llama-3.1-8b --processes 3 --out "$OUT/bench_memory_processes"
+  # Graph memory of llama-3.1-8b's keys with the pieces fused by Inductor (compile='fused'), beside the traced calibration.
+  run bench-memory-fused info 3000 "graph|held-out|calibration" python -m graphkv.cli bench memory \
+    --model llama-3.1-8b --compile fused --out "$OUT/bench_memory_fused"
   # Issue 21: llama-3.1-8b at its own 32 layers (16 GB of random bf16 weights) holds within the shipped calibration.
   run memory-full-depth check 1800 "holds|EXCEEDS|not checked" python -m graphkv.cli bench memory \
     --model llama-3.1-8b --full-depth --out "$OUT/bench_memory_full_depth"

@@ -34,6 +34,7 @@ from graphkv.memory.repeat import MAX_PROCESSES
 __all__ = ["DEFAULT_MODELS", "MemoryBenchOptions", "add_bench_parser", "bench_memory", "format_run", "run_bench"]
 
 DEFAULT_MODELS = ("demo", "llama-3.1-8b")
+GRAPH_COMPILE_MODES = ("piecewise", "fused")  # --compile: how a preset's captures compile its forward
 _CPU_KV_CAP = 1 << 30  # a preset's auto KV budget on a CPU: at most 1 GiB (zeroing more only costs time)
 _AUTO_FRACTION = 4  # a preset's auto KV budget: a quarter of the available memory
 
@@ -44,7 +45,9 @@ class MemoryBenchOptions:
     available), the presets' KV budget (``None``: a quarter of the available memory, at most 1 GiB on
     a CPU), ``out`` (a directory for memory.json / memory.png, or ``None``), the progress bar, and
     ``full_depth``: capture each preset at its own depth and check it holds within the shipped
-    calibration (:mod:`graphkv.memory.full_depth`) instead of measuring it at two reduced depths."""
+    calibration (:mod:`graphkv.memory.full_depth`) instead of measuring it at two reduced depths;
+    ``compile``: the :class:`~graphkv.hf.PagedModel` compile mode a preset's graphs are captured with
+    (``"piecewise"``: pieces as traced; ``"fused"``: pieces compiled by Inductor)."""
 
     models: tuple[str, ...] = DEFAULT_MODELS
     device: str = "auto"
@@ -52,6 +55,7 @@ class MemoryBenchOptions:
     out: str | None = None
     progress: bool = True
     full_depth: bool = False
+    compile: str = "piecewise"
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -83,6 +87,10 @@ def add_bench_parser(sub: Any) -> None:
                              "check that its graph pool holds within the calibration shipped for this GPU, instead "
                              "of calibrating at two reduced depths; exit status 1 when it does not, or when a GPU "
                              "cannot check it")
+    memory.add_argument("--compile", choices=GRAPH_COMPILE_MODES, default="piecewise",
+                        help="how a preset's forward is compiled for its captures: piecewise (pieces as traced) or "
+                             "fused (each piece compiled by Inductor, as graphkv.hf's compile='fused' serves); "
+                             "default: %(default)s")
     memory.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -98,7 +106,8 @@ def run_bench(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # as every benchmark: memory does not depend on it, the run's time does less
     options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
                                  kv_memory=args.kv_memory, out=args.out,
-                                 progress=not args.no_progress and sys.stderr.isatty(), full_depth=args.full_depth)
+                                 progress=not args.no_progress and sys.stderr.isatty(), full_depth=args.full_depth,
+                                 compile=args.compile)
     if args.processes > 1:
         from graphkv.memory.repeat import repeat_in_processes
 
@@ -106,6 +115,7 @@ def run_bench(args: argparse.Namespace) -> int:
         argv = [flag for name in options.models for flag in ("--model", name)] + ["--device", options.device]
         argv += ["--kv-memory", options.kv_memory] if options.kv_memory is not None else []
         argv += ["--full-depth"] if options.full_depth else []
+        argv += ["--compile", options.compile]
         repeat_in_processes(argv, args.processes, out_dir=options.out, progress=options.progress)
         return 0
     runs = bench_memory(options)
@@ -293,13 +303,13 @@ def preset_graphs(name: str, device: Any, choice: Any, progress: Any, *, limits:
     return PresetGraphs(name=name, runs=tuple(runs), calibration=calibration, num_layers=total, summary=summary)
 
 
-def _full_depth(name: str, plan: Any, device: Any, choice: Any, progress: Any) -> Any:
+def _full_depth(name: str, plan: Any, device: Any, choice: Any, progress: Any, compile: str) -> Any:  # noqa: A002
     """:func:`~graphkv.memory.full_depth.check_full_depth` of preset ``name`` (its plan's capture keys, a quarter
     of the available memory for its pool), its compiled state freed afterwards."""
     from graphkv.memory.full_depth import check_full_depth
 
     try:
-        return check_full_depth(name, device, choice, progress, limits=plan.limits,
+        return check_full_depth(name, device, choice, progress, limits=plan.limits, compile=compile,
                                 kv_bytes=_auto_kv_bytes(device)[0])
     finally:
         _release_compiled(device)
@@ -394,7 +404,7 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
             print("", file=out)
             print("\n".join(format_run(run)), file=out)
             if name != "demo" and options.full_depth:
-                check = _full_depth(name, plan, device, choice, progress)
+                check = _full_depth(name, plan, device, choice, progress, options.compile)
                 if check.run is not None:
                     print("", file=out)
                     print("\n".join(format_run(check.run)), file=out)
@@ -405,7 +415,7 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
                 run = attrs.evolve(run, graph_runs=() if check.run is None else (check.run,),
                                    graph_summary=check.summary, holds=holds)
             elif name != "demo":
-                graphs = preset_graphs(name, device, choice, progress, limits=plan.limits)
+                graphs = preset_graphs(name, device, choice, progress, limits=plan.limits, compile=options.compile)
                 for depth_run in graphs.runs:
                     print("", file=out)
                     print("\n".join(format_run(depth_run)), file=out)

@@ -116,7 +116,19 @@ def test_bench_memory_exit_status_follows_the_full_depth_verdict(monkeypatch) ->
         return MemoryRun(model="llama-3.1-8b", device="cuda", budget="b", rows=(), calibration=None, holds=holds)
 
     args = argparse.Namespace(models=["llama-3.1-8b"], device="cpu", kv_memory=None, out=None, no_progress=True,
-                              full_depth=True, processes=1)
+                              full_depth=True, processes=1, compile="piecewise")
     for holds, status in ((True, 0), (None, 0), (False, 1)):
         monkeypatch.setattr(command, "bench_memory", lambda options, holds=holds: [run(True), run(holds)])
         assert command.run_bench(args) == status
+
+
+def test_bench_memory_compile_flag_takes_piecewise_or_fused(capsys) -> None:
+    """--compile names how a preset's captures compile its forward: anything but piecewise / fused is refused with
+    exit code 2, naming the flag and the choices."""
+    from graphkv.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "memory", "--compile", "traced"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--compile" in err and "'traced'" in err and "piecewise" in err and "fused" in err

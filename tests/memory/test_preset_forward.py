@@ -202,8 +202,10 @@ def test_bench_memory_returns_one_run_per_model_with_the_presets_graph_runs_insi
 
     real = command.preset_graphs
 
-    def shrunk(name, device, choice, progress, *, limits):  # type: ignore[no-untyped-def]
-        return real(name, device, choice, progress, limits=limits, kv_bytes=8 << 20, dtype="float32", **SMALL)
+    def shrunk(name, device, choice, progress, *, limits, compile):  # type: ignore[no-untyped-def]  # noqa: A002
+        assert compile == "piecewise"  # --compile's default
+        return real(name, device, choice, progress, limits=limits, kv_bytes=8 << 20, dtype="float32",
+                    compile=compile, **SMALL)
 
     monkeypatch.setattr(command, "preset_graphs", shrunk)
     runs = command.bench_memory(command.MemoryBenchOptions(models=("demo", "llama-3.1-8b"), device="cpu",
