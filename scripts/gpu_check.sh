@@ -161,7 +161,7 @@ if [ "$QUICK" -eq 0 ]; then
   # Issue 20: kernels, their device time and the wall per decode step under each compile mode (batch 1 and 32).
   for batch in 1 32; do
     run "decode-profile-b$batch" info 1500 "attention|model|piecewise|fused" python scripts/decode_profile_gpu.py \
-      --batch "$batch" --context 512 --steps 20
+      --batch "$batch" --context 512 --steps 20 --modes "${DECODE_PROFILE_MODES:-attention,model,piecewise,fused}"
   done
   run bench-decode-sweep info 1200 "x[0-9]|copy" python benchmarks/decode_kernel_sweep.py --gpu \
     --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 \
