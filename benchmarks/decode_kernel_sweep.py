@@ -1,8 +1,10 @@
 """Launch settings of graphkv's paged decode kernel, swept against dense SDPA on the same data.
 
 For each cell (requests x cached tokens, the shapes of ``gpu_attention.py``: bf16, 8 KV heads, GQA 4,
-head 128, kernel block 16) every combination of splits per sequence, warps, pipeline stages and
-tokens per tile runs side by side with SDPA over the same K/V (each timed as a CUDA graph of
+head 128, kernel block 16) every combination of splits per sequence, warps, pipeline stages, tokens
+per tile and the cache's physical order (``--strides``: ``nhd``, the order graphkv.hf's pool has, each
+token's heads side by side; ``hnd``, the same values with each page's head slab contiguous, 4 KiB per
+head and page here) runs side by side with SDPA over the same K/V (each timed as a CUDA graph of
 several calls, interleaved, median of ``--repeats``). The table prints each setting's milliseconds,
 GB/s, its time over SDPA's (< 1 is graphkv faster) and its largest output difference from SDPA's;
 the kernel's current defaults are marked ``*``. It measures; it changes nothing: a setting that wins
@@ -43,9 +45,16 @@ def _cell(text: str) -> tuple[int, int]:
     return requests, tokens
 
 
-def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, int, int]], repeats: int,
+def hnd_copy(cache: torch.Tensor) -> torch.Tensor:
+    """``cache`` (logical ``(2, blocks, kbs, heads, dim)``) with the same values, laid out heads before tokens:
+    each (page, head) slab contiguous. The kernel reads either through the tensor's strides."""
+    return cache.transpose(-3, -2).contiguous().transpose(-3, -2)
+
+
+def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, int, int, str]], repeats: int,
                copy: float) -> list[dict[str, Any]]:
-    """One row per setting of ``grid`` ((splits, warps, stages, tile tokens)) for one cell, SDPA timed beside them."""
+    """One row per setting of ``grid`` ((splits, warps, stages, tile tokens, stride order)) for one cell, SDPA timed
+    beside them."""
     gen = torch.Generator().manual_seed(tokens + requests)
     cell = make_cell(s, requests, tokens, None, gen)
     sdpa = cell["calls"]["sdpa"]
@@ -54,14 +63,17 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     workspace = torch.empty(requests * max_splits, query.shape[1], workspace_row_floats(query.shape[2]),
                             dtype=torch.float32, device=query.device)
     defaults = (cell["num_splits"], kernel._NUM_WARPS, kernel._NUM_STAGES,
-                kernel._tile_tokens(max(16, query.shape[2]), cache.element_size()))
+                kernel._tile_tokens(max(16, query.shape[2]), cache.element_size()), "nhd")
+    caches = {"nhd": cache}
+    if any(g[4] == "hnd" for g in grid):
+        caches["hnd"] = hnd_copy(cache)
 
-    def setting(splits: int, warps: int, stages: int, tile: int) -> Callable[[], torch.Tensor]:
+    def setting(splits: int, warps: int, stages: int, tile: int, stride: str) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             saved = kernel._NUM_WARPS, kernel._NUM_STAGES, kernel._tile_tokens
             kernel._NUM_WARPS, kernel._NUM_STAGES, kernel._tile_tokens = warps, stages, lambda d, e: tile
             try:
-                return kernel.paged_decode_attention(query, cache, table, seq_lens, layout=LAYOUT,
+                return kernel.paged_decode_attention(query, caches[stride], table, seq_lens, layout=LAYOUT,
                                                      scale=query.shape[2] ** -0.5, out=out, workspace=workspace,
                                                      num_splits=splits)
             finally:
@@ -71,7 +83,7 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     calls: dict[str, Callable[[], torch.Tensor]] = {"sdpa": sdpa}
     names = {}
     for g in grid:
-        names[g] = "s{}w{}n{}t{}".format(*g)
+        names[g] = "s{}w{}n{}t{}{}".format(*g)
         calls[names[g]] = setting(*g)
     timed = (time_gpu if s.device == "cuda" else time_cpu)(calls, repeats, requests * tokens)
     reference = sdpa().float()
@@ -80,7 +92,7 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     for g in grid:
         name = names[g]
         row = {"requests": requests, "cached_tokens": tokens, "splits": g[0], "warps": g[1], "stages": g[2],
-               "tile_tokens": g[3], "default": g == defaults, "sdpa_ms": round(timed.ms["sdpa"], 4)}
+               "tile_tokens": g[3], "stride": g[4], "default": g == defaults, "sdpa_ms": round(timed.ms["sdpa"], 4)}
         if name in timed.ms:
             ms = timed.ms[name]
             row.update(ms=round(ms, 4), gbps=round(kv / (ms * 1e-3) / 1e9, 1), of_copy=round(kv / (ms * 1e-3) / 1e9
@@ -103,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--tiles", type=int, nargs="+", default=[32, 64, 128], help="tokens per tile")
+    parser.add_argument("--strides", nargs="+", choices=("nhd", "hnd"), default=["nhd"],
+                        help="the cache's physical order: nhd (graphkv.hf's pool) and / or hnd (a copy, head slabs "
+                             "contiguous)")
     args = parser.parse_args(argv)
     chosen = chosen_setup(args)
     if chosen is None:
@@ -111,18 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     cells = args.cells or ([(32, 4096), (32, 16384), (1, 16384), (8, 4096)] if args.gpu else [(3, 97)])
     if not args.gpu:
         args.splits, args.warps, args.stages, args.tiles = [1, 2], [4], [2], [16]
-    grid = list(itertools.product(args.splits, args.warps, args.stages, args.tiles))
+    grid = list(itertools.product(args.splits, args.warps, args.stages, args.tiles, args.strides))
     copy = copy_gbps(s, args.repeats)
     rows = []
     for requests, tokens in cells:
         rows += sweep_cell(s, requests, tokens, grid, args.repeats, copy)
     device = torch.cuda.get_device_name() if args.gpu else "CPU (interpreter: proves it runs)"
     print(f"paged decode kernel settings vs dense SDPA; {device}; {measured_with}; device copy {copy:.1f} GB/s")
-    print(f"{'cell':>10} {'splits':>6} {'warps':>5} {'stages':>6} {'tile':>4} | {'ms':>8} {'GB/s':>7} {'copy':>5} | "
+    print(f"{'cell':>10} {'splits':>6} {'warps':>5} {'stages':>6} {'tile':>4} {'kv':>3} | {'ms':>8} {'GB/s':>7} "
+          f"{'copy':>5} | "
           f"{'sdpa ms':>8} {'vs sdpa':>7} | max diff")
     for (requests, tokens), group in itertools.groupby(rows, key=lambda r: (r["requests"], r["cached_tokens"])):
         for r in sorted(group, key=lambda r: r.get("ms", float("inf")))[:8]:
-            lead = f"{requests:>4}x{tokens:<5} {r['splits']:>6} {r['warps']:>5} {r['stages']:>6} {r['tile_tokens']:>4}"
+            lead = (f"{requests:>4}x{tokens:<5} {r['splits']:>6} {r['warps']:>5} {r['stages']:>6} "
+                    f"{r['tile_tokens']:>4} {r['stride']:>3}")
             mark = "*" if r["default"] else " "
             if "ms" not in r:
                 print(f"{lead} | failed: {r['failed'][:120]}")

@@ -164,7 +164,7 @@ if [ "$QUICK" -eq 0 ]; then
       --batch "$batch" --context 512 --steps 20 --modes "${DECODE_PROFILE_MODES:-attention,model,piecewise,fused}"
   done
   run bench-decode-sweep info 1200 "x[0-9]|copy" python benchmarks/decode_kernel_sweep.py --gpu \
-    --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 \
+    --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd \
     --out "$OUT/decode_kernel_sweep.json"
 fi
 # graphkv.hf's serving flow in variants, each in its own process; after_static_compile is the H100's illegal memory
