@@ -132,3 +132,20 @@ def test_bench_memory_compile_flag_takes_piecewise_or_fused(capsys) -> None:
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "--compile" in err and "'traced'" in err and "piecewise" in err and "fused" in err
+
+
+def test_processes_pass_full_depth_and_compile_on_to_each_child(monkeypatch) -> None:
+    """With --processes 3, each fresh process gets the same --full-depth and --compile as the command."""
+    import argparse
+
+    import graphkv.memory.repeat as repeat
+    from graphkv.memory import command
+
+    seen = {}
+    monkeypatch.setattr(repeat, "repeat_in_processes",
+                        lambda argv, processes, **kw: seen.update(argv=list(argv), processes=processes))
+    args = argparse.Namespace(models=["llama-3.1-8b"], device="cuda", kv_memory=None, out=None, no_progress=True,
+                              full_depth=True, processes=3, compile="fused")
+    assert command.run_bench(args) == 0
+    assert seen == {"argv": ["--model", "llama-3.1-8b", "--device", "cuda", "--full-depth", "--compile", "fused"],
+                    "processes": 3}
