@@ -27,7 +27,7 @@ from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_pro
 from graphkv.command.model_source import ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
-from graphkv.errors import GraphkvError
+from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.memory.command import add_bench_parser
 from graphkv.models.demo import MAX_SEED, DemoOptions
 from graphkv.plan import Plan
@@ -182,6 +182,11 @@ def _add_demo(sub: Any) -> None:
     demo.add_argument("--threads", type=count(1, maximum=1024), default=d.threads,
                       help="torch CPU threads (torch.set_num_threads; default: %(default)s, for timings that do not "
                            "depend on how busy the machine is)")
+    demo.add_argument("--compile", default=d.compile, choices=("auto", "attention", "model", "piecewise", "fused",
+                                                                "none"),
+                      help="with --hf: what graphkv.hf compiles (default: %(default)s: each attention call on a GPU, "
+                           "nothing on a CPU; fused: the pieces between attention calls by Inductor, mixed steps "
+                           "captured too)")
     demo.add_argument("--hf", metavar="MODEL_TYPE", default=None,
                       help="serve a tiny random-weight transformers model of this family instead (llama, qwen3, "
                            "mistral, gemma3_text, gpt_oss, qwen3_next, nemotron_h); needs the hf extra")
@@ -360,7 +365,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
                           device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads,
-                          kernels=args.kernels)
+                          kernels=args.kernels, compile=args.compile)
+    if args.hf is None and args.compile != "auto":
+        raise SpecError(Problem(field="--compile", value=args.compile, limit="applies to graphkv.hf models (--hf) only",
+                                fix="add --hf MODEL_TYPE, or drop --compile (the tiny hybrid demo compiles its own "
+                                    "attention)"))
     if args.hf is not None:
         require("hf", "transformers", needed_by="graphkv demo --hf")
         from graphkv.hf.demo import run_hf_demo

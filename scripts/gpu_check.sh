@@ -12,6 +12,7 @@
 #   suite        the whole test suite (CPU and CUDA parametrizations)
 #   demo         `graphkv demo` (tiny hybrid, CUDA graphs)
 #   demo-hf-*    `graphkv demo --hf F` for the seven families: tokens equal model.generate for every request
+#                (demo-hf-fused-*: the same with --compile fused, mixed steps captured piece by piece)
 #   readme       the README's code blocks (their examples run on CUDA where a GPU is present)
 #   memcheck     compute-sanitizer --tool memcheck over a short demo and a short `demo --hf qwen3`
 #   big-model    a 0.9B bf16 random-weight Qwen3 at batch 32 with a 2048-token step budget
@@ -28,7 +29,7 @@ while [ "$#" -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --steps) STEPS=",${2:-},"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (use --quick, --steps NAME,NAME or --help)" >&2; exit 2 ;;
   esac
   shift
@@ -114,6 +115,10 @@ run suite check 3600 "passed|failed|error" python -m pytest -q -p no:cacheprovid
 run demo check 900 "cuda graphs|requests|tokens/s" python -m graphkv.cli demo
 for family in gemma3_text gpt_oss llama mistral nemotron_h qwen3 qwen3_next; do
   run_matching "demo-hf-$family" python -m graphkv.cli demo --hf "$family"
+done
+# The same with the pieces between attention calls compiled by Inductor and mixed steps captured (compile='fused').
+for family in gemma3_text gpt_oss llama mistral nemotron_h qwen3 qwen3_next; do
+  run_matching "demo-hf-fused-$family" python -m graphkv.cli demo --hf "$family" --compile fused
 done
 run readme check 1800 "passed|failed|error" python -m pytest -q -p no:cacheprovider tests/test_readme.py
 run big-model check 1800 "parameters|set-up|served|ok|FAILED" \

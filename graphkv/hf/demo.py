@@ -44,6 +44,11 @@ class HFDemoResult:
                                          f"{self.matching}/{self.checked} requests"])
 
 
+DEMO_COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused",
+                "none": False}
+"""``--compile``: the :class:`~graphkv.hf.ServingLoop` compile mode each name selects."""
+
+
 def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = None,
                 progress: bool = True) -> HFDemoResult:
     """Plan, allocate and serve the tiny ``model_type`` model under ``options``; print the plan
@@ -56,14 +61,22 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     device = check_options(options)
     model = tiny_model(model_type, seed=options.seed).to(device)
     declared = model_kv(model, flex_q_tile_tokens=flex_q_tile_for(device, resolve_kernels(options.kernels, device)))
+    if options.compile not in DEMO_COMPILE:
+        raise SpecError(Problem(field="--compile", value=options.compile,
+                                limit=f"must be one of {', '.join(DEMO_COMPILE)}",
+                                fix="auto (attention regions compiled on a GPU), fused (pieces compiled by Inductor, "
+                                    "mixed steps captured too), model, piecewise or none"))
+    # piecewise / fused capture mixed steps piece by piece too: the plan asks for both graph kinds
+    mode = CudaGraphMode.FULL_AND_PIECEWISE if options.compile in ("piecewise", "fused") else \
+        CudaGraphMode.FULL_DECODE_ONLY
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                                        max_num_batched_tokens=options.max_num_batched_tokens,
-                                       cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY), declared)
+                                       cudagraph_mode=mode), declared)
     budget = Budget.kv_bytes(options.kv_memory)
     check_memory(compile_plan(declared, limits, budget), device, options.kv_memory)
     torch.set_num_threads(options.threads)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture,
-                       kernels=options.kernels)
+                       kernels=options.kernels, compile=DEMO_COMPILE[options.compile])
     print(format_plan(loop.plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
     graphs = loop.graphs if options.capture else "capture disabled (--no-capture); every step runs eagerly"
     engine = loop.engine()

@@ -46,6 +46,7 @@ class DemoOptions:
     seed: int = 0
     threads: int = 1  # torch CPU threads: 1 gives timings that do not depend on how busy the machine is
     kernels: str = "auto"  # "triton" on a CPU: the GPU path (interpreted kernels, staged tables, rehearsed capture)
+    compile: str = "auto"  # --hf only: graphkv.hf's compile mode (DEMO_COMPILE); "auto" is PagedModel's default
 
 
 @attrs.frozen(kw_only=True)

@@ -21,3 +21,26 @@ def test_demo_refuses_a_family_it_cannot_run(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert err.startswith("graphkv: error: --hf='bloom': must be one of llama, qwen3, mistral")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_demo_serves_with_fused_pieces_and_captures_mixed_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compile fused` on the GPU path (here interpreted): the plan asks for FULL_AND_PIECEWISE, its decode and mixed
+    keys are rehearsed, and every request equals generate."""
+    assert main(["demo", "--hf", "qwen3", "--compile", "fused", "--kernels", "triton", "--requests", "3",
+                 "--new-tokens", "3", "--max-num-seqs", "2", "--max-num-batched-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "FULL_AND_PIECEWISE" in out
+    assert "rehearsed 7 graph keys" in out  # decode 1, 2 and mixed 1, 2, 4, 8, 16
+    assert out.rstrip().endswith("greedy tokens equal model.generate(do_sample=False) for 3/3 requests")
+
+
+def test_demo_compile_needs_hf(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compile` without `--hf` is one line naming the flag and the fix (exit 2); so is an unknown mode."""
+    assert main(["demo", "--compile", "fused"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("graphkv: error: --compile='fused': applies to graphkv.hf models (--hf) only; add --hf "
+                           "MODEL_TYPE, or drop --compile (the tiny hybrid demo compiles its own attention)")
+    with pytest.raises(SystemExit) as refused:
+        main(["demo", "--hf", "qwen3", "--compile", "inductor"])
+    assert refused.value.code == 2 and "--compile" in capsys.readouterr().err
