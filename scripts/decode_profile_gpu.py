@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=16, help="model layers (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=1, help="requests (default: %(default)s)")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per request (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=20, help="profiled (and timed) decode steps (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="profiled (and timed) decode steps (default: %(default)s)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="default: %(default)s")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = parser.parse_args(argv)

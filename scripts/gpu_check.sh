@@ -154,7 +154,8 @@ if [ "$QUICK" -eq 0 ]; then
     --model llama-3.1-8b --model qwen3-next-80b-a3b --out "$OUT/bench_memory"
   run bench-memory-processes info 3000 "repeated|differ|process" python -m graphkv.cli bench memory --model demo \
     --model llama-3.1-8b --processes 3 --out "$OUT/bench_memory_processes"
-  # Graph memory of llama-3.1-8b's keys with the pieces fused by Inductor (compile='fused'), beside the traced calibration.
+  # Graph memory of llama-3.1-8b's keys with the pieces fused by Inductor (compile='fused'), beside the traced
+  # calibration.
   run bench-memory-fused info 3000 "graph|held-out|calibration" python -m graphkv.cli bench memory \
     --model llama-3.1-8b --compile fused --out "$OUT/bench_memory_fused"
   # Issue 21: llama-3.1-8b at its own 32 layers (16 GB of random bf16 weights) holds within the shipped calibration.
@@ -169,7 +170,8 @@ if [ "$QUICK" -eq 0 ]; then
       --batch "$batch" --context 512 --steps 20 --modes "${DECODE_PROFILE_MODES:-attention,model,piecewise,fused}"
   done
   run bench-decode-sweep info 1200 "x[0-9]|copy" python benchmarks/decode_kernel_sweep.py --gpu \
-    --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd \
+    --cells 1x16384 8x4096 32x4096 32x16384 128x4096 --splits 1 2 4 8 --warps 4 --stages 2 3 --tiles 64 \
+    --strides nhd hnd \
     --out "$OUT/decode_kernel_sweep.json"
 fi
 # graphkv.hf's serving flow in variants, each in its own process; after_static_compile is the H100's illegal memory

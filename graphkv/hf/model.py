@@ -77,8 +77,8 @@ class PagedModel(torch.nn.Module):
     as ``"piecewise"`` and each piece compiled by Inductor
     (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and residual adds fused
     into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed graphs
-    launch fused kernels (a CPU spends seconds compiling each distinct piece, twice: static and
-    dynamic shapes). Either way the K/V write writes only the step's
+    launch fused kernels (a CPU spends seconds compiling each distinct piece, twice: for every step
+    size, and for 1-token steps). Either way the K/V write writes only the step's
     slots and a step's cost does not grow with the pool. ``kernels``: the K/V write's implementation (``"auto"``:
     Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's
     interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
@@ -176,9 +176,8 @@ class PagedModel(torch.nn.Module):
         if compile in ("model", "piecewise", "fused"):
             fresh = types.MethodType(fresh_function(type(self.view).forward,
                                                     f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
-            # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. Automatic
-            # dynamic shapes: the first size traced static, the next dynamic (dynamic=True from the start makes
-            # host-side values symbolic that the pieces read as ints).
+            # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
+            # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused")
                               if compile != "model" else None)
             self._call = (torch.compile(fresh) if self.piecewise is None
@@ -241,7 +240,8 @@ class PagedModel(torch.nn.Module):
                 if isinstance(t, torch.Tensor):
                     torch._dynamo.maybe_mark_dynamic(t, dim)
         with paged_step_context(step):
-            out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep, graphkv=step)
+            out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+                             graphkv=step)
         return out.logits[0]
 
 
