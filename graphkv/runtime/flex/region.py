@@ -168,7 +168,10 @@ class FlexRegions:
         # torch 2.13's compiled CPU flex returns no log-sum-exp: such a region runs eager flex on a CPU.
         compiled = self.compile and not (return_lse and device_type == "cpu")
         if compiled:
-            name = f"{self.name}_g{g.group_index}_{phase}_{len(self._regions)}"
+            # unique to this FlexRegions: Dynamo also keys its automatic-dynamic record by the code's name, file and
+            # line, so two models' regions of one name would share it (the second compiling dimensions dynamic that
+            # the first saw change: torch 2.13's C++ flex template then fails to compile on a CPU)
+            name = f"{self.name}_{id(self):x}_g{g.group_index}_{phase}_{len(self._regions)}"
             fn = torch.compile(fresh_function(fn, name), fullgraph=True)
         region = self._regions[key] = _Region(builder, fn, compiled)
         return region
