@@ -10,6 +10,7 @@ mixers), binds every cache layer of the plan to the module that fills it, and ex
 from __future__ import annotations
 
 import types
+import uuid
 from typing import Any, Callable
 
 import torch
@@ -175,7 +176,7 @@ class PagedModel(torch.nn.Module):
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         if compile in ("model", "piecewise", "fused"):
             fresh = types.MethodType(fresh_function(type(self.view).forward,
-                                                    f"graphkv_{family.model_type}_forward_{id(self):x}"), self.view)
+                                                    f"graphkv_{family.model_type}_forward_{uuid.uuid4().hex[:12]}"), self.view)
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import types
+import uuid
 from typing import Any, Callable
 
 import torch
@@ -114,6 +115,7 @@ class FlexRegions:
     def __init__(self, *, compile: bool, name: str = "graphkv_flex") -> None:  # noqa: A002 - the torch verb
         self.compile = compile
         self.name = name
+        self._tag = uuid.uuid4().hex[:12]  # names this instance's regions apart (an id() is reused after collection)
         self._regions: dict[tuple[int, str, float | None, bool], _Region] = {}
 
     @property
@@ -171,7 +173,7 @@ class FlexRegions:
             # unique to this FlexRegions: Dynamo also keys its automatic-dynamic record by the code's name, file and
             # line, so two models' regions of one name would share it (the second compiling dimensions dynamic that
             # the first saw change: torch 2.13's C++ flex template then fails to compile on a CPU)
-            name = f"{self.name}_{id(self):x}_g{g.group_index}_{phase}_{len(self._regions)}"
+            name = f"{self.name}_{self._tag}_g{g.group_index}_{phase}_{len(self._regions)}"
             fn = torch.compile(fresh_function(fn, name), fullgraph=True)
         region = self._regions[key] = _Region(builder, fn, compiled)
         return region
