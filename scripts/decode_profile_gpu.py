@@ -94,7 +94,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
                and not e.name.lower().startswith(("memcpy", "memset"))]
     kv_tokens = batch * (context + 3 + steps // 2)  # what the middle profiled step reads
     return {"mode": mode, "build_s": build_s, "graphs": loop.graphs, "kernels_per_step": len(kernels) / steps,
-            "kernel_us_per_step": sum(e.device_time for e in kernels) / steps,
+            "kernel_us_per_step": sum(e.device_time_total for e in kernels) / steps,
             "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
             "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
 
