@@ -49,6 +49,8 @@ from torch.nn.utils.rnn import pad_sequence
 from timing import add_common_arguments, set_up
 from transformers.generation.streamers import BaseStreamer
 
+from graphkv.command.compile_flag import COMPILE_BY_NAME
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_serving.json"
 CONTENDERS = ("graphkv", "generate_batch", "generate", "generate_static_compiled")
 PAGE_TOKENS = 16  # generate_batch's page size
@@ -60,8 +62,6 @@ MODES = {"gpu": dict(batches="1,8,32,128", min_prompt=64, max_prompt=1024, new_t
                      step_tokens=2048),
          "cpu": dict(batches="1,4", min_prompt=8, max_prompt=32, new_tokens=8, dtype="float32", step_tokens=256)}
 DTYPES = ("bfloat16", "float16", "float32")
-COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused",
-           "none": False}
 # Run in a process of their own on a GPU. On the H100 (2026-11-26, torch 2.11) graphkv's next serve faulted with an
 # illegal memory access after transformers' generate under torch.compile(mode="reduce-overhead") (PyTorch's
 # cudagraph trees) had run on the same model in the same process; graphkv alone, and beside the other contenders,
@@ -149,7 +149,7 @@ class GraphkvServer:
         limits = sliding_tables_for(limits, declared)
         start = time.perf_counter()
         self.loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits),
-                                compile=COMPILE[args.compile])
+                                compile=COMPILE_BY_NAME[args.compile])
         self.build_seconds = time.perf_counter() - start  # plan + pool + capture
         self.prompts, self.new_tokens, self.device, self.runs = prompts, args.new_tokens, args.device, 0
 
@@ -413,7 +413,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         key = flag[2:].replace("-", "_")
         parser.add_argument(flag, type=kind, help=f"{what} (default: {MODES['gpu'][key]} / {MODES['cpu'][key]})")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="a subset of %(default)s")
-    parser.add_argument("--compile", choices=tuple(COMPILE), default="auto",
+    parser.add_argument("--compile", choices=tuple(COMPILE_BY_NAME), default="auto",
                         help="graphkv: ServingLoop's compile (auto: attention regions on a GPU, eager on a CPU)")
     parser.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)

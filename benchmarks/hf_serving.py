@@ -44,6 +44,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from graphkv.command.compile_flag import COMPILE_BY_NAME
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "hf_serving.json"
 PAGE_TOKENS = 16
 STEP_TOKENS = 256
@@ -97,7 +99,7 @@ class GraphkvServer:
                                 max_num_batched_tokens=STEP_TOKENS, block_size=PAGE_TOKENS,
                                 cudagraph_mode=graphkv.CudaGraphMode.FULL_DECODE_ONLY)
         self.loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits),
-                                compile=True if compile_mode == "attention" else compile_mode)
+                                compile=COMPILE_BY_NAME[compile_mode])
         self.kv_tokens = self.loop.plan.num_blocks * self.loop.plan.block_size  # the pool, null page included
         self.runs = 0
 

@@ -28,6 +28,7 @@ from graphkv.command.model_source import ModelSource, load_model_source, tp_size
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
 from graphkv.errors import GraphkvError, Problem, SpecError
+from graphkv.command.compile_flag import COMPILE_BY_NAME
 from graphkv.memory.command import add_bench_parser
 from graphkv.models.demo import MAX_SEED, DemoOptions
 from graphkv.plan import Plan
@@ -182,8 +183,7 @@ def _add_demo(sub: Any) -> None:
     demo.add_argument("--threads", type=count(1, maximum=1024), default=d.threads,
                       help="torch CPU threads (torch.set_num_threads; default: %(default)s, for timings that do not "
                            "depend on how busy the machine is)")
-    demo.add_argument("--compile", default=d.compile, choices=("auto", "attention", "model", "piecewise", "fused",
-                                                                "none"),
+    demo.add_argument("--compile", default=d.compile, choices=tuple(COMPILE_BY_NAME),
                       help="with --hf: what graphkv.hf compiles (default: %(default)s: each attention call on a GPU, "
                            "nothing on a CPU; fused: the pieces between attention calls by Inductor, mixed steps "
                            "captured too)")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from gpu_serving import (COMPILE, GPU_MODEL, copy_bandwidth, kv_bytes_per_token, prompts_for, sync,  # noqa: E402
+from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token, prompts_for, sync,  # noqa: E402
                          weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
 MODES = ("attention", "model", "piecewise", "fused")
@@ -60,7 +60,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
                           max_num_batched_tokens=max(2048, batch))
     limits = sliding_tables_for(limits, declared)
     start = time.perf_counter()
-    loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), compile=COMPILE[mode],
+    loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), compile=COMPILE_BY_NAME[mode],
                        kernels="auto" if device == "cuda" else "triton")
     build_s = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])

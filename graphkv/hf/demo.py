@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
+from graphkv.command.compile_flag import COMPILE_BY_NAME
 from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.hf.generation import sliding_tables_for
@@ -44,11 +45,6 @@ class HFDemoResult:
                                          f"{self.matching}/{self.checked} requests"])
 
 
-DEMO_COMPILE = {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused",
-                "none": False}
-"""``--compile``: the :class:`~graphkv.hf.ServingLoop` compile mode each name selects."""
-
-
 def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = None,
                 progress: bool = True) -> HFDemoResult:
     """Plan, allocate and serve the tiny ``model_type`` model under ``options``; print the plan
@@ -61,9 +57,9 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     device = check_options(options)
     model = tiny_model(model_type, seed=options.seed).to(device)
     declared = model_kv(model, flex_q_tile_tokens=flex_q_tile_for(device, resolve_kernels(options.kernels, device)))
-    if options.compile not in DEMO_COMPILE:
+    if options.compile not in COMPILE_BY_NAME:
         raise SpecError(Problem(field="--compile", value=options.compile,
-                                limit=f"must be one of {', '.join(DEMO_COMPILE)}",
+                                limit=f"must be one of {', '.join(COMPILE_BY_NAME)}",
                                 fix="auto (attention regions compiled on a GPU), fused (pieces compiled by Inductor, "
                                     "mixed steps captured too), model, piecewise or none"))
     # piecewise / fused capture mixed steps piece by piece too: the plan asks for both graph kinds
@@ -76,7 +72,7 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     check_memory(compile_plan(declared, limits, budget), device, options.kv_memory)
     torch.set_num_threads(options.threads)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture,
-                       kernels=options.kernels, compile=DEMO_COMPILE[options.compile])
+                       kernels=options.kernels, compile=COMPILE_BY_NAME[options.compile])
     print(format_plan(loop.plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
     graphs = loop.graphs if options.capture else "capture disabled (--no-capture); every step runs eagerly"
     engine = loop.engine()

@@ -248,7 +248,8 @@ class PagedModel(torch.nn.Module):
 
 DECODE_ATTENTION = ("kernel", "flex")
 COMPILE_MODES = (True, False, "model", "piecewise", "fused")
-"""``compile`` values (``None`` picks ``True`` on a GPU, ``False`` elsewhere)."""
+"""``compile`` values (``None``: ``True`` on a GPU, else ``False``); the flags' names for them:
+:mod:`graphkv.command.compile_flag`."""
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""
