@@ -133,23 +133,32 @@ def prompts_for(batch: int, vocab: int, lo: int, hi: int, seed: int = 1) -> list
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
+def serving_loop_for(model: Any, prompts: list[list[int]], new_tokens: int, *, step_tokens: int,
+                     **loop_kwargs: Any) -> Any:
+    """graphkv.hf's :class:`~graphkv.hf.ServingLoop` for ``model``, planned as ``graphkv.hf.generate`` plans it for
+    ``prompts`` and ``new_tokens`` (every request admitted at once, ``step_tokens`` per step, a pool holding them
+    all); ``loop_kwargs`` go to the loop (``compile``, ``kernels``, ...). Shared by this benchmark and the GPU
+    scripts that serve its model."""
+    import attrs
+
+    from graphkv.hf import ServingLoop, model_kv
+    from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
+
+    declared = model_kv(model)
+    limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=len(prompts),
+                          max_num_batched_tokens=max(step_tokens, len(prompts)))
+    limits = sliding_tables_for(limits, declared)
+    return ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), **loop_kwargs)
+
+
 class GraphkvServer:
     """graphkv.hf: a ServingLoop planned as ``graphkv.hf.generate`` plans it, and its engine; each
     step timed (its rows and the KV tokens it reads, from the engine's counters)."""
 
     def __init__(self, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> None:
-        import attrs
-
-        from graphkv.hf import ServingLoop, model_kv
-        from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
-
-        declared = model_kv(model)
-        limits = attrs.evolve(default_limits(prompts, args.new_tokens, declared), max_num_seqs=len(prompts),
-                              max_num_batched_tokens=max(args.step_tokens, len(prompts)))
-        limits = sliding_tables_for(limits, declared)
         start = time.perf_counter()
-        self.loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits),
-                                compile=COMPILE_BY_NAME[args.compile])
+        self.loop = serving_loop_for(model, prompts, args.new_tokens, step_tokens=args.step_tokens,
+                                     compile=COMPILE_BY_NAME[args.compile])
         self.build_seconds = time.perf_counter() - start  # plan + pool + capture
         self.prompts, self.new_tokens, self.device, self.runs = prompts, args.new_tokens, args.device, 0
 

@@ -40,19 +40,16 @@ VARIANTS = ("bench", "bench_blocking", "one_split", "flex_decode", "eager_flex",
             "after_static_compile")
 COMPILE = {"eager_flex": False, "model": "model", "fused": "fused"}  # ServingLoop's compile per variant (else None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from gpu_serving import GPU_MODEL, prompts_for  # noqa: E402 - the benchmark's model and prompts, not a copy
+from gpu_serving import GPU_MODEL, prompts_for, serving_loop_for  # noqa: E402 - the benchmark's model, prompts, plan
 
 
 def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str = "cuda") -> str:
     """Build and serve one variant once on ``device`` (a CPU runs the GPU path: Triton kernels interpreted,
     capture rehearsed); returns a one-line verdict."""
-    import attrs
     import torch
     from transformers import AutoModelForCausalLM
 
     import graphkv.hf.attention as attention
-    from graphkv.hf import ServingLoop, model_kv
-    from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
     from graphkv.hf.tiny import tiny_config
     from graphkv.models.demo_engine import DemoRequest
 
@@ -65,15 +62,9 @@ def serve(variant: str, *, layers: int, batch: int, new_tokens: int, device: str
                                                  dtype=torch.bfloat16).eval()
     prompts = prompts_for(batch, GPU_MODEL["vocab_size"], 64, 1024)  # the benchmark's GPU mode's prompts
     lengths = [len(p) for p in prompts]
-    declared = model_kv(model)
-    limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=batch,
-                          max_num_batched_tokens=max(2048, batch))
-    limits = sliding_tables_for(limits, declared)
-    loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits),
-                       compile=COMPILE.get(variant),
-                       capture_graphs=variant != "no_graphs",
-                       decode_attention="flex" if variant == "flex_decode" else None,
-                       kernels="triton")
+    loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE.get(variant),
+                            capture_graphs=variant != "no_graphs",
+                            decode_attention="flex" if variant == "flex_decode" else None, kernels="triton")
     sync()
     steps = []
     try:

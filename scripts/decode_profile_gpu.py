@@ -28,22 +28,19 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token, prompts_for, sync,  # noqa: E402
-                         weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
+from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
+                         prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
 MODES = ("attention", "model", "piecewise", "fused")
 
 
 def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str) -> dict[str, Any]:
     """Serve one mode and measure its full-batch decode steps (see the module docstring)."""
-    import attrs
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
-    from graphkv.hf import ServingLoop, model_kv
-    from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
     from graphkv.hf.tiny import tiny_config
     from graphkv.models.demo_engine import DemoRequest
 
@@ -55,13 +52,9 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     vocab = int(model.config.vocab_size)
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
-    declared = model_kv(model)
-    limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=batch,
-                          max_num_batched_tokens=max(2048, batch))
-    limits = sliding_tables_for(limits, declared)
     start = time.perf_counter()
-    loop = ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), compile=COMPILE_BY_NAME[mode],
-                       kernels="auto" if device == "cuda" else "triton")
+    loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[mode],
+                            kernels="auto" if device == "cuda" else "triton")
     build_s = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     prof = profile(activities=activities)
