@@ -174,7 +174,7 @@ class GraphkvServer:
         last = {"at": 0.0, "tokens": 0, "generated": 0, "finished": 0, "released": 0}
 
         def on_step(stats: Any) -> None:
-            now = time.perf_counter()  # the engine synced when it sampled
+            now = time.perf_counter()  # the engine synced when it read the last step's tokens
             tokens, generated = stats.tokens - last["tokens"], stats.generated - last["generated"]
             if tokens and tokens == generated:  # every row decoded one token
                 steps.append((now - last["at"], generated, stats.tokens - last["released"]))

@@ -8,8 +8,11 @@ in its own process, and for the decode steps in which every request decodes prin
 - ``kernels``: device kernels per step (the profiler's CUDA kernel events; memcpy / memset apart);
 - ``kernel us``: their summed device time per step, and what it would be at the device's copy bandwidth for the
   weights and KV bytes the step reads (the step's bandwidth limit);
-- ``wall ms``: the step's wall time in the engine (unprofiled steps; the engine syncs when it samples), so
-  ``wall - kernel`` is what the host and the gaps between kernels add.
+- ``wall ms``: the step's wall time in the engine (unprofiled steps), with the engine's overlap (each decode step
+  launched before the host reads the last one's tokens), so ``wall - kernel`` is what the gaps between kernels and
+  the host work the overlap could not hide add;
+- ``sync ms``: the same serve with ``overlap=False`` (every step's tokens read before the next is scheduled): the
+  host's work per step is ``sync - wall`` more.
 
 A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
 attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
@@ -83,12 +86,29 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=new_tokens) for i, p in enumerate(prompts)],
                on_step=on_step)
     sync(device)
+    # The same serve with every step's tokens read before the next is scheduled: the host's work is not overlapped.
+    sync_walls: list[float] = []
+    last = {"at": 0.0, "tokens": 0, "decode": 0}
+
+    def on_sync_step(stats: Any) -> None:
+        now = time.perf_counter()
+        if stats.tokens - last["tokens"] == batch:
+            last["decode"] += 1
+            if last["decode"] > 3:
+                sync_walls.append(now - last["at"])
+        last.update(at=time.perf_counter(), tokens=stats.tokens)
+
+    loop.engine(overlap=False).run([DemoRequest(req_id=("sync", i), prompt=p, max_new_tokens=new_tokens)
+                                    for i, p in enumerate(prompts)], on_step=on_sync_step)
+    sync(device)
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset"))]
     kv_tokens = batch * (context + 3 + steps // 2)  # what the middle profiled step reads
     return {"mode": mode, "build_s": build_s, "graphs": loop.graphs, "kernels_per_step": len(kernels) / steps,
             "kernel_us_per_step": sum(e.device_time_total for e in kernels) / steps,
             "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
+            "sync_wall_ms_per_step": 1e3 * statistics.median(sync_walls) if sync_walls else None,
+            "overlapped_steps": engine.stats.overlapped,
             "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
 
 
@@ -123,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graphkv.hf decode steps on {where}: qwen3-like, {args.layers} layers, batch {args.batch}, context "
           f"{args.context}, {args.steps} profiled steps; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; torch "
           f"{torch.__version__}")
-    print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'build s':>8}  graphs")
+    print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
+          f"{'build s':>8}  graphs")
     failed = 0
     for mode in modes:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
@@ -134,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:<10} FAILED: {tail}")
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        wall = "n/a" if r["wall_ms_per_step"] is None else f"{r['wall_ms_per_step']:.3f}"
+        wall, sync_wall = ("n/a" if r[k] is None else f"{r[k]:.3f}" for k in ("wall_ms_per_step",
+                                                                              "sync_wall_ms_per_step"))
         print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
-              f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {r['build_s']:>8.1f}  {r['graphs'][:60]}")
+              f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {r['build_s']:>8.1f}  "
+              f"{r['graphs'][:60]}")
     return 1 if failed else 0
 
 

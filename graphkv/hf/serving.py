@@ -101,8 +101,10 @@ class ServingLoop:
         """The request left: its Step row is free and its pages are the caller's again."""
         self.step.finish(req_id)
 
-    def engine(self, *, record: bool = False) -> DemoEngine:
+    def engine(self, *, record: bool = False, overlap: bool = True) -> DemoEngine:
         """graphkv's continuous-batching loop (FIFO, chunked prefill, pages admitted as the pool
-        allows, greedy) over this loop's step and forward."""
-        return DemoEngine(self.plan, self.step, self.forward, record=record,
+        allows, greedy) over this loop's step and forward. ``overlap``: launch each decode step
+        from the last step's tokens on the device before the host reads them (see
+        :meth:`DemoEngine.step`); ``False`` reads every step's tokens before the next is scheduled."""
+        return DemoEngine(self.plan, self.step, self.forward, record=record, overlap=overlap,
                           logits_per_request=self.model.logits == "last", vocab_size=self.vocab_size)

@@ -78,9 +78,22 @@ class _Running:
 
 
 @attrs.define
+class _Sampled:
+    """A step's greedy tokens: on the device (the next step's input ids), their copy to the host
+    (``host``; complete once ``ready`` is, or at once on a CPU) and the requests they extend, in
+    row order."""
+
+    runs: list[_Running]
+    tokens: torch.Tensor
+    host: torch.Tensor
+    ready: "torch.cuda.Event | None"
+
+
+@attrs.define
 class EngineStats:
     """Counters of a run: steps, tokens processed / generated, pages handed out, pages that were
-    handed out again after a finished request released them, and seconds in :meth:`DemoEngine.step`."""
+    handed out again after a finished request released them, seconds in :meth:`DemoEngine.step`, and
+    decode steps launched before the host read the previous step's tokens (``overlapped``)."""
 
     steps: int = 0
     tokens: int = 0
@@ -89,6 +102,7 @@ class EngineStats:
     pages_reused: int = 0
     finished: int = 0
     seconds: float = 0.0
+    overlapped: int = 0
 
 
 def engine_pages(groups: Sequence[Any], seq_len: int) -> list[int]:
@@ -104,13 +118,16 @@ class DemoEngine:
     ``forward`` returns one logits row per packed token, or with ``logits_per_request=True`` one
     row per batch row (the logits of each request's last token of the step, as
     :class:`graphkv.hf.PagedModel` computes by default). ``first_token_at[req_id]`` is the
-    ``time.perf_counter()`` at which a request's first token was sampled (time to first token).
+    ``time.perf_counter()`` at which a request's first token was read on the host (time to first
+    token). ``overlap`` (default on): launch a decode step before the host has read the previous
+    step's tokens, so the host's work for one step overlaps the device's for the last (see
+    :meth:`step`; the tokens are the same either way, and ``record=True`` turns it off).
     ``vocab_size``: token ids the model embeds (default: ``forward.vocab_size`` when it has one, as
     :class:`~graphkv.models.paged_tiny_hybrid.PagedTinyHybrid` does); :meth:`add` refuses a prompt
     with an id outside ``[0, vocab_size)`` — negative ids always — before it is queued."""
 
     def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
-                 logits_per_request: bool = False, vocab_size: int | None = None) -> None:
+                 logits_per_request: bool = False, vocab_size: int | None = None, overlap: bool = True) -> None:
         self.vocab_size = vocab_size if vocab_size is not None else getattr(forward, "vocab_size", None)
         self.plan, self.step_api, self.forward = plan, step, forward
         self.record = record
@@ -123,6 +140,15 @@ class DemoEngine:
         self._running: dict[Hashable, _Running] = {}
         self._free = list(range(plan.num_blocks - 1, 0, -1))  # pop() hands out page 1 first
         self._released: set[int] = set()
+        self.overlap = bool(overlap)
+        self._sampled: _Sampled | None = None  # the last step's tokens, not read on the host yet
+        # Two buffers each way, used in turn: step n+1 samples into one while step n's tokens (the
+        # other) are its input ids and are read on the host. max_num_seqs int64 each (a few KiB),
+        # allocated at the first sample, on the logits' device.
+        self._tokens_dev: list[torch.Tensor] = []
+        self._tokens_host: list[torch.Tensor] = []
+        self._ready: list[torch.cuda.Event | None] = [None, None]
+        self._flip = 0
 
     def add(self, request: DemoRequest) -> None:
         """Queue ``request``; it joins the batch when rows, pages and the token budget allow. Raises
@@ -153,8 +179,8 @@ class DemoEngine:
 
     @property
     def done(self) -> bool:
-        """No request waiting or running."""
-        return not self._waiting and not self._running
+        """No request waiting or running, and no sampled token left unread."""
+        return not self._waiting and not self._running and self._sampled is None
 
     def run(self, requests: Sequence[DemoRequest] = (), *, arrivals: dict[int, Sequence[DemoRequest]] | None = None,
             max_steps: int = 100_000, on_step: Callable[[EngineStats], None] | None = None) -> EngineStats:
@@ -176,34 +202,122 @@ class DemoEngine:
         return self.stats
 
     def step(self) -> None:
-        """Schedule, run and sample one step (a no-op step when nothing can run)."""
+        """Schedule, run and sample one step (a no-op step when nothing can run).
+
+        With ``overlap`` (the default), when every running request decoded in the last step and that
+        step's tokens finish none of them and admit nobody, the next decode step is launched from
+        the sampled tokens on the device before the host reads them: the host's work for step n+1
+        (scheduling, tables, metadata) runs while the device computes step n, and step n's tokens
+        are read (one sync) after step n+1 is queued. A request whose step-n token is a stop token
+        has computed one token more in step n+1; that token is dropped when the request finishes.
+        Otherwise the last step's tokens are read first and the step is scheduled from the host."""
         start = time.perf_counter()
-        batch, chunks = self._schedule()
-        if not chunks:
-            self.stats.steps += 1
-            return
-        ids = [t for run, n in chunks for t in run.tokens[run.computed:run.computed + n]]
-        logits = self.step_api.run(self.forward, batch, input_ids=ids)
-        ends, offset = [], 0
-        for run, n in chunks:
-            offset += n
-            ends.append(offset - 1)
-        rows = list(range(len(chunks))) if self.logits_per_request else ends
-        if self.record:
-            self._record(chunks, logits, rows)
-        next_tokens = logits[rows].argmax(-1).tolist()
-        now = time.perf_counter()
-        for (run, n), token in zip(chunks, next_tokens):
-            run.computed += n
-            if run.computed == len(run.tokens):  # the query reached the end: sample
-                run.tokens.append(int(token))
-                self.stats.generated += 1
-                self.first_token_at.setdefault(run.request.req_id, now)
-                if run.generated >= run.request.max_new_tokens or token in run.request.stop_token_ids:
-                    self._finish(run)
+        sampled, self._sampled = self._sampled, None
+        if sampled is not None and self._can_overlap(sampled):
+            self._sampled = self._launch_decode(sampled)
+            self.stats.overlapped += 1
+            self._read(sampled)
+        else:
+            if sampled is not None:
+                self._read(sampled)
+            batch, chunks = self._schedule()
+            if not chunks:
+                if sampled is None:
+                    self.stats.steps += 1  # nothing ran and nothing was read: a step with no work
+                self.stats.seconds += time.perf_counter() - start
+                return
+            ids = [t for run, n in chunks for t in run.tokens[run.computed:run.computed + n]]
+            logits = self.step_api.run(self.forward, batch, input_ids=ids)
+            ends, offset = [], 0
+            for run, n in chunks:
+                offset += n
+                ends.append(offset - 1)
+            rows = list(range(len(chunks))) if self.logits_per_request else ends
+            if self.record:
+                self._record(chunks, logits, rows)
+            sampling = [(i, run) for i, (run, n) in enumerate(chunks) if run.computed + n == len(run.tokens)]
+            for run, n in chunks:
+                run.computed += n
+            if sampling:  # requests whose query reached the end of their tokens
+                index, runs = zip(*sampling)
+                self._sampled = self._sample(logits, [rows[i] for i in index], list(runs))
+            self.stats.tokens += len(ids)
+            if not self.overlap and self._sampled is not None:
+                sampled, self._sampled = self._sampled, None
+                self._read(sampled)
         self.stats.steps += 1
-        self.stats.tokens += len(ids)
         self.stats.seconds += time.perf_counter() - start
+
+    def _can_overlap(self, sampled: _Sampled) -> bool:
+        """Whether the next step is ``sampled``'s requests decoding once more, known before its tokens
+        are read: every running request sampled, none reaches ``max_new_tokens`` with that token, and
+        no waiting request would be admitted now."""
+        if not self.overlap or self.record or len(sampled.runs) != len(self._running):
+            return False
+        if any(run.generated + 1 >= run.request.max_new_tokens for run in sampled.runs):
+            return False
+        budget = self.plan.limits.max_num_batched_tokens - len(sampled.runs)
+        return not (self._waiting and budget > 0 and len(self._running) < self.plan.limits.max_num_seqs
+                    and self._lifetime_pages(self._waiting[0]) <= len(self._free) - self._promised())
+
+    def _launch_decode(self, sampled: _Sampled) -> _Sampled:
+        """Run one decode step of ``sampled``'s requests with its tokens still on the device; sample it."""
+        runs = sampled.runs
+        new_pages = [self._grow(run, run.computed + 1) for run in runs]
+        batch = Batch(req_ids=tuple(run.request.req_id for run in runs), query_lens=(1,) * len(runs),
+                      seq_lens=tuple(run.computed + 1 for run in runs),
+                      new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
+        logits = self.step_api.run(self.forward, batch, input_ids=sampled.tokens)
+        for run in runs:
+            run.computed += 1
+        self.stats.tokens += len(runs)
+        return self._sample(logits, list(range(len(runs))), runs)
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], runs: list[_Running]) -> _Sampled:
+        """Greedy tokens of ``logits[rows]`` into the next of the two device buffers, and their copy
+        to the host queued behind them (not waited for)."""
+        if not self._tokens_dev:
+            self._allocate_samples(logits.device)
+        self._flip ^= 1
+        n = len(rows)
+        tokens, host = self._tokens_dev[self._flip][:n], self._tokens_host[self._flip][:n]
+        if rows == list(range(n)):
+            picked = logits[:n]
+        else:
+            picked = logits.index_select(0, torch.as_tensor(rows, dtype=torch.int64).to(logits.device))
+        torch.argmax(picked, dim=-1, out=tokens)
+        ready = None
+        if tokens.device.type == "cuda":
+            host.copy_(tokens, non_blocking=True)
+            ready = self._ready[self._flip]
+            ready.record()
+        else:
+            host.copy_(tokens)
+        return _Sampled(runs=runs, tokens=tokens, host=host, ready=ready)
+
+    def _allocate_samples(self, device: torch.device) -> None:
+        seqs = self.plan.limits.max_num_seqs
+        self._tokens_dev = [torch.zeros(seqs, dtype=torch.int64, device=device) for _ in range(2)]
+        self._tokens_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=device.type == "cuda")
+                             for _ in range(2)]
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                self._ready = [torch.cuda.Event() for _ in range(2)]
+
+    def _read(self, sampled: _Sampled) -> None:
+        """Wait for ``sampled``'s tokens on the host and give them to their requests (those still
+        running: a request that finished at a stop token meanwhile drops its extra token)."""
+        if sampled.ready is not None:
+            sampled.ready.synchronize()
+        now = time.perf_counter()
+        for run, token in zip(sampled.runs, sampled.host.tolist()):
+            if self._running.get(run.request.req_id) is not run:
+                continue  # it finished at the token before this one
+            run.tokens.append(token)
+            self.stats.generated += 1
+            self.first_token_at.setdefault(run.request.req_id, now)
+            if run.generated >= run.request.max_new_tokens or token in run.request.stop_token_ids:
+                self._finish(run)
 
     def _record(self, chunks: list[tuple[_Running, int]], logits: torch.Tensor, rows: list[int]) -> None:
         """Keep the step's logits rows with their request and position (every token, or each
@@ -231,9 +345,7 @@ class DemoEngine:
             chunks.append((run, n))
             new_pages.append(pages)
             budget -= n
-        # Pages the running requests may still take; the rest can be promised to a new request.
-        promised = sum(self._lifetime_pages(run.request) - sum(map(len, run.pages))
-                       for run in self._running.values())
+        promised = self._promised()
         while self._waiting and budget > 0 and len(self._running) < limits.max_num_seqs:
             request = self._waiting[0]
             if self._lifetime_pages(request) > len(self._free) - promised:
@@ -252,6 +364,11 @@ class DemoEngine:
                       seq_lens=tuple(run.computed + n for run, n in chunks),
                       new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
         return batch, chunks
+
+    def _promised(self) -> int:
+        """Pages the running requests may still take; the rest of the free list can be promised to a
+        new request."""
+        return sum(self._lifetime_pages(run.request) - sum(map(len, run.pages)) for run in self._running.values())
 
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at
