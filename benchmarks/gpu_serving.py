@@ -145,7 +145,8 @@ def serving_loop_for(model: Any, prompts: list[list[int]], new_tokens: int, *, s
     from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
 
     declared = model_kv(model)
-    limits = attrs.evolve(default_limits(prompts, new_tokens, declared), max_num_seqs=len(prompts),
+    limits = attrs.evolve(default_limits(prompts, new_tokens, declared, compile=loop_kwargs.get("compile")),
+                          max_num_seqs=len(prompts),
                           max_num_batched_tokens=max(step_tokens, len(prompts)))
     limits = sliding_tables_for(limits, declared)
     return ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), **loop_kwargs)

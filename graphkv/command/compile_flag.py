@@ -3,7 +3,8 @@
 The modes are :class:`~graphkv.hf.PagedModel`'s ``compile``: ``True`` (each attention group's flex
 attention compiled), ``False`` (nothing), ``"model"`` (the whole forward by Inductor),
 ``"piecewise"`` (split at the attention and state-mixer ops, pieces as traced) and ``"fused"``
-(split the same way, each piece compiled by Inductor); ``None`` picks ``True`` on a GPU.
+(split the same way, each piece compiled by Inductor); ``None`` picks :data:`GPU_DEFAULT_COMPILE` on a GPU
+and ``False`` on a CPU. :func:`graph_mode_for` is the CUDA-graph mode a plan for a mode asks for.
 """
 
 from __future__ import annotations
@@ -11,8 +12,36 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = ["COMPILE_BY_NAME"]
+from graphkv.spec.limits import CudaGraphMode
+
+__all__ = ["COMPILE_BY_NAME", "GPU_DEFAULT_COMPILE", "PIECEWISE_MODES", "default_compile", "graph_mode_for"]
 
 COMPILE_BY_NAME: Mapping[str, bool | str | None] = MappingProxyType(
     {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused", "none": False})
 """The ``--compile NAME`` flags of ``graphkv demo --hf`` and the benchmarks: the ``compile`` each selects."""
+
+GPU_DEFAULT_COMPILE: bool | str = True
+"""The compile mode ``compile=None`` picks on a GPU: each attention group's flex attention compiled (the mode
+measured on an H100). ``"fused"`` replaces it once it has run there (issue 20)."""
+
+PIECEWISE_MODES = frozenset({"piecewise", "fused"})
+"""Modes whose forward is split at the attention and state-mixer ops, so mixed steps are captured piece by piece."""
+
+
+def default_compile(device_type: str) -> bool | str:
+    """The compile mode ``compile=None`` means on a device of ``device_type`` (``"cuda"``: :data:`GPU_DEFAULT_COMPILE`;
+    anything else: ``False``)."""
+    return GPU_DEFAULT_COMPILE if device_type == "cuda" else False
+
+
+def graph_mode_for(compile: bool | str | None) -> CudaGraphMode:  # noqa: A002 - the torch verb
+    """The CUDA-graph mode a plan served under ``compile`` asks for: ``FULL_AND_PIECEWISE`` for a split forward
+    (``"piecewise"``, ``"fused"``: mixed steps captured piece by piece), ``FULL_DECODE_ONLY`` otherwise (mixed
+    steps run eagerly). ``None`` is read as the GPU default (:data:`GPU_DEFAULT_COMPILE`); a CPU captures nothing
+    either way.
+
+    >>> graph_mode_for("fused").value, graph_mode_for(True).value
+    ('FULL_AND_PIECEWISE', 'FULL_DECODE_ONLY')
+    """
+    mode = GPU_DEFAULT_COMPILE if compile is None else compile
+    return CudaGraphMode.FULL_AND_PIECEWISE if mode in PIECEWISE_MODES else CudaGraphMode.FULL_DECODE_ONLY

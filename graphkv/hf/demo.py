@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
-from graphkv.command.compile_flag import COMPILE_BY_NAME
+from graphkv.command.compile_flag import COMPILE_BY_NAME, graph_mode_for
 from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.hf.generation import sliding_tables_for
@@ -27,7 +27,7 @@ from graphkv.models.demo import DemoOptions, DemoResult, check_memory, check_opt
 from graphkv.plan.compile import compile_plan
 from graphkv.report import format_plan
 from graphkv.spec.budget import Budget
-from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.limits import Limits
 
 __all__ = ["HFDemoResult", "run_hf_demo"]
 
@@ -62,9 +62,7 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
                                 limit=f"must be one of {', '.join(COMPILE_BY_NAME)}",
                                 fix="auto (attention regions compiled on a GPU), fused (pieces compiled by Inductor, "
                                     "mixed steps captured too), model, piecewise or none"))
-    # piecewise / fused capture mixed steps piece by piece too: the plan asks for both graph kinds
-    mode = CudaGraphMode.FULL_AND_PIECEWISE if options.compile in ("piecewise", "fused") else \
-        CudaGraphMode.FULL_DECODE_ONLY
+    mode = graph_mode_for(COMPILE_BY_NAME[options.compile])  # piecewise / fused capture mixed steps too
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                                        max_num_batched_tokens=options.max_num_batched_tokens,
                                        cudagraph_mode=mode), declared)

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from graphkv.command.compile_flag import graph_mode_for
 from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
@@ -19,7 +20,7 @@ from graphkv.plan.compile import compile_plan
 from graphkv.spec._checks import count_arg
 from graphkv.spec.budget import Budget
 from graphkv.spec.layers import LayerKind
-from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 
 __all__ = ["GenerateResult", "default_limits", "generate", "generate_with_stats", "sliding_tables_for",
@@ -97,16 +98,19 @@ def _check_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, cap: in
                             fix=f"shorten the prompt to <= {cap - 1} tokens"))
 
 
-def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None) -> Limits:
+def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None, *,
+                   compile: bool | str | None = None) -> Limits:  # noqa: A002 - the torch verb
     """The limits :func:`generate` plans with when none are given: ``max_model_len`` the longest
-    prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, CUDA graphs
-    for decode steps only (prefill chunks run eagerly; recurrent backends capture uniform batches)
-    and, for a model with sliding-window layers (``model_kv``), sliding tables as wide as
-    :func:`sliding_tables_for` makes them."""
+    prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, the CUDA-graph
+    mode ``compile`` serves with (:func:`~graphkv.command.compile_flag.graph_mode_for`: decode steps
+    only, prefill chunks eager, unless the forward is split — ``"piecewise"`` / ``"fused"`` capture
+    mixed steps piece by piece; recurrent backends capture uniform batches) and, for a model with
+    sliding-window layers (``model_kv``), sliding tables as wide as :func:`sliding_tables_for` makes
+    them."""
     limits = Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
                     max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
                     max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
-                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+                    cudagraph_mode=graph_mode_for(compile))
     return sliding_tables_for(limits, model_kv) if model_kv is not None else limits
 
 
@@ -156,7 +160,7 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     declared = model_kv(model)
     if limits is None:
         _check_length(prompts, max_new_tokens, declared.max_position_embeddings)
-        limits = default_limits(prompts, max_new_tokens, declared)
+        limits = default_limits(prompts, max_new_tokens, declared, compile=compile)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile, kernels=kernels)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from graphkv.command.compile_flag import default_compile
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
@@ -112,7 +113,7 @@ class PagedModel(torch.nn.Module):
                                     limit=f"the pool must live where the model's weights are ({device})",
                                     fix=f"allocate the pool on {device}, or move the model"))
         if compile is None:
-            compile = pool.device.type == "cuda"
+            compile = default_compile(pool.device.type)
         if compile not in COMPILE_MODES:
             raise SpecError(Problem(field="compile", value=compile,
                                     limit="must be True, False, None, 'model', 'piecewise' or 'fused'",

@@ -47,6 +47,16 @@ def test_default_limits_fit_the_workload() -> None:
     assert limits.cudagraph_mode is graphkv.CudaGraphMode.FULL_DECODE_ONLY
 
 
+@pytest.mark.parametrize("compile_mode, graph_mode", [(None, "FULL_DECODE_ONLY"), (True, "FULL_DECODE_ONLY"),
+                                                      (False, "FULL_DECODE_ONLY"), ("model", "FULL_DECODE_ONLY"),
+                                                      ("piecewise", "FULL_AND_PIECEWISE"),
+                                                      ("fused", "FULL_AND_PIECEWISE")])
+def test_default_limits_capture_mixed_steps_for_a_split_forward(compile_mode, graph_mode) -> None:
+    """A forward split at the attention ops ('piecewise', 'fused') is planned with PIECEWISE graphs for mixed steps
+    as well; the others (None: the GPU default, compiled attention regions) with decode graphs only."""
+    assert default_limits([[1] * 30], 8, compile=compile_mode).cudagraph_mode.value == graph_mode
+
+
 @pytest.mark.parametrize("prompts_arg, max_new, field", [
     ([], 4, "prompts"),
     ("hello", 4, "prompts"),
