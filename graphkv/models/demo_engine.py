@@ -93,7 +93,10 @@ class _Sampled:
 class EngineStats:
     """Counters of a run: steps, tokens processed / generated, pages handed out, pages that were
     handed out again after a finished request released them, seconds in :meth:`DemoEngine.step`, and
-    decode steps launched before the host read the previous step's tokens (``overlapped``)."""
+    decode steps launched before the host read the previous step's tokens (``overlapped``). With the
+    overlap, a request that stops at a stop token has computed one token more (``tokens``), which may
+    have taken a page more (``pages_allocated``), and a request waiting for its pages is admitted a
+    step later; the generated tokens are the same."""
 
     steps: int = 0
     tokens: int = 0
@@ -147,16 +150,26 @@ class DemoEngine:
         # allocated at the first sample, on the logits' device.
         self._tokens_dev: list[torch.Tensor] = []
         self._tokens_host: list[torch.Tensor] = []
+        self._rows_dev: list[torch.Tensor] = []
+        self._rows_host: list[torch.Tensor] = []
         self._ready: list[torch.cuda.Event | None] = [None, None]
         self._flip = 0
 
     def add(self, request: DemoRequest) -> None:
         """Queue ``request``; it joins the batch when rows, pages and the token budget allow. Raises
         :class:`SpecError` for something else than a :class:`DemoRequest` or a prompt token id outside
-        the vocabulary, :class:`CapacityError` for a request the plan cannot hold; nothing is queued then."""
+        the vocabulary or a ``req_id`` already waiting, running or finished in this engine (its tokens
+        would replace the other's), :class:`CapacityError` for a request the plan cannot hold; nothing is
+        queued then."""
         if not isinstance(request, DemoRequest):
             raise SpecError(Problem(field="request", value=type(request).__name__, limit="must be a DemoRequest",
                                     fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
+        rid = request.req_id
+        if rid in self._running or rid in self.finished or any(w.req_id == rid for w in self._waiting):
+            where = "running" if rid in self._running else "finished" if rid in self.finished else "waiting"
+            raise SpecError(Problem(field="request.req_id", value=rid, limit=f"is {where} in this engine already",
+                                    fix="give every request its own id (or read and del engine.finished[id] "
+                                        "before reusing a finished one)"))
         check_vocab([np.asarray(request.prompt, dtype=np.int64)], self.vocab_size,
                     lambda _: f"request {request.req_id!r}.prompt")
         limit = self.plan.max_model_len
@@ -186,13 +199,25 @@ class DemoEngine:
             max_steps: int = 100_000, on_step: Callable[[EngineStats], None] | None = None) -> EngineStats:
         """Add ``requests``, then step until every request (including ``arrivals[step]``, added
         before that step) has finished, calling ``on_step(stats)`` after each step (progress).
-        Returns the stats."""
+        Returns the stats. Raises :class:`SpecError` for an arrival step that is not an int at or
+        after the current step (``stats.steps``; such requests would never be added), before adding
+        anything."""
+        arrivals = dict(arrivals or {})
+        late = [k for k in arrivals if isinstance(k, bool) or not isinstance(k, int) or k < self.stats.steps]
+        if late:
+            raise SpecError(Problem(field="arrivals", value=late,
+                                    limit=f"keys must be step numbers (ints) >= the current step {self.stats.steps}",
+                                    fix="key each list of requests by the step before which it arrives, counting "
+                                        "from engine.stats.steps"))
         for r in requests:
             self.add(r)
-        arrivals = dict(arrivals or {})
         while not self.done or arrivals:
             for r in arrivals.pop(self.stats.steps, ()):
                 self.add(r)
+            if self.stats.steps >= max_steps and self._sampled is not None:
+                sampled, self._sampled = self._sampled, None
+                self._read(sampled)  # the last step's tokens: reading them is no step
+                continue
             if self.stats.steps >= max_steps:
                 raise CapacityError(Problem(field="max_steps", value=max_steps, limit="the run did not finish",
                                             fix="raise max_steps, or check that requests fit the pool"))
@@ -267,7 +292,13 @@ class DemoEngine:
         batch = Batch(req_ids=tuple(run.request.req_id for run in runs), query_lens=(1,) * len(runs),
                       seq_lens=tuple(run.computed + 1 for run in runs),
                       new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
-        logits = self.step_api.run(self.forward, batch, input_ids=sampled.tokens)
+        try:
+            logits = self.step_api.run(self.forward, batch, input_ids=sampled.tokens)
+        except BaseException:  # the Step undid itself: give the pages back, keep the tokens to read
+            for run, pages in zip(reversed(runs), reversed(new_pages)):
+                self._ungrow(run, pages)
+            self._sampled = sampled
+            raise
         for run in runs:
             run.computed += 1
         self.stats.tokens += len(runs)
@@ -283,23 +314,29 @@ class DemoEngine:
         tokens, host = self._tokens_dev[self._flip][:n], self._tokens_host[self._flip][:n]
         if rows == list(range(n)):
             picked = logits[:n]
-        else:
-            picked = logits.index_select(0, torch.as_tensor(rows, dtype=torch.int64).to(logits.device))
+        else:  # the rows through pinned memory: a pageable copy would wait for the forward
+            index, index_host = self._rows_dev[self._flip][:n], self._rows_host[self._flip][:n]
+            index_host.numpy()[:] = rows
+            index.copy_(index_host, non_blocking=index.device.type == "cuda")
+            picked = logits.index_select(0, index)
         torch.argmax(picked, dim=-1, out=tokens)
         ready = None
         if tokens.device.type == "cuda":
             host.copy_(tokens, non_blocking=True)
             ready = self._ready[self._flip]
-            ready.record()
+            ready.record(torch.cuda.current_stream(tokens.device))
         else:
             host.copy_(tokens)
         return _Sampled(runs=runs, tokens=tokens, host=host, ready=ready)
 
     def _allocate_samples(self, device: torch.device) -> None:
-        seqs = self.plan.limits.max_num_seqs
+        """The token and logits-row buffers (two of each, device and pinned host); a buffer is reused two
+        samples later, after the host read the sample between (its event covers every copy before it)."""
+        seqs, pinned = self.plan.limits.max_num_seqs, device.type == "cuda"
         self._tokens_dev = [torch.zeros(seqs, dtype=torch.int64, device=device) for _ in range(2)]
-        self._tokens_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=device.type == "cuda")
-                             for _ in range(2)]
+        self._tokens_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._rows_dev = [torch.zeros(seqs, dtype=torch.int64, device=device) for _ in range(2)]
+        self._rows_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         if device.type == "cuda":
             with torch.cuda.device(device):
                 self._ready = [torch.cuda.Event() for _ in range(2)]
@@ -397,6 +434,15 @@ class DemoEngine:
             run.pages[g].extend(ids)
             out.append(ids)
         return tuple(out)
+
+    def _ungrow(self, run: _Running, pages: tuple[tuple[int, ...], ...]) -> None:
+        """Take back what :meth:`_grow` just gave ``run`` (``pages``, its return value), onto the free list as it was."""
+        for g, ids in enumerate(pages):
+            if ids:
+                del run.pages[g][-len(ids):]
+                self._free.extend(reversed(ids))
+                self.stats.pages_allocated -= len(ids)
+                self.stats.pages_reused -= sum(1 for p in ids if p in self._released)
 
     def _finish(self, run: _Running) -> None:
         req_id = run.request.req_id

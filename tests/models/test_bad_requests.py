@@ -104,3 +104,38 @@ def test_a_paged_model_needs_a_pool(parts):
     with pytest.raises(SpecError, match=r"pool='str': must be a graphkv KVPool; allocate it from the model's plan"):
         PagedTinyHybrid(weights, "pool")
     assert model.vocab_size == 97
+
+
+def test_a_request_id_in_use_is_refused(parts):
+    """A second request with a waiting, running or finished request's id replaced the first one's row, tokens or
+    result silently; it is refused now, naming where the id is, and nothing is queued."""
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), model)
+    engine.add(DemoRequest(req_id="a", prompt=[1, 2], max_new_tokens=3))
+    with pytest.raises(SpecError, match=r"request.req_id='a': is waiting in this engine already; give every request"):
+        engine.add(DemoRequest(req_id="a", prompt=[3], max_new_tokens=1))
+    engine.step()  # "a" prefills: running
+    with pytest.raises(SpecError, match=r"request.req_id='a': is running in this engine already"):
+        engine.add(DemoRequest(req_id="a", prompt=[3], max_new_tokens=1))
+    engine.run()
+    assert len(engine.finished["a"]) == 5
+    with pytest.raises(SpecError, match=r"request.req_id='a': is finished in this engine already; .*del "
+                                        r"engine.finished\[id\]"):
+        engine.run([DemoRequest(req_id="a", prompt=[3], max_new_tokens=1)])
+    del engine.finished["a"]
+    engine.run([DemoRequest(req_id="a", prompt=[3], max_new_tokens=1)])
+    assert len(engine.finished["a"]) == 2
+
+
+def test_arrivals_before_the_current_step_are_refused(parts):
+    """An arrival keyed by a step already past was never added, and run() stepped on empty until max_steps; it is
+    refused before anything is added."""
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), model)
+    engine.run([DemoRequest(req_id="a", prompt=[1, 2], max_new_tokens=2)])
+    assert engine.stats.steps == 2
+    late = DemoRequest(req_id="b", prompt=[1], max_new_tokens=1)
+    with pytest.raises(SpecError, match=r"arrivals=\[1, '3'\]: keys must be step numbers \(ints\) >= the "
+                                        r"current step 2"):
+        engine.run([DemoRequest(req_id="c", prompt=[1], max_new_tokens=1)], arrivals={1: [late], "3": [late], 4: []})
+    assert engine.done and "c" not in engine.finished

@@ -35,9 +35,9 @@ def _requests(stop: dict[str, int] | None = None) -> list[DemoRequest]:
             for i, (n, m) in enumerate(zip(PROMPTS, NEW_TOKENS))]
 
 
-def _serve(engine: DemoEngine, requests: list[DemoRequest]):
+def _serve(engine: DemoEngine, requests: list[DemoRequest], max_steps: int = 100_000):
     # at most 3 running, a 64-token budget (the 97-token prompt is chunked), a pool too small for all six at once
-    return engine.run(requests[:2], arrivals={2: requests[2:4], 5: requests[4:]})
+    return engine.run(requests[:2], arrivals={2: requests[2:4], 5: requests[4:]}, max_steps=max_steps)
 
 
 @pytest.mark.parametrize("pattern", ["MAMA", "AAA"])
@@ -85,3 +85,51 @@ def test_overlapped_decode_on_the_gpu_path_on_a_cpu() -> None:
     engine, _ = _engine("MAMA", overlap=True, kernels="triton")
     stats = _serve(engine, _requests())
     assert engine.finished == sync_engine.finished and stats.overlapped > 0
+
+
+def test_max_steps_counts_the_same_steps_with_the_overlap() -> None:
+    """The synchronous run takes N steps; with the overlap, max_steps=N still finishes (the last tokens are read
+    without a step) and N-1 raises CapacityError naming max_steps."""
+    sync_engine, _ = _engine("AAA", overlap=False)
+    steps = _serve(sync_engine, _requests()).steps
+    engine, _ = _engine("AAA", overlap=True)
+    stats = _serve(engine, _requests(), max_steps=steps)
+    assert steps == 12 and stats.steps == steps and engine.done and engine.finished == sync_engine.finished
+    engine, _ = _engine("AAA", overlap=True)
+    with pytest.raises(graphkv.CapacityError, match="max_steps"):
+        _serve(engine, _requests(), max_steps=steps - 1)
+
+
+def test_a_forward_that_raises_in_an_overlapped_step_loses_no_token_and_no_page() -> None:
+    """The forward raises once, in the third overlapped step: the error reaches the caller, the pages that step
+    took are back on the free list as they were, the unread tokens stay; running on gives the synchronous loop's
+    tokens and every page is free at the end."""
+    sync_engine, _ = _engine("AAA", overlap=False)
+    _serve(sync_engine, _requests())
+    engine, _ = _engine("AAA", overlap=True)
+    forward, launch = engine.forward, engine._launch_decode
+    seen = {"launches": 0, "free": None, "raise": False}
+
+    def launching(sampled):
+        seen["launches"] += 1
+        seen["free"], seen["raise"] = list(engine._free), seen["launches"] == 3
+        try:
+            return launch(sampled)
+        finally:
+            seen["raise"] = False
+
+    def flaky(*args, **kwargs):
+        if seen["raise"]:
+            raise RuntimeError("device lost")
+        return forward(*args, **kwargs)
+
+    engine._launch_decode, engine.forward = launching, flaky
+    requests = _requests()
+    with pytest.raises(RuntimeError, match="device lost"):
+        _serve(engine, requests)
+    assert seen["launches"] == 3 and engine.stats.overlapped == 2
+    assert engine._free == seen["free"] and engine._sampled is not None
+    assert engine.stats.steps == 5 and [r.req_id for r in engine._waiting] == ["r4", "r5"]  # every arrival added
+    engine.run()
+    assert engine.finished == sync_engine.finished
+    assert sorted(engine._free) == list(range(1, engine.plan.num_blocks))
