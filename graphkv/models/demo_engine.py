@@ -71,6 +71,11 @@ class _Running:
     tokens: list[int]  # prompt + generated so far
     computed: int = 0  # tokens whose KV / state is in the pool
     pages: list[list[int]] = attrs.Factory(list)  # per group
+    covered: int = 0  # tokens the held pages hold in every group (a step up to it takes no page)
+    end: int = 0  # len(tokens) at which it has all its new tokens (prompt + max_new_tokens)
+
+    def __attrs_post_init__(self) -> None:
+        self.end = len(self.request.prompt) + self.request.max_new_tokens
 
     @property
     def generated(self) -> int:
@@ -279,7 +284,7 @@ class DemoEngine:
         no waiting request would be admitted now."""
         if not self.overlap or self.record or len(sampled.runs) != len(self._running):
             return False
-        if any(run.generated + 1 >= run.request.max_new_tokens for run in sampled.runs):
+        if any(len(run.tokens) + 1 >= run.end for run in sampled.runs):
             return False
         budget = self.plan.limits.max_num_batched_tokens - len(sampled.runs)
         return not (self._waiting and budget > 0 and len(self._running) < self.plan.limits.max_num_seqs
@@ -346,15 +351,19 @@ class DemoEngine:
         running: a request that finished at a stop token meanwhile drops its extra token)."""
         if sampled.ready is not None:
             sampled.ready.synchronize()
-        now = time.perf_counter()
+        now, running, generated = time.perf_counter(), self._running, 0
         for run, token in zip(sampled.runs, sampled.host.tolist()):
-            if self._running.get(run.request.req_id) is not run:
+            request = run.request
+            if running.get(request.req_id) is not run:
                 continue  # it finished at the token before this one
-            run.tokens.append(token)
-            self.stats.generated += 1
-            self.first_token_at.setdefault(run.request.req_id, now)
-            if run.generated >= run.request.max_new_tokens or token in run.request.stop_token_ids:
+            tokens = run.tokens
+            tokens.append(token)
+            generated += 1
+            if len(tokens) == len(request.prompt) + 1:
+                self.first_token_at[request.req_id] = now
+            if len(tokens) >= run.end or token in request.stop_token_ids:
                 self._finish(run)
+        self.stats.generated += generated
 
     def _record(self, chunks: list[tuple[_Running, int]], logits: torch.Tensor, rows: list[int]) -> None:
         """Keep the step's logits rows with their request and position (every token, or each
@@ -422,6 +431,8 @@ class DemoEngine:
     def _grow(self, run: _Running, seq_len: int) -> tuple[tuple[int, ...], ...]:
         """Pages ``run`` gains to hold ``seq_len`` tokens, per group (``()`` when it needs none).
         Admission promised every request its lifetime pages, so the free list always has them."""
+        if seq_len <= run.covered:
+            return ()  # most steps: no group crosses a page boundary
         need = [max(0, want - len(held)) for want, held in zip(self._pages_for(seq_len), run.pages)]
         assert sum(need) <= len(self._free), "admission promised every request its lifetime pages"
         if not any(need):
@@ -433,7 +444,14 @@ class DemoEngine:
             self.stats.pages_reused += sum(1 for p in ids if p in self._released)
             run.pages[g].extend(ids)
             out.append(ids)
+        self._cover(run)
         return tuple(out)
+
+    def _cover(self, run: _Running) -> None:
+        """Set ``run.covered`` from the pages it holds: the fewest tokens any group's pages hold (a state
+        group's one page holds any length)."""
+        run.covered = min((len(held) * g.block_size if not g.is_ssm else (1 << 62) if held else 0)
+                          for g, held in zip(self.plan.groups, run.pages))
 
     def _ungrow(self, run: _Running, pages: tuple[tuple[int, ...], ...]) -> None:
         """Take back what :meth:`_grow` just gave ``run`` (``pages``, its return value), onto the free list as it was."""
@@ -443,6 +461,7 @@ class DemoEngine:
                 self._free.extend(reversed(ids))
                 self.stats.pages_allocated -= len(ids)
                 self.stats.pages_reused -= sum(1 for p in ids if p in self._released)
+        self._cover(run)
 
     def _finish(self, run: _Running) -> None:
         req_id = run.request.req_id
