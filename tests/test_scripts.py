@@ -146,3 +146,37 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused" in bad.stderr
+
+
+GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
+
+
+def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
+    """--list prints the six steps in order with their limits; a bad budget or an unknown flag is one line on
+    stderr and exit code 2."""
+    subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
+    listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0
+    assert [line.split()[1] for line in listed.stdout.splitlines()] == [
+        "bisect-fused", "demo-hf-fused", "profile-b1", "profile-b32", "serving-fused", "memory-full-depth"]
+    for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
+                       (["--from", "x"], "--from 'x' must be a whole number >= 1"),
+                       (["--fast"], "unknown argument '--fast'")):
+        done = subprocess.run(["bash", str(GPU_PRIORITY), *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and text in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path) -> None:
+    """A 40 s budget from step 2 (on the CPU here): step 2 is cut at what is left of the budget (TIMEOUT), the
+    later steps are skipped and listed, and summary.md holds every row."""
+    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1")
+    done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert [row.split("|")[2].strip() for row in rows] == ["demo-hf-fused", "profile-b1", "profile-b32",
+                                                          "serving-fused", "memory-full-depth"]
+    assert rows[0].split("|")[3].strip() == "TIMEOUT" and int(rows[0].split("|")[4]) <= 52
+    assert all(row.split("|")[3].strip().startswith("skipped") for row in rows[1:])
+    assert (tmp_path / "2-demo-hf-fused.log").exists()

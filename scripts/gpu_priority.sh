@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The GPU measurements issues 20 and 21 wait for, most important first, within a time budget: for a short GPU
+# session (a lent machine with 15 minutes in all). Each step runs under `timeout` (its own limit, or what is left of
+# the budget if that is less); a step that no longer fits is skipped and listed. Logs and summary.md go to the
+# output folder as each step ends, so a session cut off early still returns what ran.
+#
+#   python -m pip install --no-deps --no-build-isolation -e . -q
+#   bash scripts/gpu_priority.sh                      # 540 s budget, output in gpu_priority_out
+#   bash scripts/gpu_priority.sh --budget 300 --out "$OUT/p" --from 3   # steps 3.. only
+#   bash scripts/gpu_priority.sh --list               # the steps, their limits and commands; runs nothing
+#
+# Steps (in order):
+#   1 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
+#                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
+#   2 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
+#   3 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
+#                     compile attention vs fused (16 layers)
+#   4 profile-b32     the same at batch 32
+#   5 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32
+#   6 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
+# (GPU_PRIORITY_ALLOW_CPU=1 lets the script's own test run on a machine without CUDA.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=540
+OUT="gpu_priority_out"
+FROM=1
+LIST=0
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --budget) BUDGET="${2:-}"; shift ;;
+    --out) OUT="${2:-}"; shift ;;
+    --from) FROM="${2:-}"; shift ;;
+    --list) LIST=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
+       exit 2 ;;
+  esac
+  shift
+done
+for pair in "--budget:$BUDGET" "--from:$FROM"; do
+  if ! [[ "${pair#*:}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_priority.sh: ${pair%%:*} '${pair#*:}' must be a whole number >= 1" >&2
+    exit 2
+  fi
+done
+
+# name|limit seconds|command
+STEPS=(
+  "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
+  "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
+  "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
+  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
+  "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $OUT/gpu_serving_fused.json"
+  "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $OUT/bench_memory_full_depth"
+)
+
+if [ "$LIST" -eq 1 ]; then
+  i=0
+  for step in "${STEPS[@]}"; do
+    i=$((i + 1))
+    IFS='|' read -r name limit cmd <<<"$step"
+    echo "$i $name ${limit}s: $cmd"
+  done
+  exit 0
+fi
+if [ "${GPU_PRIORITY_ALLOW_CPU:-0}" != 1 ] && ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_priority.sh: torch.cuda.is_available() is False here; these measurements need a CUDA GPU" >&2
+  exit 2
+fi
+
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.md"
+START=$(date +%s)
+ROWS=()
+write_summary() {
+  {
+    echo "# graphkv GPU priority run (budget ${BUDGET} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+    echo
+    python -c "import torch; print('    ' + (torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU') + ', torch ' + torch.__version__)" 2>/dev/null
+    echo
+    echo "| # | step | result | seconds | last lines |"
+    echo "| --- | --- | --- | --- | --- |"
+    printf '%s\n' "${ROWS[@]}"
+  } >"$SUMMARY"
+}
+
+i=0
+for step in "${STEPS[@]}"; do
+  i=$((i + 1))
+  [ "$i" -lt "$FROM" ] && continue
+  IFS='|' read -r name limit cmd <<<"$step"
+  left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -lt 30 ]; then
+    ROWS+=("| $i | $name | skipped (${left} s of the budget left) | 0 | |")
+    write_summary
+    continue
+  fi
+  [ "$left" -lt "$limit" ] && limit="$left"
+  echo "== $i $name (limit ${limit} s): $cmd"
+  begin=$(date +%s)
+  timeout -k 10 "$limit" bash -c "$cmd" >"$OUT/$i-$name.log" 2>&1
+  rc=$?
+  took=$(($(date +%s) - begin))
+  if [ "$rc" -eq 0 ]; then status="pass"; elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="TIMEOUT"; else status="exit $rc"; fi
+  tail_lines=$(tail -n 4 "$OUT/$i-$name.log" | tr '\n' ' ' | sed 's/|/\\|/g' | cut -c1-300)
+  ROWS+=("| $i | $name | $status | $took | $tail_lines |")
+  echo "   $status in $took s"
+  write_summary
+done
+write_summary
+echo "summary: $SUMMARY"
