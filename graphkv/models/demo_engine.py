@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from graphkv.errors import CapacityError, Problem, SpecError
+from graphkv.models.greedy_sampler import GreedySampler, SampledTokens
 from graphkv.models.prompts import check_vocab, prompt_ids
 from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
@@ -80,18 +81,6 @@ class _Running:
     @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.request.prompt)
-
-
-@attrs.define
-class _Sampled:
-    """A step's greedy tokens: on the device (the next step's input ids), their copy to the host
-    (``host``; complete once ``ready`` is, or at once on a CPU) and the requests they extend, in
-    row order."""
-
-    runs: list[_Running]
-    tokens: torch.Tensor
-    host: torch.Tensor
-    ready: "torch.cuda.Event | None"
 
 
 @attrs.define
@@ -149,16 +138,8 @@ class DemoEngine:
         self._free = list(range(plan.num_blocks - 1, 0, -1))  # pop() hands out page 1 first
         self._released: set[int] = set()
         self.overlap = bool(overlap)
-        self._sampled: _Sampled | None = None  # the last step's tokens, not read on the host yet
-        # Two buffers each way, used in turn: step n+1 samples into one while step n's tokens (the
-        # other) are its input ids and are read on the host. max_num_seqs int64 each (a few KiB),
-        # allocated at the first sample, on the logits' device.
-        self._tokens_dev: list[torch.Tensor] = []
-        self._tokens_host: list[torch.Tensor] = []
-        self._rows_dev: list[torch.Tensor] = []
-        self._rows_host: list[torch.Tensor] = []
-        self._ready: list[torch.cuda.Event | None] = [None, None]
-        self._flip = 0
+        self._sampled: SampledTokens | None = None  # the last step's tokens, not read on the host yet
+        self._sampler = GreedySampler(plan.limits.max_num_seqs)
 
     def add(self, request: DemoRequest) -> None:
         """Queue ``request``; it joins the batch when rows, pages and the token budget allow. Raises
@@ -270,7 +251,7 @@ class DemoEngine:
                 run.computed += n
             if sampling:  # requests whose query reached the end of their tokens
                 index, runs = zip(*sampling)
-                self._sampled = self._sample(logits, [rows[i] for i in index], list(runs))
+                self._sampled = self._sampler.sample(logits, [rows[i] for i in index], list(runs))
             self.stats.tokens += len(ids)
             if not self.overlap and self._sampled is not None:
                 sampled, self._sampled = self._sampled, None
@@ -278,21 +259,21 @@ class DemoEngine:
         self.stats.steps += 1
         self.stats.seconds += time.perf_counter() - start
 
-    def _can_overlap(self, sampled: _Sampled) -> bool:
+    def _can_overlap(self, sampled: SampledTokens) -> bool:
         """Whether the next step is ``sampled``'s requests decoding once more, known before its tokens
         are read: every running request sampled, none reaches ``max_new_tokens`` with that token, and
         no waiting request would be admitted now."""
-        if not self.overlap or self.record or len(sampled.runs) != len(self._running):
+        if not self.overlap or self.record or len(sampled.owners) != len(self._running):
             return False
-        if any(len(run.tokens) + 1 >= run.end for run in sampled.runs):
+        if any(len(run.tokens) + 1 >= run.end for run in sampled.owners):
             return False
-        budget = self.plan.limits.max_num_batched_tokens - len(sampled.runs)
+        budget = self.plan.limits.max_num_batched_tokens - len(sampled.owners)
         return not (self._waiting and budget > 0 and len(self._running) < self.plan.limits.max_num_seqs
                     and self._lifetime_pages(self._waiting[0]) <= len(self._free) - self._promised())
 
-    def _launch_decode(self, sampled: _Sampled) -> _Sampled:
+    def _launch_decode(self, sampled: SampledTokens) -> SampledTokens:
         """Run one decode step of ``sampled``'s requests with its tokens still on the device; sample it."""
-        runs = sampled.runs
+        runs = sampled.owners
         new_pages = [self._grow(run, run.computed + 1) for run in runs]
         batch = Batch(req_ids=tuple(run.request.req_id for run in runs), query_lens=(1,) * len(runs),
                       seq_lens=tuple(run.computed + 1 for run in runs),
@@ -307,52 +288,14 @@ class DemoEngine:
         for run in runs:
             run.computed += 1
         self.stats.tokens += len(runs)
-        return self._sample(logits, list(range(len(runs))), runs)
+        return self._sampler.sample(logits, range(len(runs)), runs)
 
-    def _sample(self, logits: torch.Tensor, rows: list[int], runs: list[_Running]) -> _Sampled:
-        """Greedy tokens of ``logits[rows]`` into the next of the two device buffers, and their copy
-        to the host queued behind them (not waited for)."""
-        if not self._tokens_dev:
-            self._allocate_samples(logits.device)
-        self._flip ^= 1
-        n = len(rows)
-        tokens, host = self._tokens_dev[self._flip][:n], self._tokens_host[self._flip][:n]
-        if rows == list(range(n)):
-            picked = logits[:n]
-        else:  # the rows through pinned memory: a pageable copy would wait for the forward
-            index, index_host = self._rows_dev[self._flip][:n], self._rows_host[self._flip][:n]
-            index_host.numpy()[:] = rows
-            index.copy_(index_host, non_blocking=index.device.type == "cuda")
-            picked = logits.index_select(0, index)
-        torch.argmax(picked, dim=-1, out=tokens)
-        ready = None
-        if tokens.device.type == "cuda":
-            host.copy_(tokens, non_blocking=True)
-            ready = self._ready[self._flip]
-            ready.record(torch.cuda.current_stream(tokens.device))
-        else:
-            host.copy_(tokens)
-        return _Sampled(runs=runs, tokens=tokens, host=host, ready=ready)
-
-    def _allocate_samples(self, device: torch.device) -> None:
-        """The token and logits-row buffers (two of each, device and pinned host); a buffer is reused two
-        samples later, after the host read the sample between (its event covers every copy before it)."""
-        seqs, pinned = self.plan.limits.max_num_seqs, device.type == "cuda"
-        self._tokens_dev = [torch.zeros(seqs, dtype=torch.int64, device=device) for _ in range(2)]
-        self._tokens_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        self._rows_dev = [torch.zeros(seqs, dtype=torch.int64, device=device) for _ in range(2)]
-        self._rows_host = [torch.zeros(seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                self._ready = [torch.cuda.Event() for _ in range(2)]
-
-    def _read(self, sampled: _Sampled) -> None:
+    def _read(self, sampled: SampledTokens) -> None:
         """Wait for ``sampled``'s tokens on the host and give them to their requests (those still
         running: a request that finished at a stop token meanwhile drops its extra token)."""
-        if sampled.ready is not None:
-            sampled.ready.synchronize()
+        tokens_read = sampled.read()
         now, running, generated = time.perf_counter(), self._running, 0
-        for run, token in zip(sampled.runs, sampled.host.tolist()):
+        for run, token in zip(sampled.owners, tokens_read):
             request = run.request
             if running.get(request.req_id) is not run:
                 continue  # it finished at the token before this one

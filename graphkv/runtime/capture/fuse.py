@@ -5,7 +5,7 @@ are about 55 kernels per decode step, and inside a CUDA graph each costs its lau
 device (about 2-3 us on an H100) whatever its size, so a small model's decode step is bound by
 kernel count, not by the bytes it reads. Inductor fuses a piece's elementwise ops and reductions
 into a few kernels around the matmuls. :func:`compile_pieces` compiles every graph piece of a
-:class:`~graphkv.runtime.capture.piecewise.SplitResult` with ``torch._inductor.compile_fx`` on
+:class:`~graphkv.runtime.capture.split.SplitResult` with ``torch._inductor.compile_fx`` on
 the shapes the forward was traced with (symbolic where Dynamo made them dynamic, so one compiled
 piece serves every step size of that trace); the splitting ops (attention, state mixers) stay
 outside, as they must for PIECEWISE capture.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.runtime.capture.piecewise import SplitResult
+from graphkv.runtime.capture.split import SplitResult
 
 __all__ = ["compile_pieces", "has_ops"]
 
