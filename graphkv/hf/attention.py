@@ -84,6 +84,11 @@ class PagedStep:
     phase: str
     decode_kernel: bool = False
 
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+               scale: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+        """:func:`attend` of this step (what the ``graphkv::attention`` op runs)."""
+        return attend(self, layer, query, key, value, scale=scale, sinks=sinks)
+
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: Any, *, scaling: float | None = None, s_aux: torch.Tensor | None = None,

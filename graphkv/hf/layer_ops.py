@@ -58,9 +58,7 @@ def current_paged_step() -> Any:
 @torch.library.custom_op("graphkv::attention", mutates_args=())
 def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,
                   layer: int, scale: float | None) -> torch.Tensor:
-    from graphkv.hf.attention import attend
-
-    return attend(current_paged_step(), layer, query, key, value, scale=scale, sinks=sinks).contiguous()
+    return current_paged_step().attend(layer, query, key, value, scale=scale, sinks=sinks).contiguous()
 
 
 @_attention_op.register_fake

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.plan.groups import GroupDraft
-from graphkv.plan.plan import CaptureSizes, CudaGraphPlan
+from graphkv.plan.cudagraph_plan import CaptureSizes, CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 
 from graphkv.plan.cudagraph import FULL_DECODE_MODES, MIXED_MODES, decode_support_needed
-from graphkv.plan.plan import CudaGraphPlan
+from graphkv.plan.cudagraph_plan import CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 

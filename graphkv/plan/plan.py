@@ -9,13 +9,13 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.capacity import PageCounter, longest_len
+from graphkv.plan.cudagraph_plan import CaptureSizes, CudaGraphPlan
 from graphkv.plan.ledger_entries import Ledger, LedgerEntry
 from graphkv.plan.concurrency import capacity_tables
 from graphkv.spec._checks import count_arg, got, whole_int
-from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import LayerKind, LayerSpec
-from graphkv.spec.limits import CudaGraphMode, Limits
+from graphkv.spec.limits import Limits
 from graphkv.spec.model import CachelessDecl, LayerDecl
 
 __all__ = ["BlockSizeChoice", "BufferSpec", "Capacity", "CaptureSizes", "CudaGraphPlan", "GroupPlan", "Ledger",
@@ -143,26 +143,6 @@ class StaticBuffers:
     def __contains__(self, name: object) -> bool:
         return any(b.name == name for b in self.buffers)
 
-
-
-@attrs.frozen(kw_only=True)
-class CaptureSizes:
-    """Token counts to capture: uniform-decode graphs and mixed (prefill + decode) graphs."""
-
-    decode: tuple[int, ...]
-    mixed: tuple[int, ...]
-
-
-@attrs.frozen(kw_only=True)
-class CudaGraphPlan:
-    """Step 6: what can be captured, what will be, and why."""
-
-    support: CudaGraphSupport
-    limited_by: str  # "group N (backend)" that set the minimum
-    requested_mode: CudaGraphMode
-    mode: CudaGraphMode
-    downgrades: tuple[str, ...]
-    capture_sizes: CaptureSizes
 
 
 @attrs.frozen(kw_only=True)
