@@ -88,15 +88,15 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     sync(device)
     # The same serve with every step's tokens read before the next is scheduled: the host's work is not overlapped.
     sync_walls: list[float] = []
-    last = {"at": 0.0, "tokens": 0, "decode": 0}
+    last = {"at": 0.0, "tokens": 0, "generated": 0, "decode": 0}
 
     def on_sync_step(stats: Any) -> None:
         now = time.perf_counter()
-        if stats.tokens - last["tokens"] == batch:
+        if stats.tokens - last["tokens"] == stats.generated - last["generated"] == batch:  # every request decoded
             last["decode"] += 1
             if last["decode"] > 3:
                 sync_walls.append(now - last["at"])
-        last.update(at=time.perf_counter(), tokens=stats.tokens)
+        last.update(at=time.perf_counter(), tokens=stats.tokens, generated=stats.generated)
 
     loop.engine(overlap=False).run([DemoRequest(req_id=("sync", i), prompt=p, max_new_tokens=new_tokens)
                                     for i, p in enumerate(prompts)], on_step=on_sync_step)

@@ -18,8 +18,11 @@
 #   4 profile-b32     the same at batch 32
 #   5 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32
 #   6 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
-# (GPU_PRIORITY_ALLOW_CPU=1 lets the script's own test run on a machine without CUDA.)
+# Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
+# (For the script's own test: GPU_PRIORITY_ALLOW_CPU=1 runs it without CUDA; GPU_PRIORITY_STEPS, lines of
+# "name|limit seconds|command", replaces the steps.)
 set -uo pipefail
+CALLER="$PWD"
 cd "$(dirname "$0")/.."
 
 BUDGET=540
@@ -45,15 +48,24 @@ for pair in "--budget:$BUDGET" "--from:$FROM"; do
   fi
 done
 
+case "$OUT" in /*) ;; *) OUT="$CALLER/$OUT" ;; esac  # relative to where it was called from
+Q_OUT=$(printf '%q' "$OUT")
 # name|limit seconds|command
 STEPS=(
   "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
   "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
   "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
   "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
-  "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $OUT/gpu_serving_fused.json"
-  "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $OUT/bench_memory_full_depth"
+  "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
+  "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
 )
+if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
+  mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"
+fi
+if [ "$FROM" -gt "${#STEPS[@]}" ]; then
+  echo "gpu_priority.sh: --from $FROM is past the last step (${#STEPS[@]}); see --list" >&2
+  exit 2
+fi
 
 if [ "$LIST" -eq 1 ]; then
   i=0
@@ -73,6 +85,7 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.md"
 START=$(date +%s)
 ROWS=()
+FAILED=0
 write_summary() {
   {
     echo "# graphkv GPU priority run (budget ${BUDGET} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
@@ -96,17 +109,19 @@ for step in "${STEPS[@]}"; do
     write_summary
     continue
   fi
-  [ "$left" -lt "$limit" ] && limit="$left"
+  [ "$((left - 5))" -lt "$limit" ] && limit=$((left - 5))  # a killed step may take 5 s more to go
   echo "== $i $name (limit ${limit} s): $cmd"
   begin=$(date +%s)
-  timeout -k 10 "$limit" bash -c "$cmd" >"$OUT/$i-$name.log" 2>&1
+  timeout -k 5 "$limit" bash -c "$cmd" >"$OUT/$i-$name.log" 2>&1
   rc=$?
   took=$(($(date +%s) - begin))
   if [ "$rc" -eq 0 ]; then status="pass"; elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="TIMEOUT"; else status="exit $rc"; fi
+  [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
   tail_lines=$(tail -n 4 "$OUT/$i-$name.log" | tr '\n' ' ' | sed 's/|/\\|/g' | cut -c1-300)
   ROWS+=("| $i | $name | $status | $took | $tail_lines |")
   echo "   $status in $took s"
   write_summary
 done
 write_summary
-echo "summary: $SUMMARY"
+echo "summary: $SUMMARY ($FAILED step(s) failed or timed out)"
+[ "$FAILED" -eq 0 ]

@@ -166,17 +166,20 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
         assert done.returncode == 2 and text in done.stderr, done.stderr
 
 
-@pytest.mark.slow
 def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path) -> None:
-    """A 40 s budget from step 2 (on the CPU here): step 2 is cut at what is left of the budget (TIMEOUT), the
-    later steps are skipped and listed, and summary.md holds every row."""
-    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1")
-    done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
-    assert [row.split("|")[2].strip() for row in rows] == ["demo-hf-fused", "profile-b1", "profile-b32",
-                                                          "serving-fused", "memory-full-depth"]
-    assert rows[0].split("|")[3].strip() == "TIMEOUT" and int(rows[0].split("|")[4]) <= 52
-    assert all(row.split("|")[3].strip().startswith("skipped") for row in rows[1:])
-    assert (tmp_path / "2-demo-hf-fused.log").exists()
+    """Three stand-in steps under a 40 s budget from step 2: step 2 (a 100 s sleep) is cut at what is left of the
+    budget less 5 s (TIMEOUT), step 3 is skipped and listed, summary.md holds both rows, the exit status is 1; a
+    relative --out is taken from where the script was called, and --from past the last step is refused."""
+    steps = "one|10|true\nsleeper|100|sleep 100\nlast|10|true"
+    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps)
+    done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", "out"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert [row.split("|")[2].strip() for row in rows] == ["sleeper", "last"]
+    assert rows[0].split("|")[3].strip() == "TIMEOUT" and 33 <= int(rows[0].split("|")[4]) <= 42
+    assert rows[1].split("|")[3].strip().startswith("skipped")
+    assert (tmp_path / "out" / "2-sleeper.log").exists() and "1 step(s) failed or timed out" in done.stdout
+    past = subprocess.run(["bash", str(GPU_PRIORITY), "--from", "4"], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=tmp_path)
+    assert past.returncode == 2 and "--from 4 is past the last step (3)" in past.stderr

@@ -12,13 +12,18 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from graphkv.errors import Problem, SpecError
 from graphkv.spec.limits import CudaGraphMode
 
-__all__ = ["COMPILE_BY_NAME", "GPU_DEFAULT_COMPILE", "PIECEWISE_MODES", "default_compile", "graph_mode_for"]
+__all__ = ["COMPILE_BY_NAME", "COMPILE_MODES", "GPU_DEFAULT_COMPILE", "PIECEWISE_MODES", "check_compile",
+           "default_compile", "graph_mode_for"]
 
 COMPILE_BY_NAME: Mapping[str, bool | str | None] = MappingProxyType(
     {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused", "none": False})
 """The ``--compile NAME`` flags of ``graphkv demo --hf`` and the benchmarks: the ``compile`` each selects."""
+
+COMPILE_MODES = (True, False, "model", "piecewise", "fused")
+"""``compile`` values besides ``None`` (which picks :func:`default_compile` of the device)."""
 
 GPU_DEFAULT_COMPILE: bool | str = True
 """The compile mode ``compile=None`` picks on a GPU: each attention group's flex attention compiled (the mode
@@ -34,6 +39,18 @@ def default_compile(device_type: str) -> bool | str:
     return GPU_DEFAULT_COMPILE if device_type == "cuda" else False
 
 
+def check_compile(compile: object) -> bool | str | None:  # noqa: A002 - the torch verb
+    """``compile`` if it is ``None`` or one of :data:`COMPILE_MODES`; else :class:`SpecError` naming it and
+    what each mode does."""
+    if compile is None or (isinstance(compile, (bool, str)) and compile in COMPILE_MODES):
+        return compile
+    raise SpecError(Problem(field="compile", value=compile,
+                            limit="must be True, False, None, 'model', 'piecewise' or 'fused'",
+                            fix="True compiles each layer's attention, 'model' the whole forward, 'piecewise' splits "
+                                "it at attention and state mixers so mixed steps are captured piece by piece, "
+                                "'fused' also compiles each piece with Inductor, None picks the device's default"))
+
+
 def graph_mode_for(compile: bool | str | None) -> CudaGraphMode:  # noqa: A002 - the torch verb
     """The CUDA-graph mode a plan served under ``compile`` asks for: ``FULL_AND_PIECEWISE`` for a split forward
     (``"piecewise"``, ``"fused"``: mixed steps captured piece by piece), ``FULL_DECODE_ONLY`` otherwise (mixed
@@ -43,5 +60,5 @@ def graph_mode_for(compile: bool | str | None) -> CudaGraphMode:  # noqa: A002 -
     >>> graph_mode_for("fused").value, graph_mode_for(True).value
     ('FULL_AND_PIECEWISE', 'FULL_DECODE_ONLY')
     """
-    mode = GPU_DEFAULT_COMPILE if compile is None else compile
+    mode = GPU_DEFAULT_COMPILE if check_compile(compile) is None else compile
     return CudaGraphMode.FULL_AND_PIECEWISE if mode in PIECEWISE_MODES else CudaGraphMode.FULL_DECODE_ONLY

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from graphkv.command.compile_flag import default_compile
+from graphkv.command.compile_flag import check_compile, default_compile
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
@@ -112,15 +112,8 @@ class PagedModel(torch.nn.Module):
             raise SpecError(Problem(field="device", value=str(pool.device),
                                     limit=f"the pool must live where the model's weights are ({device})",
                                     fix=f"allocate the pool on {device}, or move the model"))
-        if compile is None:
+        if check_compile(compile) is None:
             compile = default_compile(pool.device.type)
-        if compile not in COMPILE_MODES:
-            raise SpecError(Problem(field="compile", value=compile,
-                                    limit="must be True, False, None, 'model', 'piecewise' or 'fused'",
-                                    fix="True compiles each layer's attention, 'model' the whole forward, 'piecewise' "
-                                        "splits it at attention and state mixers so mixed steps are captured piece "
-                                        "by piece, 'fused' also compiles each piece with Inductor, None picks True "
-                                        "on a GPU"))
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -248,9 +241,6 @@ class PagedModel(torch.nn.Module):
 
 
 DECODE_ATTENTION = ("kernel", "flex")
-COMPILE_MODES = (True, False, "model", "piecewise", "fused")
-"""``compile`` values (``None``: ``True`` on a GPU, else ``False``); the flags' names for them:
-:mod:`graphkv.command.compile_flag`."""
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""

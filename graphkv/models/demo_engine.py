@@ -27,43 +27,15 @@ import numpy as np
 import torch
 
 from graphkv.errors import CapacityError, Problem, SpecError
+from graphkv.models.demo_request import DemoRequest
 from graphkv.models.greedy_sampler import GreedySampler, SampledTokens
-from graphkv.models.prompts import check_vocab, prompt_ids
+from graphkv.models.prompts import check_vocab
 from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
-from graphkv.spec._checks import count_arg
 
-__all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]
+__all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest: graphkv.models.demo_request
 
-
-def _prompt(value: Any) -> tuple[int, ...]:
-    return tuple(prompt_ids(value, "DemoRequest.prompt").tolist())
-
-
-def _new_tokens(value: Any) -> int:
-    return count_arg("DemoRequest.max_new_tokens", value, 1, "pass how many tokens to generate, e.g. 16")
-
-
-@attrs.frozen(kw_only=True)
-class DemoRequest:
-    """A request: its prompt token ids (a list of ints, a 1-D integer array or tensor; kept as a
-    tuple of ints), how many tokens to generate (>= 1), and the token ids that end it early (an
-    end-of-sequence token: generated, then the request finishes). Raises :class:`SpecError` for an
-    empty prompt, ids that are not integers, a count that is not an integer >= 1 or an unhashable
-    ``req_id``; :meth:`DemoEngine.add` checks the ids against the model's vocabulary."""
-
-    req_id: Hashable
-    prompt: tuple[int, ...] = attrs.field(converter=_prompt)
-    max_new_tokens: int = attrs.field(converter=_new_tokens)
-    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
-
-    def __attrs_post_init__(self) -> None:
-        try:
-            hash(self.req_id)
-        except TypeError:
-            raise SpecError(Problem(field="DemoRequest.req_id", value=self.req_id, limit="must be hashable (it keys "
-                                    "the request's batch row)", fix="use a str or int request id")) from None
 
 
 @attrs.define
@@ -74,6 +46,7 @@ class _Running:
     pages: list[list[int]] = attrs.Factory(list)  # per group
     covered: int = 0  # tokens the held pages hold in every group (a step up to it takes no page)
     end: int = 0  # len(tokens) at which it has all its new tokens (prompt + max_new_tokens)
+    lifetime: int = 0  # pages it holds at its end, all groups (set at admission)
 
     def __attrs_post_init__(self) -> None:
         self.end = len(self.request.prompt) + self.request.max_new_tokens
@@ -134,6 +107,8 @@ class DemoEngine:
         self.first_token_at: dict[Hashable, float] = {}
         self.stats = EngineStats()
         self._waiting: deque[DemoRequest] = deque()
+        self._waiting_ids: set[Hashable] = set()
+        self._promised = 0  # pages the running requests may still take (lifetime pages less those held)
         self._running: dict[Hashable, _Running] = {}
         self._free = list(range(plan.num_blocks - 1, 0, -1))  # pop() hands out page 1 first
         self._released: set[int] = set()
@@ -151,7 +126,7 @@ class DemoEngine:
             raise SpecError(Problem(field="request", value=type(request).__name__, limit="must be a DemoRequest",
                                     fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
         rid = request.req_id
-        if rid in self._running or rid in self.finished or any(w.req_id == rid for w in self._waiting):
+        if rid in self._running or rid in self.finished or rid in self._waiting_ids:
             where = "running" if rid in self._running else "finished" if rid in self.finished else "waiting"
             raise SpecError(Problem(field="request.req_id", value=rid, limit=f"is {where} in this engine already",
                                     fix="give every request its own id (or read and del engine.finished[id] "
@@ -175,6 +150,7 @@ class DemoEngine:
                     fix="plan with max_concurrent_batches >= cdiv(max_model_len, max_num_batched_tokens) "
                         "(graphkv.hf.generation.sliding_tables_for), or shorten the request"))
         self._waiting.append(request)
+        self._waiting_ids.add(request.req_id)
 
     @property
     def done(self) -> bool:
@@ -269,7 +245,7 @@ class DemoEngine:
             return False
         budget = self.plan.limits.max_num_batched_tokens - len(sampled.owners)
         return not (self._waiting and budget > 0 and len(self._running) < self.plan.limits.max_num_seqs
-                    and self._lifetime_pages(self._waiting[0]) <= len(self._free) - self._promised())
+                    and self._lifetime_pages(self._waiting[0]) <= len(self._free) - self._promised)
 
     def _launch_decode(self, sampled: SampledTokens) -> SampledTokens:
         """Run one decode step of ``sampled``'s requests with its tokens still on the device; sample it."""
@@ -334,16 +310,18 @@ class DemoEngine:
             chunks.append((run, n))
             new_pages.append(pages)
             budget -= n
-        promised = self._promised()
         while self._waiting and budget > 0 and len(self._running) < limits.max_num_seqs:
             request = self._waiting[0]
-            if self._lifetime_pages(request) > len(self._free) - promised:
-                break  # FIFO: the head of the queue waits for pages
-            run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups])
+            lifetime = self._lifetime_pages(request)
+            if lifetime > len(self._free) - self._promised:
+                break  # FIFO: the head of the queue waits for pages (the rest is promised to running ones)
+            run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups],
+                           lifetime=lifetime)
+            self._promised += lifetime  # _grow takes back what it hands out
             n = min(len(run.tokens), budget)
             pages = self._grow(run, n)
-            promised += self._lifetime_pages(request) - sum(map(len, run.pages))
             self._waiting.popleft()
+            self._waiting_ids.discard(request.req_id)
             self._running[request.req_id] = run
             chunks.append((run, n))
             new_pages.append(pages)
@@ -353,11 +331,6 @@ class DemoEngine:
                       seq_lens=tuple(run.computed + n for run, n in chunks),
                       new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
         return batch, chunks
-
-    def _promised(self) -> int:
-        """Pages the running requests may still take; the rest of the free list can be promised to a
-        new request."""
-        return sum(self._lifetime_pages(run.request) - sum(map(len, run.pages)) for run in self._running.values())
 
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at
@@ -383,6 +356,7 @@ class DemoEngine:
         out = []
         for g, n in enumerate(need):
             ids = tuple(self._free.pop() for _ in range(n))
+            self._promised -= n
             self.stats.pages_allocated += n
             self.stats.pages_reused += sum(1 for p in ids if p in self._released)
             run.pages[g].extend(ids)
@@ -402,6 +376,7 @@ class DemoEngine:
             if ids:
                 del run.pages[g][-len(ids):]
                 self._free.extend(reversed(ids))
+                self._promised += len(ids)
                 self.stats.pages_allocated -= len(ids)
                 self.stats.pages_reused -= sum(1 for p in ids if p in self._released)
         self._cover(run)
@@ -410,6 +385,7 @@ class DemoEngine:
         req_id = run.request.req_id
         del self._running[req_id]
         self.step_api.finish(req_id)
+        self._promised -= run.lifetime - sum(map(len, run.pages))  # what it would still have taken
         for pages in run.pages:
             self._free.extend(pages)
             self._released.update(pages)

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from graphkv.errors import Problem, SpecError
+
 __all__ = ["GreedySampler", "SampledTokens"]
 
 
@@ -57,9 +59,14 @@ class GreedySampler:
 
     def sample(self, logits: torch.Tensor, rows: Sequence[int], owners: list[Any]) -> SampledTokens:
         """The argmax of ``logits[rows]`` (``rows``: at most ``max_rows`` row indices) into the next
-        buffer, its copy to the host queued behind it; nothing is waited for. ``owners``: one per row."""
+        buffer, its copy to the host queued behind it; nothing is waited for. ``owners``: one per row.
+        Raises :class:`SpecError` for no rows, more than ``max_rows``, an owner count that differs or a
+        row outside the logits."""
         n = len(rows)
-        assert n == len(owners) and 0 < n <= self.max_rows, (n, len(owners), self.max_rows)
+        if not 0 < n <= self.max_rows or len(owners) != n:
+            raise SpecError(Problem(field="rows", value=f"{n} rows, {len(owners)} owners",
+                                    limit=f"must be 1..{self.max_rows} rows (max_rows), one owner each",
+                                    fix="sample the rows of the step's requests, with one owner per row"))
         if not self._tokens:
             self._allocate(logits.device)
         self._flip ^= 1
@@ -67,6 +74,10 @@ class GreedySampler:
         if (isinstance(rows, range) and rows.start == 0 and rows.step == 1) or list(rows) == list(range(n)):
             picked = logits[:n]  # the first n rows: no index
         else:  # the rows through pinned memory: a pageable copy would wait for the forward
+            if min(rows) < 0 or max(rows) >= logits.shape[0]:
+                raise SpecError(Problem(field="rows", value=[r for r in rows if not 0 <= r < logits.shape[0]],
+                                        limit=f"must be row indices of the logits (0..{logits.shape[0] - 1})",
+                                        fix="pass the rows of the step's logits to sample"))
             index, index_host = self._rows[self._flip][:n], self._rows_host[self._flip][:n]
             index_host.numpy()[:] = rows
             index.copy_(index_host, non_blocking=index.device.type == "cuda")

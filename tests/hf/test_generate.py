@@ -57,6 +57,15 @@ def test_default_limits_capture_mixed_steps_for_a_split_forward(compile_mode, gr
     assert default_limits([[1] * 30], 8, compile=compile_mode).cudagraph_mode.value == graph_mode
 
 
+@pytest.mark.parametrize("bad", [["fused"], "Fused", 1])
+def test_default_limits_refuse_a_compile_mode_they_do_not_know(bad) -> None:
+    """A list raised TypeError (unhashable) and 'Fused' planned decode graphs only, silently; both are refused,
+    naming compile, as the serving loop refuses them."""
+    with pytest.raises(graphkv.SpecError, match=r"compile=.*: must be True, False, None, 'model', 'piecewise' or "
+                                                r"'fused'; True compiles each layer's attention"):
+        default_limits([[1] * 30], 8, compile=bad)
+
+
 @pytest.mark.parametrize("prompts_arg, max_new, field", [
     ([], 4, "prompts"),
     ("hello", 4, "prompts"),
