@@ -169,8 +169,8 @@ class PagedModel(torch.nn.Module):
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         if compile in ("model", "piecewise", "fused"):
-            fresh = types.MethodType(fresh_function(type(self.view).forward,
-                                                    f"graphkv_{family.model_type}_forward_{uuid.uuid4().hex[:12]}"), self.view)
+            name = f"graphkv_{family.model_type}_forward_{uuid.uuid4().hex[:12]}"
+            fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused")

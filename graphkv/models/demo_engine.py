@@ -51,10 +51,6 @@ class _Running:
     def __attrs_post_init__(self) -> None:
         self.end = len(self.request.prompt) + self.request.max_new_tokens
 
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - len(self.request.prompt)
-
 
 @attrs.define
 class EngineStats:
@@ -371,7 +367,8 @@ class DemoEngine:
                           for g, held in zip(self.plan.groups, run.pages))
 
     def _ungrow(self, run: _Running, pages: tuple[tuple[int, ...], ...]) -> None:
-        """Take back what :meth:`_grow` just gave ``run`` (``pages``, its return value), onto the free list as it was."""
+        """Take back what :meth:`_grow` just gave ``run`` (``pages``, its return value), onto the free
+        list as it was."""
         for g, ids in enumerate(pages):
             if ids:
                 del run.pages[g][-len(ids):]
