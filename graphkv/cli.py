@@ -152,6 +152,9 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cudagraph-mode", type=str.upper, choices=[m.value for m in CudaGraphMode],
                    default=d["cudagraph_mode"].value, help="requested capture mode; downgraded with a note if the "
                                                            "backends cannot (default: %(default)s)")
+    g.add_argument("--max-cudagraph-capture-size", type=count(1), metavar="N",
+                   help="largest step (tokens) captured in a CUDA graph; larger steps run uncaptured (default: vLLM's "
+                        "min(2 x max-num-seqs x (1 + K), 512); --max-num-batched-tokens captures every size)")
 
 
 def _add_demo(sub: Any) -> None:
@@ -235,6 +238,7 @@ def _build_limits(args: argparse.Namespace) -> Limits:
                   mamba_cache_mode=args.mamba_cache_mode, num_speculative_tokens=args.num_speculative_tokens,
                   tensor_parallel_size=args.tp, block_size=args.block_size, mamba_block_size=args.mamba_block_size,
                   cudagraph_mode=args.cudagraph_mode, max_concurrent_batches=args.max_concurrent_batches,
+                  max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                   speculative_lookahead_tokens=args.speculative_lookahead_tokens,
                   disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager)
 

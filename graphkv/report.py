@@ -107,6 +107,9 @@ def _cudagraph_lines(plan: Plan) -> list[str]:
     lines += [f"  downgrade       {d}" for d in cg.downgrades]
     lines.append(f"  decode sizes    {format_sizes(cg.capture_sizes.decode)}")
     lines.append(f"  mixed sizes     {format_sizes(cg.capture_sizes.mixed)}")
+    if cg.max_capture_size:
+        lines.append(f"  largest step    {cg.max_capture_size} tokens ({cg.max_capture_size_reason}); "
+                     "larger steps run uncaptured")
     return lines
 
 

@@ -12,7 +12,10 @@ in its own process, and for the decode steps in which every request decodes prin
   launched before the host reads the last one's tokens), so ``wall - kernel`` is what the gaps between kernels and
   the host work the overlap could not hide add;
 - ``sync ms``: the same serve with ``overlap=False`` (every step's tokens read before the next is scheduled): the
-  host's work per step is ``sync - wall`` more.
+  host's work per step is ``sync - wall`` more;
+- then, per mode, the ``--top`` kernels by device time per step (name, launches and microseconds per step, share of
+  the step's kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the
+  fused elementwise kernels, the sampler).
 
 A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
 attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
@@ -37,7 +40,22 @@ from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_pe
 MODES = ("attention", "model", "piecewise", "fused")
 
 
-def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str) -> dict[str, Any]:
+def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[dict[str, Any]]:
+    """The ``top`` kernel names by summed device time, from ``(name, device us)`` events over ``steps`` steps:
+    each name's launches and microseconds per step and share of all kernels' time, largest first (ties by name)."""
+    total = sum(us for _, us in kernels) or 1.0
+    by_name: dict[str, list[float]] = {}
+    for name, us in kernels:
+        entry = by_name.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ranked = sorted(by_name.items(), key=lambda item: (-item[1][1], item[0]))[:top]
+    return [{"name": name, "launches_per_step": n / steps, "us_per_step": us / steps, "share": us / total}
+            for name, (n, us) in ranked]
+
+
+def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str,
+                 top: int = 8) -> dict[str, Any]:
     """Serve one mode and measure its full-batch decode steps (see the module docstring)."""
     import torch
     from torch.autograd import DeviceType
@@ -109,6 +127,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
             "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
             "sync_wall_ms_per_step": 1e3 * statistics.median(sync_walls) if sync_walls else None,
             "overlapped_steps": engine.stats.overlapped,
+            "top": top_kernels([(e.name, e.device_time_total) for e in kernels], steps, top),
             "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
 
 
@@ -121,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20,
                         help="profiled (and timed) decode steps (default: %(default)s)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="default: %(default)s")
+    parser.add_argument("--top", type=int, default=8, help="kernels listed per mode (default: %(default)s)")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one mode, in this process
     args = parser.parse_args(argv)
-    sizes = dict(layers=args.layers, batch=args.batch, context=args.context, steps=args.steps, device=args.device)
+    sizes = dict(layers=args.layers, batch=args.batch, context=args.context, steps=args.steps, device=args.device,
+                 top=args.top)
     if args.mode:
         print(json.dumps(profile_mode(args.mode, **sizes)))
         return 0
@@ -145,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}")
     print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
           f"{'build s':>8}  graphs")
-    failed = 0
+    failed, tops = 0, {}
     for mode in modes:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -160,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
               f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {r['build_s']:>8.1f}  "
               f"{r['graphs'][:60]}")
+        tops[mode] = r["top"]
+    for mode, rows in tops.items():
+        if rows:
+            print(f"\n{mode}: top {len(rows)} kernels by device time per step")
+            for k in rows:
+                print(f"  {k['us_per_step']:>9.1f} us  {100 * k['share']:>5.1f}%  {k['launches_per_step']:>6.1f} x  "
+                      f"{k['name'][:100]}")
     return 1 if failed else 0
 
 

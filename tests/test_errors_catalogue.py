@@ -1028,13 +1028,15 @@ CLI_CASES = [
             ("--activation-memory='2GiB': only applies with --gpu",),
             fixed=("plan",)),
     CliCase("graph-reserve-too-small", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "1MiB"),
-            ("--graph-reserve=1048576", "set --graph-reserve to 642349466"), absent=("graph_reserve_bytes",),
-            fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "642349466")),
-    CliCase("step-tokens-1e9-on-h100", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100",
-                                        "--max-num-batched-tokens", "1e9"),
-            ("--max-num-batched-tokens=1000000000", "lower --max-num-batched-tokens to <= "),
-            # 1060492 before llama-3.1-8b shipped its graph calibration (154 KB of graph pool per step token)
-            fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--max-num-batched-tokens", "393647")),
+            ("--graph-reserve=1048576", "set --graph-reserve to 239696282"), absent=("graph_reserve_bytes",),
+            # 642349466 while mixed steps were captured up to --max-num-batched-tokens, not vLLM's 512 tokens
+            fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--graph-reserve", "239696282")),
+    CliCase("step-tokens-2e9-on-h100", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100",
+                                        "--max-num-batched-tokens", "2e9"),
+            ("--max-num-batched-tokens=2000000000", "lower --max-num-batched-tokens to <= "),
+            # 393647 while mixed steps were captured up to --max-num-batched-tokens (154 KB of graph pool per token);
+            # captured up to vLLM's 512 tokens, only the step buffers grow with it
+            fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--max-num-batched-tokens", "1411710848")),
     CliCase("count-not-a-number", ("plan", "--max-num-seqs", "many"),
             ("--max-num-seqs: 'many' is not a whole number", "e.g. --max-num-seqs 256 (the default)"),
             fixed=("plan", "--max-num-seqs", "256")),

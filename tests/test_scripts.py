@@ -148,6 +148,20 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused" in bad.stderr
 
 
+def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:
+    """Two steps: a matmul launched twice (20 us), attention once (15 us), a norm once (1 us); the top 2 are the matmul
+    (1 launch and 10 us per step, 20/36 of the time) and the attention (0.5 launches, 7.5 us, 15/36)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from decode_profile_gpu import top_kernels
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    rows = top_kernels([("gemv", 10.0), ("norm", 1.0), ("gemv", 10.0), ("attn", 15.0)], steps=2, top=2)
+    assert rows == [{"name": "gemv", "launches_per_step": 1.0, "us_per_step": 10.0, "share": 20 / 36},
+                    {"name": "attn", "launches_per_step": 0.5, "us_per_step": 7.5, "share": 15 / 36}]
+    assert top_kernels([], steps=3, top=8) == []
+
+
 GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 

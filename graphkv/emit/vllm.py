@@ -22,6 +22,7 @@ from typing import Sequence
 import attrs
 
 from graphkv.emit.vllm_dtypes import vllm_kv_cache_dtype, vllm_mamba_ssm_dtype
+from graphkv.plan.cudagraph import VLLM_MAX_CAPTURE_SIZE, engine_capture_sizes
 from graphkv.plan.plan import Plan
 from graphkv.printable import printable
 from graphkv.spec.budget import format_bytes
@@ -32,7 +33,6 @@ __all__ = ["VLLM_VERSION", "VllmTarget", "vllm_default_capture_sizes", "vllm_ser
 
 VLLM_VERSION = "0.33"
 _DEFAULT_MODE = CudaGraphMode.FULL_AND_PIECEWISE
-_HOPPER_MAX_CAPTURE = 512
 _KEEP_CHUNKED_HYBRID = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
 _BIG_GPU_BYTES = 70 << 30  # get_batch_defaults: >= 70 GiB and not an A100 -> the larger defaults
 _BACKEND_NAMES = {"flash_attn": "FLASH_ATTN", "flashinfer": "FLASHINFER", "flex": "FLEX_ATTENTION",
@@ -64,11 +64,8 @@ class VllmTarget:
 
 def vllm_default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
     """The capture sizes vLLM 0.33 picks by itself on Hopper without speculative decoding."""
-    ceiling = min(min(2 * max_num_seqs, _HOPPER_MAX_CAPTURE), max_num_batched_tokens)
-    sizes = [s for s in (1, 2, 4) if s <= ceiling]
-    sizes += list(range(8, min(ceiling + 1, 256), 8)) + list(range(256, ceiling + 1, 16))
-    sizes += [s for s in (max_num_batched_tokens, max_num_seqs) if s <= ceiling]
-    return tuple(sorted(set(sizes)))
+    ceiling = min(min(2 * max_num_seqs, VLLM_MAX_CAPTURE_SIZE), max_num_batched_tokens)
+    return engine_capture_sizes(ceiling, max_num_seqs, max_num_batched_tokens)
 
 
 def _batch_defaults(target: VllmTarget) -> tuple[str, int | None, int | None]:
@@ -89,8 +86,8 @@ def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
     >>> from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile
     >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
     >>> plan = compile(model, Limits(max_model_len=4096, max_num_seqs=64), Budget.kv_bytes("1GiB"))
-    >>> print(vllm_serve_command(plan, VllmTarget(model="my/model")).splitlines()[-1])
-      --cudagraph-capture-sizes 1 2 4 8 16 24 32 40 48 56 64 128 256 512 1024 2048 4096 8192
+    >>> print(vllm_serve_command(plan, VllmTarget(model="my/model")).splitlines()[-1])  # capture sizes: vLLM's own
+      --kv-cache-memory-bytes 1073741824
     """
     lim, cap = plan.limits, plan.capacity
     notes: list[str] = []
@@ -229,6 +226,6 @@ def _graph_flags(plan: Plan, target: VllmTarget, flags: list[tuple[str, str]], n
     if sizes != default or lim.num_speculative_tokens:
         flags.append(("--cudagraph-capture-sizes", " ".join(str(s) for s in sizes)))
         notes.append(f"--cudagraph-capture-sizes ({_span(sizes)}): the engine's default on Hopper is "
-                     f"{_span(default)} (up to min(2 x max_num_seqs, 512) tokens); the plan captures decode steps up "
-                     f"to max_num_seqs and mixed steps up to max_num_batched_tokens={lim.max_num_batched_tokens} "
-                     "(graph pool estimate in the plan's ledger)")
+                     f"{_span(default)} (up to min(2 x max_num_seqs, 512) tokens); the plan captures steps up to "
+                     f"{cg.max_capture_size} tokens ({cg.max_capture_size_reason}), graph pool estimate in the "
+                     "plan's ledger")

@@ -367,8 +367,8 @@ def _matmul_dtype(plan: Plan) -> Any:
 def _free_workspaces(device: Any) -> None:
     """Free every cuBLAS workspace PyTorch holds (:func:`~graphkv.runtime.capture.piecewise.release_blas_workspaces`):
     ``torch.cuda.Stream()`` hands out pooled streams, and one that already ran a matmul in this process
-    would keep its workspaces, so the lazy row would read 0. (graphkv's captures do the same before each
-    capture, so their graphs hold their workspaces in their own pools.)"""
+    would keep its workspaces, so the lazy row would read 0. (graphkv's captures do the same before the
+    first capture of a pool, so their graphs hold their workspaces in their own pools.)"""
     import torch
 
     from graphkv.runtime.capture.piecewise import release_blas_workspaces

@@ -15,7 +15,11 @@ from graphkv.plan.cudagraph_plan import CaptureSizes, CudaGraphPlan
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode, Limits
 
-__all__ = ["FULL_DECODE_MODES", "MIXED_MODES", "capture_ladder", "decode_support_needed", "plan_cudagraph"]
+__all__ = ["FULL_DECODE_MODES", "MIXED_MODES", "VLLM_MAX_CAPTURE_SIZE", "capture_ceiling",
+           "decode_support_needed", "engine_capture_sizes", "plan_cudagraph"]
+
+VLLM_MAX_CAPTURE_SIZE = 512
+"""vLLM 0.33's cap on its default ``max_cudagraph_capture_size`` (``VllmConfig._set_cudagraph_sizes``)."""
 
 FULL_DECODE_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
 """Modes that capture full (uniform) decode graphs."""
@@ -31,15 +35,34 @@ def decode_support_needed(limits: Limits) -> CudaGraphSupport:
     return CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
 
-def capture_ladder(maximum: int) -> tuple[int, ...]:
-    """1, 2, 4, then every 8 to 256, every 16 to 512, then powers of two — up to and always
-    including ``maximum``."""
-    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
-    p = 1024
-    while p < maximum:
-        sizes.append(p)
-        p *= 2
-    return tuple(sorted({s for s in sizes if s < maximum} | {maximum}))
+def capture_ceiling(limits: Limits) -> tuple[int, str]:
+    """The largest step (tokens) to capture, and why: ``limits.max_cudagraph_capture_size`` when set,
+    else vLLM 0.33's default ``min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)``; never more
+    than ``max_num_batched_tokens``. Steps above it run uncaptured (vLLM runs them piecewise-compiled,
+    without graphs): they are large, so their launches are a small part of their time, and every size
+    captured costs capture time and graph memory."""
+    query_len = 1 + limits.num_speculative_tokens
+    if limits.max_cudagraph_capture_size is not None:
+        ceiling = limits.max_cudagraph_capture_size
+        why = f"max_cudagraph_capture_size={ceiling}"
+    else:
+        ceiling = min(2 * limits.max_num_seqs * query_len, VLLM_MAX_CAPTURE_SIZE)
+        spec = f" x (1 + {limits.num_speculative_tokens})" if limits.num_speculative_tokens else ""
+        why = f"max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs{spec}, {VLLM_MAX_CAPTURE_SIZE})"
+    if ceiling > limits.max_num_batched_tokens:
+        ceiling = limits.max_num_batched_tokens
+        why = f"max_num_batched_tokens={ceiling}, below {why}"
+    return ceiling, why
+
+
+def engine_capture_sizes(ceiling: int, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM 0.33's capture sizes up to ``ceiling`` tokens (``VllmConfig._set_cudagraph_sizes``): 1, 2, 4,
+    every 8 below 256, every 16 from 256, plus ``max_num_batched_tokens`` and ``max_num_seqs`` where they
+    are within the ceiling."""
+    sizes = {s for s in (1, 2, 4) if s <= ceiling}
+    sizes |= set(range(8, min(ceiling + 1, 256), 8)) | set(range(256, ceiling + 1, 16))
+    sizes |= {s for s in (max_num_batched_tokens, max_num_seqs) if s <= ceiling}
+    return tuple(sorted(sizes))
 
 
 def _resolve(requested: CudaGraphMode, support: CudaGraphSupport, decode_ok: bool, why_not_decode: str,
@@ -81,15 +104,19 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
     mode, notes = _resolve(limits.cudagraph_mode, support, decode_ok, why, limited_by)
 
     query_len = 1 + k
+    ceiling, ceiling_why = capture_ceiling(limits)
     decode: tuple[int, ...] = ()
     if mode in FULL_DECODE_MODES:
-        max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len)
+        max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len, ceiling // query_len)
         if max_reqs < limits.max_num_seqs:
-            notes.append(f"decode graphs stop at {max_reqs} requests: {max_reqs} x {query_len} tokens fill "
-                         f"max_num_batched_tokens={limits.max_num_batched_tokens}")
-        decode = tuple(r * query_len for r in capture_ladder(max_reqs))
+            notes.append(f"decode graphs stop at {max_reqs} requests: {max_reqs} x {query_len} tokens is the "
+                         f"largest step captured, {ceiling} tokens ({ceiling_why}); larger decode steps run "
+                         "uncaptured")
+        decode = tuple(r * query_len for r in engine_capture_sizes(max_reqs, max_reqs, max_reqs)) if max_reqs else ()
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:
-        mixed = capture_ladder(limits.max_num_batched_tokens)
+        mixed = engine_capture_sizes(ceiling, limits.max_num_seqs, limits.max_num_batched_tokens)
+    captured = max((*decode, *mixed), default=0)
     return CudaGraphPlan(support=support, limited_by=limited_by, requested_mode=limits.cudagraph_mode, mode=mode,
-                         downgrades=tuple(notes), capture_sizes=CaptureSizes(decode=decode, mixed=mixed))
+                         downgrades=tuple(notes), capture_sizes=CaptureSizes(decode=decode, mixed=mixed),
+                         max_capture_size=captured, max_capture_size_reason=ceiling_why if captured else "")

@@ -321,6 +321,7 @@ class Plan:
                 "downgrades": list(self.cudagraph.downgrades),
                 "capture_sizes": {"decode": list(self.cudagraph.capture_sizes.decode),
                                   "mixed": list(self.cudagraph.capture_sizes.mixed)},
+                "max_capture_size": self.cudagraph.max_capture_size,
             },
             "ledger": {
                 "budget_bytes": self.ledger.budget_bytes,

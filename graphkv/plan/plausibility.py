@@ -1,8 +1,9 @@
 """A plan whose buffers beside the pool dwarf the pool: said in a note, not left to the reader.
 
-``max_num_batched_tokens`` sizes the step's static device buffers (one row per token) and the
-largest captured CUDA graph, so a typing slip (``1e9`` tokens per step) plans tens of GiB of
-buffers and a graph pool of TiB beside a pool of a few GiB — a plan no GPU can hold. With a GPU
+``max_num_batched_tokens`` sizes the step's static device buffers (one row per token), and the
+largest captured CUDA graph where ``max_cudagraph_capture_size`` lets the captures reach it, so a
+typing slip (``1e10`` tokens per step) plans hundreds of GiB of buffers beside a pool of a few
+GiB — a plan no GPU can hold. With a GPU
 budget (``Budget.for_gpu``, ``--gpu``) :func:`graphkv.plan.gpu_fit.compile_for_gpu` fits them beside
 the pool and refuses what does not fit, naming the largest ``max_num_batched_tokens`` that does.
 With a byte budget or ``num_blocks_override`` graphkv knows no GPU, so it cannot refuse: the plan
@@ -35,8 +36,11 @@ def beside_pool_note(ledger: Ledger, limits: Limits, budget: Budget | None, pool
     largest = max(KNOWN_GPUS.values(), key=lambda g: g.total_memory_bytes)
     beyond = (f", more than any known GPU holds ({largest.name}: {format_bytes(largest.total_memory_bytes)})"
               if beside > largest.total_memory_bytes else "")
+    grows, lower = "the step buffers grow with it", "Lower max_num_batched_tokens (vLLM's defaults are 2048-8192)"
+    if limits.max_cudagraph_capture_size is not None:
+        grows += f", the graph pool with max_cudagraph_capture_size={limits.max_cudagraph_capture_size}"
+        lower += " or max_cudagraph_capture_size (vLLM's default: min(2 x max_num_seqs, 512))"
     return (f"WARNING: max_num_batched_tokens={limits.max_num_batched_tokens} puts {format_bytes(beside)} on the GPU "
-            f"beside the KV pool ({parts}), more than the {format_bytes(pool_bytes)} pool itself{beyond}; the step "
-            "buffers and the largest captured graph grow with it. Lower max_num_batched_tokens (vLLM's defaults are "
-            "2048-8192), or plan with a GPU budget (--gpu NAME / Budget.for_gpu with compile_for_gpu), which fits "
+            f"beside the KV pool ({parts}), more than the {format_bytes(pool_bytes)} pool itself{beyond}; {grows}. "
+            f"{lower}, or plan with a GPU budget (--gpu NAME / Budget.for_gpu with compile_for_gpu), which fits "
             "them beside the pool and names the largest max_num_batched_tokens that does")

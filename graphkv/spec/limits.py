@@ -57,6 +57,10 @@ class Limits:
     - ``mamba_cache_mode``, ``num_speculative_tokens``, ``tensor_parallel_size`` (``None``: the
       model's), ``block_size`` / ``mamba_block_size`` (``None``: chosen by the planner),
       ``cudagraph_mode``: the requested capture mode (downgraded, with a note, if unsupported);
+    - ``max_cudagraph_capture_size``: the largest step (tokens) captured in a CUDA graph; larger steps
+      run uncaptured. ``None`` (the default) follows vLLM 0.33: ``min(2 x max_num_seqs x (1 +
+      num_speculative_tokens), 512)``. Never more than ``max_num_batched_tokens``; set it to that to
+      capture every step size (more capture time and graph memory);
     - ``max_concurrent_batches``: steps scheduled but not yet settled. ``None`` (the default)
       follows the pipeline depth as vLLM 0.33 does under its default async scheduling (Model Runner
       V2, ``VllmConfig.max_concurrent_batches``): ``stages + 1`` — 2 on one stage, 3 for a model
@@ -88,6 +92,7 @@ class Limits:
     cudagraph_mode: CudaGraphMode = attrs.field(default=CudaGraphMode.FULL_AND_PIECEWISE,
                                                 converter=_enum(CudaGraphMode))
     max_concurrent_batches: int | None = attrs.field(default=None, converter=as_int)
+    max_cudagraph_capture_size: int | None = attrs.field(default=None, converter=as_int)
     speculative_lookahead_tokens: int = attrs.field(default=0, converter=as_int)
     disable_hybrid_kv_cache_manager: bool | None = None
 
@@ -121,6 +126,8 @@ class Limits:
             check.positive_int("mamba_block_size", self.mamba_block_size)
         if self.max_concurrent_batches is not None:
             check.positive_int("max_concurrent_batches", self.max_concurrent_batches)
+        if self.max_cudagraph_capture_size is not None:
+            check.positive_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
         check.non_negative_int("speculative_lookahead_tokens", self.speculative_lookahead_tokens)
         if not isinstance(self.disable_hybrid_kv_cache_manager, (bool, type(None))):
             check.add("disable_hybrid_kv_cache_manager", self.disable_hybrid_kv_cache_manager,

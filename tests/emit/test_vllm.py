@@ -7,7 +7,7 @@ import pytest
 from graphkv.cli import main
 from graphkv.emit.vllm import vllm_default_capture_sizes
 
-LADDER = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), 1024, 2048, 4096, 8192]  # the plan's 8192-token ladder
+GRID_8192 = [1, 2, 4, *range(8, 256, 8), *range(256, 8193, 16)]  # vLLM's grid up to 8192 tokens: 531 sizes
 
 
 def emit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[str], list[str]]:
@@ -28,8 +28,7 @@ def test_qwen3_next_64_users(capsys: pytest.CaptureFixture[str]) -> None:
         "  --max-num-seqs 256 \\",
         "  --max-num-batched-tokens 8192 \\",
         f"  --kv-cache-memory-bytes {pool} \\",
-        "  --no-enable-prefix-caching \\",
-        "  --cudagraph-capture-sizes " + " ".join(map(str, LADDER)),
+        "  --no-enable-prefix-caching",  # capture sizes: the engine's own (up to min(2 x 256, 512) tokens), no flag
     ]
     assert notes[0] == "# vllm serve (vLLM 0.33 flags) realizing graphkv's plan for qwen3-next-80b-a3b"
     assert notes[1] == ("# --max-model-len 11968: the engine's default is max_position_embeddings=262144; graphkv: auto: "
@@ -64,18 +63,27 @@ def test_gpt_oss_120b_for_32_users(capsys: pytest.CaptureFixture[str]) -> None:
     notes, command = emit(capsys, "--preset", "gpt-oss-120b", "--kv-memory", "20GiB", "--concurrency", "32",
                           "--max-num-seqs", "32", "--max-num-batched-tokens", "8192")
     assert num_blocks == 36408
-    assert command[:6] == [
+    assert command == [
         "vllm serve openai/gpt-oss-120b \\",
         "  --tensor-parallel-size 1 \\",
         f"  --max-model-len {expected_len} \\",
         "  --max-num-seqs 32 \\",
         "  --max-num-batched-tokens 8192 \\",
-        f"  --kv-cache-memory-bytes {num_blocks * 18 * 16 * 8 * 128 * 2} \\",
+        f"  --kv-cache-memory-bytes {num_blocks * 18 * 16 * 8 * 128 * 2}",  # capture sizes: the engine's own, 1..64
     ]
-    assert command[6] == "  --cudagraph-capture-sizes " + " ".join(map(str, LADDER))  # mixed steps: every size
-    assert not any("prefix-caching" in line for line in command)  # no Mamba layers: prefix caching changes nothing
-    assert any(n.startswith("# --cudagraph-capture-sizes (55 sizes, 1..8192): the engine's default on Hopper is "
-                            "11 sizes, 1..64") for n in notes)
+    assert not any("cudagraph" in n for n in notes)
+
+
+def test_captures_beyond_the_engine_default_are_emitted(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-cudagraph-capture-size 8192 captures every size of vLLM's grid up to 8192 tokens: the command lists
+    them, and the note gives the engine's default (11 sizes up to 2 x 32) and the limit that was set."""
+    notes, command = emit(capsys, "--preset", "gpt-oss-120b", "--kv-memory", "20GiB", "--max-num-seqs", "32",
+                          "--max-num-batched-tokens", "8192", "--max-cudagraph-capture-size", "8192")
+    assert command[-1] == "  --cudagraph-capture-sizes " + " ".join(map(str, GRID_8192))
+    assert len(GRID_8192) == 531
+    assert ("# --cudagraph-capture-sizes (531 sizes, 1..8192): the engine's default on Hopper is 11 sizes, 1..64 (up "
+            "to min(2 x max_num_seqs, 512) tokens); the plan captures steps up to 8192 tokens "
+            "(max_cudagraph_capture_size=8192), graph pool estimate in the plan's ledger") in notes
 
 
 def test_gpt_oss_on_an_h100_uses_the_checkpoint_weights(capsys: pytest.CaptureFixture[str]) -> None:

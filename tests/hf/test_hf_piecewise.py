@@ -23,8 +23,8 @@ from graphkv.runtime.step.batch import Batch
 
 from hf_harness import NEW_TOKENS, generate_alone, prompts
 
-LIMITS = Limits(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32,
-                cudagraph_mode=CudaGraphMode.FULL_AND_PIECEWISE)
+LIMITS = Limits(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32, max_cudagraph_capture_size=32,
+                cudagraph_mode=CudaGraphMode.FULL_AND_PIECEWISE)  # prefill chunks captured too, not vLLM's 8 tokens
 
 
 def _loop(model, compile: str) -> ServingLoop:  # noqa: A002 - the torch verb

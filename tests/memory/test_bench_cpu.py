@@ -84,7 +84,8 @@ def test_a_written_calibration_plans(tmp_path, capsys):
     GraphPoolModel(per_graph_bytes=1 << 20, output_bytes_per_token=100.0, workspace_bytes_per_token=1000.0,
                    calibrated=True, source="test", hidden_size=2048).write(path, model="m", device="H100")
     assert main(["plan", "--preset", "llama-3.1-8b", "--kv-memory", "1GiB", "--max-num-seqs", "4",
-                 "--max-num-batched-tokens", "16", "--graph-calibration", str(path), "--json"]) == 0
+                 "--max-num-batched-tokens", "16", "--max-cudagraph-capture-size", "16",
+                 "--graph-calibration", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     keys = data["ledger"]["graph_keys"]
     # hidden 4096 / 2048 doubles the per-token terms: 200 B outputs, 2000 B workspace per token.

@@ -59,11 +59,14 @@ def test_check_full_depth_builds_the_preset_at_its_own_depth_planned_with_the_ca
     cpu = torch.device("cpu")
     shipped = shipped_calibration("H100", "llama-3.1-8b")
     check = check_full_depth("llama-3.1-8b", cpu, open_meter(cpu), Progress(False),
-                             limits=Limits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16),
+                             limits=Limits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16,
+                                           max_cudagraph_capture_size=16),
                              kv_bytes=1 << 20, calibration=shipped, dtype="float32", **SMALL)
     assert check.num_layers == 32 and check.run.model == "llama-3.1-8b (32 layers)" and check.holding is None
     keys = [r for r in check.run.rows if r.num_tokens is not None]
-    expected = shipped.graph_pool.scaled_to(64).estimate(_keys(Limits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16)))
+    expected = shipped.graph_pool.scaled_to(64).estimate(_keys(Limits(max_model_len=64, max_num_seqs=2,
+                                                                      max_num_batched_tokens=16,
+                                                                      max_cudagraph_capture_size=16)))
     assert [r.predicted_bytes for r in keys] == [e.nbytes for e in expected]
     assert keys[0].predicted_bytes > 50 * keys[1].predicted_bytes  # the workspace rides on the first (largest) key
     assert check.summary.startswith("not checked at 32 layers: not measured: CUDA graphs need a GPU")

@@ -4,11 +4,12 @@ import pytest
 
 from graphkv import (Backend, Budget, CacheOrder, CaptureError, CudaGraphMode, CudaGraphSupport, FullAttentionSpec,
                      KVLayout, Limits, MambaSpec, ModelKV, Plan, SlidingWindowSpec, compile_plan)
-from graphkv.plan.cudagraph import capture_ladder
+from graphkv.errors import SpecError
+from graphkv.plan.cudagraph import capture_ceiling, engine_capture_sizes
 
 FULL = FullAttentionSpec(num_kv_heads=8, head_size=128)
 SLIDING = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=512)
-LADDER_2048 = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), 1024, 2048)
+GRID_512 = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))  # vLLM's sizes up to its 512-token cap
 
 
 def fa_plus_flashinfer(**limits) -> Plan:
@@ -18,13 +19,58 @@ def fa_plus_flashinfer(**limits) -> Plan:
     return compile_plan(model, Limits(**limits), Budget.kv_bytes("1GiB"))
 
 
-def test_capture_ladder():
-    """The ladder is 1, 2, 4, every 8 to 256, every 16 to 512, powers of two, ending at the maximum."""
-    assert capture_ladder(1) == (1,)
-    assert capture_ladder(3) == (1, 2, 3)
-    assert capture_ladder(20) == (1, 2, 4, 8, 16, 20)
-    assert capture_ladder(2048) == LADDER_2048
-    assert capture_ladder(5000)[-4:] == (1024, 2048, 4096, 5000)
+def test_engine_capture_sizes():
+    """vLLM's grid: 1, 2, 4, every 8 below 256, every 16 from 256, plus the two maxima within the ceiling."""
+    assert engine_capture_sizes(1, 1, 8192) == (1,)
+    assert engine_capture_sizes(3, 3, 3) == (1, 2, 3)
+    assert engine_capture_sizes(20, 20, 20) == (1, 2, 4, 8, 16, 20)
+    assert engine_capture_sizes(14, 7, 8192) == (1, 2, 4, 7, 8)  # 14 itself is off the grid: not captured
+    assert engine_capture_sizes(512, 256, 8192) == GRID_512
+    assert engine_capture_sizes(1000, 500, 1000)[-4:] == (960, 976, 992, 1000)
+
+
+def test_capture_ceiling_follows_vllm_unless_set():
+    """min(2 x max_num_seqs x (1 + k), 512), capped by max_num_batched_tokens; a set limit replaces the rule."""
+    assert capture_ceiling(Limits(max_num_seqs=32, max_num_batched_tokens=2048)) == (
+        64, "max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs, 512)")
+    assert capture_ceiling(Limits(max_num_seqs=1024, max_num_batched_tokens=8192))[0] == 512
+    assert capture_ceiling(Limits(max_num_seqs=32, max_num_batched_tokens=2048, num_speculative_tokens=2)) == (
+        192, "max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs x (1 + 2), 512)")
+    assert capture_ceiling(Limits(max_num_seqs=32, max_num_batched_tokens=40)) == (
+        40, "max_num_batched_tokens=40, below max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs, 512)")
+    assert capture_ceiling(Limits(max_num_seqs=32, max_num_batched_tokens=2048,
+                                  max_cudagraph_capture_size=4096)) == (
+        2048, "max_num_batched_tokens=2048, below max_cudagraph_capture_size=4096")
+    with pytest.raises(SpecError, match="max_cudagraph_capture_size"):
+        Limits(max_cudagraph_capture_size=0)
+
+
+def test_default_plan_captures_what_vllm_captures():
+    """32 sequences, 2048 tokens per step: decode 1..32 and mixed 1..64 (vLLM's 2 x max_num_seqs); a 65-token
+    step runs uncaptured. Setting the limit to max_num_batched_tokens captures every mixed size up to 2048."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    cg = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=2048),
+                      Budget.kv_bytes("1GiB")).cudagraph
+    assert cg.capture_sizes.decode == (1, 2, 4, 8, 16, 24, 32)
+    assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert (cg.max_capture_size, cg.max_capture_size_reason) == (
+        64, "max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs, 512)")
+    every = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=2048,
+                                       max_cudagraph_capture_size=2048), Budget.kv_bytes("1GiB")).cudagraph
+    assert every.capture_sizes.decode == cg.capture_sizes.decode
+    assert every.capture_sizes.mixed == (*GRID_512, *range(528, 2048, 16), 2048)
+    assert every.max_capture_size == 2048
+
+
+def test_capture_size_below_max_num_seqs_stops_decode_graphs_with_a_note():
+    """max_cudagraph_capture_size=16 with 32 sequences: decode graphs stop at 16 requests and say why."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    cg = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=32, max_cudagraph_capture_size=16),
+                      Budget.kv_bytes("1GiB")).cudagraph
+    assert cg.capture_sizes.decode == (1, 2, 4, 8, 16)
+    assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16)
+    assert cg.downgrades == ("decode graphs stop at 16 requests: 16 x 1 tokens is the largest step captured, 16 "
+                             "tokens (max_cudagraph_capture_size=16); larger decode steps run uncaptured",)
 
 
 def test_support_is_the_minimum_and_names_the_backend():
@@ -55,7 +101,7 @@ def test_full_on_always_backends_is_kept():
     assert cg.support is CudaGraphSupport.ALWAYS
     assert cg.mode is CudaGraphMode.FULL
     assert cg.capture_sizes.decode == (1, 2, 4, 8, 16, 20)
-    assert cg.capture_sizes.mixed == LADDER_2048
+    assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16, 20, 24, 32, 40)  # up to 2 x max_num_seqs, as vLLM
 
 
 def test_speculative_tokens_with_single_token_decode_backend_fall_back_to_piecewise():
@@ -65,7 +111,7 @@ def test_speculative_tokens_with_single_token_decode_backend_fall_back_to_piecew
     assert cg.downgrades[0].startswith("FULL_AND_PIECEWISE -> PIECEWISE")
     assert "speculative decoding: queries of 1 + 2 tokens" in cg.downgrades[0]
     assert cg.capture_sizes.decode == ()
-    assert cg.capture_sizes.mixed == LADDER_2048
+    assert cg.capture_sizes.mixed == GRID_512  # min(2 x 256 x 3, 512)
 
 
 def test_full_decode_only_impossible_is_a_capture_error():
@@ -101,7 +147,7 @@ def test_decode_sizes_are_multiples_of_one_plus_k_and_include_the_maximum():
     assert cg.mode is CudaGraphMode.FULL_AND_PIECEWISE
     # min(20, 512 // 3 = 170) = 20 requests; ladder(20) = 1, 2, 4, 8, 16, 20.
     assert cg.capture_sizes.decode == (3, 6, 12, 24, 48, 60)
-    assert cg.capture_sizes.mixed[-1] == 512
+    assert cg.capture_sizes.mixed[-1] == 120  # 2 x 20 x 3
 
 
 def test_decode_sizes_stop_where_the_token_budget_is_full():
@@ -125,5 +171,5 @@ def test_mode_none_and_piecewise_capture_sizes():
         return compile_plan(model, limits, Budget.kv_bytes("1GiB")).cudagraph.capture_sizes
 
     assert (sizes("NONE").decode, sizes("NONE").mixed) == ((), ())
-    assert (sizes("PIECEWISE").decode, sizes("PIECEWISE").mixed) == ((), (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64))
+    assert (sizes("PIECEWISE").decode, sizes("PIECEWISE").mixed) == ((), (1, 2, 4, 8, 16))  # 2 x 8
     assert (sizes("FULL_DECODE_ONLY").decode, sizes("FULL_DECODE_ONLY").mixed) == ((1, 2, 4, 8), ())

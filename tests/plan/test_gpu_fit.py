@@ -36,12 +36,13 @@ def test_auto_reserve_holds_the_plans_own_buffers(llama) -> None:
 
 
 def test_a_billion_tokens_per_step_is_refused_naming_the_largest_that_fits(llama) -> None:
-    """max_num_batched_tokens=1e9 needs TiB beside the pool; the error names the largest value that fits."""
+    """max_num_batched_tokens=1e10 needs 400 GiB of step buffers beside the pool; the error names the largest value that
+    fits."""
     budget = Budget.for_gpu("H100", weights_bytes=LLAMA_WEIGHTS)
     with pytest.raises(CapacityError) as info:
-        compile_for_gpu(llama, Limits(max_num_batched_tokens=10**9), budget)
+        compile_for_gpu(llama, Limits(max_num_batched_tokens=10**10), budget)
     message = str(info.value)
-    assert message.startswith("max_num_batched_tokens=1000000000: the plan needs")
+    assert message.startswith("max_num_batched_tokens=10000000000: the plan needs")
     largest = int(re.search(r"lower max_num_batched_tokens to <= (\d+)", message).group(1))
     compile_for_gpu(llama, Limits(max_num_batched_tokens=largest), budget)  # fits
     with pytest.raises(CapacityError):
@@ -49,7 +50,7 @@ def test_a_billion_tokens_per_step_is_refused_naming_the_largest_that_fits(llama
 
 
 def test_auto_reserve_counts_the_allocator_rounding(llama) -> None:
-    """llama-3.1-8b on an H100: the pool stops at 28736 pages, whose 32 slots end on whole 2 MiB segments, because
+    """llama-3.1-8b on an H100: the pool stops at 28928 pages, whose 32 slots end on whole 2 MiB segments, because
     with more pages the slots' last segments would not fit beside the static buffers, their rounding, the cuBLAS
     workspaces and the graph pool."""
     budget = Budget.for_gpu("H100", weights_bytes=LLAMA_WEIGHTS)
@@ -60,19 +61,20 @@ def test_auto_reserve_counts_the_allocator_rounding(llama) -> None:
     # segment: 18 MiB reserved for 17,149,972 B of tensors, +1,724,396 B. cuBLAS + cuBLASLt on 2 streams: 2 x 34 MiB.
     assert other["static buffers"] == 17_149_972 and other["allocator rounding"] == 18 * (1 << 20) - 17_149_972
     assert other["lazy workspaces"] == 2 * 34 * (1 << 20) == 71_303_168
-    assert fitted.beside_bytes == 17_149_972 + 1_724_396 + 71_303_168 + other["graph pool"] == 605_143_040
-    # At tensor bytes (room - beside) // 2 MiB = 28754 pages would fit; but a slot holds 65536 B per page, so 28754
-    # pages (898 x 32 + 18) reserve 899 x 2 MiB per slot, as 28768 pages would: 32 x 899 x 2 MiB + beside > room.
-    # 28736 = 898 x 32 pages fill 898 segments per slot exactly (pool rounding 0).
-    assert (room - fitted.beside_bytes) // LLAMA_PAGE_INDEX == 28754
-    assert 32 * 899 * 2 * (1 << 20) + fitted.beside_bytes > room >= 28736 * LLAMA_PAGE_INDEX + fitted.beside_bytes
-    assert fitted.plan.num_blocks == 28736
+    # The graph pool: the shipped calibration over vLLM's capture sizes (decode 1..256, mixed 1..512).
+    assert fitted.beside_bytes == 17_149_972 + 1_724_396 + 71_303_168 + other["graph pool"] == 227_655_680
+    # At tensor bytes (room - beside) // 2 MiB = 28934 pages would fit; but a slot holds 65536 B per page, so 28934
+    # pages (904 x 32 + 6) reserve 905 x 2 MiB per slot, as 28960 pages would: 32 x 905 x 2 MiB + beside > room.
+    # 28928 = 904 x 32 pages fill 904 segments per slot exactly (pool rounding 0).
+    assert (room - fitted.beside_bytes) // LLAMA_PAGE_INDEX == 28934
+    assert 32 * 905 * 2 * (1 << 20) + fitted.beside_bytes > room >= 28928 * LLAMA_PAGE_INDEX + fitted.beside_bytes
+    assert fitted.plan.num_blocks == 28928
     memory = fitted.plan.ledger.cuda_memory()
-    assert memory.pool.reserved_bytes == memory.pool.tensor_bytes == 28736 * LLAMA_PAGE_INDEX
-    # The reserve is the smallest that leaves 28736 pages: 28737 pages' bytes would leave room - 1 B of it.
-    assert fitted.budget.graph_reserve_bytes == room - 28737 * LLAMA_PAGE_INDEX + 1 == 642_349_466
-    with pytest.raises(CapacityError, match="graph_reserve_bytes=642349465: the plan needs"):
-        compile_for_gpu(llama, Limits(), attrs.evolve(budget, graph_reserve_bytes=642_349_465))  # 28737 pages
+    assert memory.pool.reserved_bytes == memory.pool.tensor_bytes == 28928 * LLAMA_PAGE_INDEX
+    # The reserve is the smallest that leaves 28928 pages: 28929 pages' bytes would leave room - 1 B of it.
+    assert fitted.budget.graph_reserve_bytes == room - 28929 * LLAMA_PAGE_INDEX + 1 == 239_696_282
+    with pytest.raises(CapacityError, match="graph_reserve_bytes=239696281: the plan needs"):
+        compile_for_gpu(llama, Limits(), attrs.evolve(budget, graph_reserve_bytes=239_696_281))  # 28929 pages
 
 
 def test_explicit_reserve_too_small_is_refused(llama) -> None:

@@ -19,7 +19,8 @@ def _keys(*sizes: int) -> list[GraphKey]:
 
 def _plan(**kwargs) -> object:
     model = ModelKV.from_specs("m", [(FULL, "flash_attn")], hidden_size=1024)
-    return compile_plan(model, Limits(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=16),
+    return compile_plan(model, Limits(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=16,
+                                      max_cudagraph_capture_size=16),  # mixed steps up to 16 tokens, not vLLM's 8
                         Budget.kv_bytes("1GiB"), **kwargs)
 
 

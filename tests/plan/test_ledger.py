@@ -85,7 +85,8 @@ def test_uniform_group_padding_is_per_slot():
 def test_static_buffers_and_graph_pool_sit_beside_the_budget():
     """Beside the KV budget: the CUDA runtime's device buffers, its host buffers and each capture key's graph memory."""
     model = ModelKV.from_specs("m", [(FULL, "flash_attn")], hidden_size=4096)
-    plan = compile_plan(model, Limits(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=64),
+    plan = compile_plan(model, Limits(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=64,
+                                      max_cudagraph_capture_size=64),  # every step captured, not vLLM's 16 tokens
                         Budget.kv_bytes("1GiB"))
     other = {e.name: e for e in plan.ledger.other_entries}
     # 64 pages per request x 8 rows: two device tables 2 x 512 int32 = 4096, group offset + width 12, staged page

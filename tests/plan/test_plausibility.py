@@ -19,16 +19,15 @@ def _warnings(plan) -> list[str]:
     return [note for note in plan.notes if note.startswith("WARNING: max_num_batched_tokens=")]
 
 
-def test_a_billion_tokens_per_step_with_a_byte_budget_is_a_warning_naming_both_buffers(llama) -> None:
-    """1e9 tokens per step in 1 GiB: 40.05 GiB of static buffers (2.99 MiB more in the allocator's segments) and a
-    45.25 TiB graph pool, more than any GPU."""
-    plan = compile(llama, Limits(max_num_batched_tokens=10**9), Budget.kv_bytes("1GiB"))
+def test_ten_billion_tokens_per_step_with_a_byte_budget_is_a_warning_naming_the_buffers(llama) -> None:
+    """1e10 tokens per step in 1 GiB: 400.47 GiB of static buffers (3.03 MiB more in the allocator's segments),
+    more than any GPU. The graph pool stays at vLLM's 512-token captures (131.11 MiB)."""
+    plan = compile(llama, Limits(max_num_batched_tokens=10**10), Budget.kv_bytes("1GiB"))
     (note,) = _warnings(plan)
-    assert note.startswith("WARNING: max_num_batched_tokens=1000000000 puts 45.29 TiB on the GPU beside the KV pool "
-                           "(static buffers 40.05 GiB + allocator rounding 2.99 MiB + lazy workspaces 68.00 MiB + graph "
-                           "pool 45.25 TiB), more than "
-                           "the 1.00 GiB pool itself, "
-                           "more than any known GPU holds (H200: 140.40 GiB)")
+    assert note.startswith("WARNING: max_num_batched_tokens=10000000000 puts 400.67 GiB on the GPU beside the KV pool "
+                           "(static buffers 400.47 GiB + allocator rounding 3.03 MiB + lazy workspaces 68.00 MiB + "
+                           "graph pool 131.11 MiB), more than the 1.00 GiB pool itself, "
+                           "more than any known GPU holds (H200: 140.40 GiB); the step buffers grow with it.")
     assert "Lower max_num_batched_tokens" in note and "plan with a GPU budget (--gpu NAME" in note
     assert plan.notes[-1].startswith("max_num_seqs=256 exceeds")  # the max_num_seqs note stays last
 
@@ -36,7 +35,7 @@ def test_a_billion_tokens_per_step_with_a_byte_budget_is_a_warning_naming_both_b
 def test_the_same_limits_on_a_gpu_are_refused(llama) -> None:
     """With a GPU budget the buffers must fit beside the pool: refused, naming the largest step that fits."""
     with pytest.raises(CapacityError, match=r"lower max_num_batched_tokens to <= \d+"):
-        compile_for_gpu(llama, Limits(max_num_batched_tokens=10**9), Budget.for_gpu("H100", weights_bytes=16 << 30))
+        compile_for_gpu(llama, Limits(max_num_batched_tokens=10**10), Budget.for_gpu("H100", weights_bytes=16 << 30))
 
 
 def test_buffers_above_the_pool_but_below_a_gib_are_quiet(llama) -> None:
@@ -46,19 +45,28 @@ def test_buffers_above_the_pool_but_below_a_gib_are_quiet(llama) -> None:
     assert toy.pool_bytes < toy.ledger.beside_pool_device_bytes < 1 << 30 and _warnings(toy) == []
 
 
-def test_the_warning_follows_the_step_budget(llama) -> None:
-    """100k tokens per step put 5.01 GiB beside a 1 GiB pool, 4.92 GiB of it graph pool (warned); 8192 do not."""
-    (note,) = _warnings(compile(llama, Limits(max_num_batched_tokens=100_000), Budget.kv_bytes("1GiB")))
+def test_the_warning_follows_the_step_budget_and_the_captures(llama) -> None:
+    """100k tokens per step, captured up to vLLM's 512 tokens: 223 MiB beside a 1 GiB pool, quiet. Captured up to
+    100k tokens (6,304 keys on vLLM's grid of 16): a 2.33 TiB graph pool, warned, naming both limits to lower."""
+    quiet = compile(llama, Limits(max_num_batched_tokens=100_000), Budget.kv_bytes("1GiB"))
     # 5,367,028 B of static buffers reserve 24 MiB: the 3,204,096 B staging.int64 (a large block under 10 MiB) takes a
     # 20 MiB segment, the seven small ones two 2 MiB segments; 25,165,824 - 5,367,028 = 19,798,796 B = 18.88 MiB.
-    assert "puts 5.01 GiB on the GPU beside the KV pool" in note and "more than any known GPU" not in note
-    assert "(static buffers 5.12 MiB + allocator rounding 18.88 MiB + lazy workspaces 68.00 MiB + graph pool 4.92 GiB)" \
+    other = {e.name: e.nbytes for e in quiet.ledger.other_entries if e.on_device}
+    assert (other["static buffers"], other["allocator rounding"]) == (5_367_028, 19_798_796)
+    assert _warnings(quiet) == [] and quiet.cudagraph.max_capture_size == 512
+    captured = compile(llama, Limits(max_num_batched_tokens=100_000, max_cudagraph_capture_size=100_000),
+                       Budget.kv_bytes("1GiB"))
+    (note,) = _warnings(captured)
+    assert len(captured.ledger.graph_keys) == 6304
+    assert "(static buffers 5.12 MiB + allocator rounding 18.88 MiB + lazy workspaces 68.00 MiB + graph pool 2.33 TiB)" \
         in note
+    assert ("the step buffers grow with it, the graph pool with max_cudagraph_capture_size=100000. Lower "
+            "max_num_batched_tokens (vLLM's defaults are 2048-8192) or max_cudagraph_capture_size") in note
     assert _warnings(compile(llama, Limits(max_num_batched_tokens=8192), Budget.kv_bytes("4GiB"))) == []
 
 
 def test_graphkv_plan_prints_the_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    """`graphkv plan --max-num-batched-tokens 1e9` (no --gpu) plans, and its Notes carry the warning."""
-    assert main(["plan", "--max-num-batched-tokens", "1e9"]) == 0
+    """`graphkv plan --max-num-batched-tokens 2e9` (no --gpu) plans, and its Notes carry the warning."""
+    assert main(["plan", "--max-num-batched-tokens", "2e9"]) == 0
     out = capsys.readouterr().out
-    assert "  - WARNING: max_num_batched_tokens=1000000000 puts 22.69 TiB on the GPU beside the KV pool" in out
+    assert "  - WARNING: max_num_batched_tokens=2000000000 puts " in out

@@ -120,6 +120,7 @@ def limits_kwargs(draw):
         cudagraph_mode=draw(st.sampled_from(list(CudaGraphMode))),
         max_concurrent_batches=draw(st.sampled_from([1, 2, 2, 4])),
         speculative_lookahead_tokens=draw(st.sampled_from([0, 0, 1, 3])),
+        max_cudagraph_capture_size=rarely(draw, draw(st.integers(1, 9000)), None, one_in=3),
     )
 
 
@@ -221,14 +222,21 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
     assert Counter(i for s in plan.slots for i in s.layers) == every
     assert len(plan.slots) == plan.group_size
 
-    # Capture sizes end at the configured maxima and decode sizes are multiples of 1 + k.
+    # Capture sizes end at the ceiling (vLLM's min(2 x max_num_seqs x (1 + k), 512) or the limit set, within the
+    # step budget): decode at the most requests whose tokens fit it, mixed on vLLM's grid (steps of at most 16) or at
+    # max_num_seqs / max_num_batched_tokens; decode sizes are multiples of 1 + k.
     query_len = 1 + limits.num_speculative_tokens
+    ceiling = min(limits.max_cudagraph_capture_size or min(2 * limits.max_num_seqs * query_len, 512),
+                  limits.max_num_batched_tokens)
     sizes = plan.cudagraph.capture_sizes
     assert all(size % query_len == 0 for size in sizes.decode)
     if sizes.decode:
-        assert sizes.decode[-1] == min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len) * query_len
+        assert sizes.decode[-1] == min(limits.max_num_seqs, ceiling // query_len) * query_len
     if sizes.mixed:
-        assert sizes.mixed[-1] == limits.max_num_batched_tokens
+        assert sizes.mixed[-1] <= ceiling and (ceiling - sizes.mixed[-1] < min(16, ceiling)
+                                               or sizes.mixed[-1] in (1, 2, 4))
+        assert sizes.mixed[-1] == ceiling or ceiling not in (limits.max_num_seqs, limits.max_num_batched_tokens)
+    assert plan.cudagraph.max_capture_size == max((*sizes.decode, *sizes.mixed), default=0)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

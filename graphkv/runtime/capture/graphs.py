@@ -74,6 +74,12 @@ class CaptureReport:
     unavailable_reason: str | None = None
     skipped: tuple[str, ...] = ()
     rehearsed: bool = False
+    warm_up_seconds: float = 0.0
+    """Of ``seconds``, warming every key up (a compiled forward compiles here, on its first call)."""
+    capture_seconds: float = 0.0
+    """Of ``seconds``, capturing every key (PIECEWISE keys: each piece warmed up once more, captured, replayed)."""
+    num_piece_graphs: int = 0
+    """CUDA graphs captured for PIECEWISE keys' pieces (one per piece and key; 0 without PIECEWISE keys)."""
 
     def __str__(self) -> str:
         if self.unavailable_reason is not None:
@@ -82,7 +88,9 @@ class CaptureReport:
             text = (f"rehearsed {len(self.keys)} graph keys in {self.seconds:.1f} s (no CUDA graphs: every step is "
                     "dispatched and padded as a replay would be, and runs eagerly)")
         else:
-            text = f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s"
+            pieces = f", {self.num_piece_graphs} piece graphs" if self.num_piece_graphs else ""
+            text = (f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s (warm-up {self.warm_up_seconds:.1f} s,"
+                    f" capture {self.capture_seconds:.1f} s{pieces})")
         return "; ".join((text, *self.skipped))
 
 
@@ -120,6 +128,8 @@ class CapturedForward:
         self._logged: set[str] = set()
         self._piecewise_missing: str | None = None
         self._staging = StagingArena()  # the eager ops' outputs every PIECEWISE piece of every key reads
+        self._workspaces_in_pool = False  # the capture stream's cuBLAS workspaces are blocks of ``pool``
+        self._num_piece_graphs = 0  # piece graphs captured by the last ``capture()``
         functools.update_wrapper(self, fn, updated=())
         if not torch.cuda.is_available():
             self.unavailable_reason: str | None = CPU_UNAVAILABLE
@@ -250,6 +260,7 @@ class CapturedForward:
         # on the inputs' device: streams, the pool and every warm-up, capture and synchronize act on the current one
         with torch.cuda.device(cuda[0]) if cuda and not rehearse else contextlib.nullcontext():
             self._rehearsed = rehearse
+            self._num_piece_graphs = 0
             self._shapes.clear()
             if self.pool is None and not rehearse:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -259,9 +270,12 @@ class CapturedForward:
             # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
             # while warming up, and a graph must be captured on the compiled entry that serving will use.
             what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
+            phase_seconds: list[float] = []
             for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
                 if step == self._capture_key and not rehearse:  # the warm-ups' cuBLAS workspaces, outside the pool,
-                    piecewise.release_blas_workspaces()  # go now: the captures take theirs from the pool
+                    piecewise.release_blas_workspaces()  # go now: the first capture takes its own from the pool,
+                    self._workspaces_in_pool = False  # and every later capture on the stream reuses them
+                phase_start = time.perf_counter()
                 for i, key in enumerate(keys):
                     if progress:
                         sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
@@ -270,12 +284,17 @@ class CapturedForward:
                         step(key)
                     if on_key is not None:
                         on_key("warm-up" if step == self._warm_up else "capture", key)
+                if not rehearse:
+                    torch.cuda.synchronize()  # the phase's device work is part of its time
+                phase_seconds.append(time.perf_counter() - phase_start)
             if not rehearse:  # the capture stream's workspace is a block of the pool the graphs read: freed to
                 piecewise.release_blas_workspaces()  # the pool (scratch, still mapped), no later matmul writes it
+                self._workspaces_in_pool = False
         self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
-                               rehearsed=rehearse)
+                               rehearsed=rehearse, warm_up_seconds=phase_seconds[0],
+                               capture_seconds=phase_seconds[1], num_piece_graphs=self._num_piece_graphs)
         if progress:
             sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
         logger.info("%s", report)
@@ -317,16 +336,21 @@ class CapturedForward:
                     self.fn(**views)
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
-                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream)
+                graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream,
+                                                         release_workspaces=not self._workspaces_in_pool)
+                self._workspaces_in_pool = True
                 # weak views: the outputs' blocks go back to the pool, so every key's outputs share them
                 self._graphs[key] = _Captured(graph=graph, outputs=weak_outputs(outputs))
                 return
             with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream,
-                                             staging=self._staging) as scope, \
+                                             staging=self._staging,
+                                             workspaces_in_pool=self._workspaces_in_pool) as scope, \
                     self._on_capture_stream():
                 self.fn(**views)
         except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
             raise self._failed(key, f"{mode.value} capture", e) from e
+        self._workspaces_in_pool = scope.workspaces_in_pool
+        self._num_piece_graphs += scope.num_captured
         if scope.num_captured or scope.num_replayed or scope.num_rehearsed:
             self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=self._rehearsed)
         else:

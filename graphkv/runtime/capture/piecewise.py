@@ -54,6 +54,7 @@ class PiecewiseCaptureScope:
     num_captured: int = 0
     num_replayed: int = 0
     num_rehearsed: int = 0
+    workspaces_in_pool: bool = False  # the capture stream's cuBLAS workspaces were allocated inside ``pool``
     pool_storages: set[int] = attrs.field(factory=set)  # storages of outputs captured in this block (pool memory)
 
 
@@ -63,15 +64,20 @@ _SCOPE: contextvars.ContextVar[PiecewiseCaptureScope | None] = contextvars.Conte
 
 @contextlib.contextmanager
 def piecewise_capture(pool: Any = None, *, rehearse: bool = False, stream: Any = None,
-                      staging: StagingArena | None = None) -> Iterator[PiecewiseCaptureScope]:
+                      staging: StagingArena | None = None,
+                      workspaces_in_pool: bool = False) -> Iterator[PiecewiseCaptureScope]:
     """Inside this block, :class:`PiecewiseRunner` s capture a graph for each new input signature
     into ``pool`` (a ``torch.cuda.graph_pool_handle()``; ``None`` makes one on first use), on
     ``stream`` when given (else torch's own capture stream). ``staging``: the arena pieces read the
     eager ops' outputs from; pass one arena to every block of a pool (a new one by default). With
     ``rehearse`` they capture nothing and only count the pieces that would be captured (on any
-    device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would."""
+    device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would.
+    ``workspaces_in_pool``: ``stream``'s cuBLAS workspaces are already blocks of ``pool`` (an earlier
+    capture on it allocated them), so the first capture need not release them; the scope's
+    attribute of that name says so after the block."""
     token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse, stream=stream,
-                                             staging=staging if staging is not None else StagingArena()))
+                                             staging=staging if staging is not None else StagingArena(),
+                                             workspaces_in_pool=workspaces_in_pool))
     try:
         yield _SCOPE.get()
     finally:
@@ -89,19 +95,38 @@ def on_stream(stream: Any) -> Iterator[None]:
     current.wait_stream(stream)
 
 
-def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None) -> tuple[Any, Any]:
+def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None, *,
+                  release_workspaces: bool = True) -> tuple[Any, Any]:
     """Capture ``fn()`` into a new CUDA graph allocating from ``pool``; return ``(graph, outputs)``.
 
     ``stream``: the ``torch.cuda.Stream`` to capture on (default: torch's class-level capture
-    stream); pass the same one for every graph of a pool, and warm lazy workspaces (cuBLAS keeps
-    one per stream) on it first, so that none is allocated inside the capture. ``outputs`` are
-    owned and hold nothing yet (a capture only records; the first ``graph.replay()`` writes them); each replay
-    rewrites them. The one place graphkv captures.
+    stream, through ``torch.cuda.graph``); pass the same one for every graph of a pool. ``outputs``
+    are owned and hold nothing yet (a capture only records; the first ``graph.replay()`` writes
+    them); each replay rewrites them. The one place graphkv captures.
+
+    ``release_workspaces`` (default): free the cuBLAS workspaces first (:func:`release_blas_workspaces`),
+    so that the capture's matmuls allocate theirs from ``pool``. Pass ``False`` when an earlier capture
+    on ``stream`` into ``pool`` already did (the workspaces are pool blocks, kept by cuBLAS's cache).
+
+    With a ``stream``, the capture skips what ``torch.cuda.graph`` does before every capture — a device
+    synchronize, ``empty_cache`` (which hands every cached block back to the driver, so the eager ops
+    between pieces allocate anew) and the pinned-host cache's release. A PIECEWISE key captures one
+    graph per piece (17 for a 16-layer model), so those dominated set-up; vLLM skips them after its
+    first graph for the same reason.
     """
     graph = torch.cuda.CUDAGraph()
-    release_blas_workspaces()  # the capture's matmuls then take their workspace from ``pool``
-    with torch.cuda.graph(graph, pool=pool, stream=stream):  # None: torch's class-level capture stream
-        outputs = fn()
+    if release_workspaces:
+        release_blas_workspaces()  # the capture's matmuls then take their workspace from ``pool``
+    if stream is None:
+        with torch.cuda.graph(graph, pool=pool):  # torch's class-level capture stream
+            outputs = fn()
+        return graph, outputs
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            outputs = fn()
+        finally:
+            graph.capture_end()
     return graph, outputs
 
 
@@ -218,7 +243,9 @@ class PiecewiseRunner(torch.nn.Module):
         for i, view in zip(staged, scope.staging.stage([args[i] for i in staged])):
             inputs[i] = view
         self.piece(*inputs)  # warm-up: lazy init and autotuning must not happen during capture
-        graph, outputs = capture_graph(lambda: self.piece(*inputs), scope.pool, scope.stream)
+        graph, outputs = capture_graph(lambda: self.piece(*inputs), scope.pool, scope.stream,
+                                       release_workspaces=not (scope.workspaces_in_pool and scope.stream is not None))
+        scope.workspaces_in_pool = True
         scope.num_captured += 1
         static = tuple((weak_view(a) if a.untyped_storage().data_ptr() in scope.pool_storages else a)
                        if isinstance(a, torch.Tensor) else None for a in inputs)

@@ -24,9 +24,12 @@ def backend_with(support: CudaGraphSupport) -> Backend:
 
 
 def make_plan(backend: "str | Backend" = "flash_attn", **limits) -> Plan:
-    """A two-layer full-attention plan on ``backend`` under ``limits``."""
+    """A two-layer full-attention plan on ``backend`` under ``limits``; steps are captured up to
+    ``max_num_batched_tokens`` unless ``max_cudagraph_capture_size`` is given (vLLM's default,
+    2 x ``max_num_seqs``, would leave these toys' larger steps uncaptured)."""
     model = ModelKV.from_specs("toy", [(FULL, backend)] * 2)
     limits.setdefault("max_model_len", 4096)
+    limits.setdefault("max_cudagraph_capture_size", limits.get("max_num_batched_tokens"))
     return compile_plan(model, Limits(**limits), Budget.kv_bytes("1GiB"))
 
 
@@ -109,10 +112,12 @@ class GraphEmulator:
         self.capturing = False
         self.pools = set()
         self.capture_streams = []
+        self.releases = []  # each capture's release_workspaces
         self.current = None  # the current stream (torch.cuda.stream(s) sets it); None: the serving stream
 
-    def capture_graph(self, fn, pool, stream=None):
+    def capture_graph(self, fn, pool, stream=None, *, release_workspaces=True):
         """Stands in for graphkv.runtime.capture.piecewise.capture_graph."""
+        self.releases.append(release_workspaces)
         self.pools.add(pool)
         self.capture_streams.append((stream, self.current))  # the stream asked for, the current one
         self.capturing = True

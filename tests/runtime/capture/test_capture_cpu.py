@@ -185,7 +185,7 @@ class FakeCuda:
         self.pools = set()
         self.capturing = None
         self.streams = []  # every side stream made (torch.cuda.Stream())
-        self.used = []  # the stream of each warm-up (torch.cuda.stream(s)) and capture (torch.cuda.graph(stream=s))
+        self.used = []  # the stream of each warm-up and capture (torch.cuda.stream(s), or torch.cuda.graph(stream=s))
 
     def install(self, monkeypatch):
         """Patch the torch.cuda functions capture() uses."""
@@ -194,6 +194,13 @@ class FakeCuda:
         class Graph:
             def replay(self):
                 fake.events.append(("replay",))
+
+            def capture_begin(self, pool=None):  # graphkv captures on its own stream (torch.cuda.stream, below)
+                fake.pools.add(pool)
+                fake.capturing = self
+
+            def capture_end(self):
+                fake.capturing = None
 
         class Stream:
             def __init__(self):
@@ -242,8 +249,12 @@ def test_a_cpu_forward_on_a_machine_with_cuda_captures_nothing_and_runs_eagerly(
 
 def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(monkeypatch, capsys):
     """capture() warms up all keys, then captures them largest first into one pool, with a progress line."""
+    from graphkv.runtime.capture import piecewise
+
     cuda = FakeCuda()
     cuda.install(monkeypatch)
+    released = []  # events seen when the cuBLAS workspaces were released
+    monkeypatch.setattr(piecewise, "release_blas_workspaces", lambda: released.append(len(cuda.events)))
     plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")
 
     def forward(input_ids):
@@ -261,11 +272,17 @@ def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(mo
     # one side stream for every warm-up and capture: PyTorch allocates cuBLAS workspaces per stream (33 MiB on Hopper)
     assert len(cuda.streams) == 1 and fwd.stream is cuda.streams[0] and cuda.used == [fwd.stream] * 14
     assert prepared == list(report.keys) * 2
+    # the warm-ups' workspaces go before the captures, the first capture takes the stream's from the pool, the
+    # other six reuse them, and they go back to the pool after the last: three releases, not one per capture
+    assert released == [7, 7, 14]
     assert fwd.static_inputs["input_ids"].shape == (8,)
     err = capsys.readouterr().err
     assert "graphkv: warming up 1/7 mixed(num_tokens=8)" in err
     assert "graphkv: capturing CUDA graphs 6/7 decode(num_tokens=1, num_reqs=1)" in err
-    assert err.endswith("\n") and err.rstrip().endswith(f"graphkv: captured 7 CUDA graphs in {report.seconds:.1f} s")
+    assert err.endswith("\n") and err.rstrip().endswith(
+        f"graphkv: captured 7 CUDA graphs in {report.seconds:.1f} s (warm-up {report.warm_up_seconds:.1f} s, "
+        f"capture {report.capture_seconds:.1f} s)")
+    assert 0 <= report.warm_up_seconds + report.capture_seconds <= report.seconds and report.num_piece_graphs == 0
     out = fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3]))
     assert cuda.events[-1] == ("replay",) and out.shape == (3,)
 

@@ -114,6 +114,10 @@ def test_piecewise_capture_flow_with_emulated_graphs(compiled, monkeypatch):
     assert emulator.captures == 3 * 7 and emulator.pools == {("pool",)}
     # every piece captured on the capture stream, with the forward running on it (not on the serving stream)
     assert emulator.capture_streams == [(fwd.stream, fwd.stream)] * 21 and fwd.stream is not None
+    # only the first piece releases the cuBLAS workspaces (its capture takes the stream's from the pool); the other
+    # 20 pieces, of every key, reuse them
+    assert emulator.releases == [True] + [False] * 20
+    assert report.num_piece_graphs == 21
     steps = [(1, 1, True), (3, 3, True), (5, 2, False), (17, 3, False), (32, 4, False), (9, 4, False)]
     assert serve_and_compare(fwd, model, emulator, steps) == [3] * len(steps)
 
@@ -130,6 +134,7 @@ def test_full_and_piecewise_with_emulated_graphs(compiled, monkeypatch):
     assert [str(k) for k in report.keys[:3]] == ["mixed(num_tokens=16)", "mixed(num_tokens=8)",
                                                  "decode(num_tokens=4, num_reqs=4)"]
     assert len(report.keys) == 3 + 5 and report.skipped == ()
+    assert emulator.releases == [True] + [False] * (len(emulator.releases) - 1)  # FULL keys and pieces alike
     steps = [(1, 1, True), (3, 3, True), (3, 1, False), (11, 3, False), (4, 4, True)]
     assert serve_and_compare(fwd, model, emulator, steps) == [1, 1, 3, 3, 1]
 

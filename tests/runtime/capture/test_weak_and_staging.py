@@ -1,6 +1,8 @@
 """Graph outputs shared by every key of a pool (weak views) and the staging arena PIECEWISE pieces read eager
 outputs from."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -116,16 +118,23 @@ def test_weak_view_refuses_nothing_it_cannot_view():
     assert weak_view(s).item() == pytest.approx(2.5)
 
 
-def test_every_capture_first_releases_the_cached_blas_workspaces(monkeypatch):
-    """capture_graph synchronizes and frees PyTorch's cached cuBLAS workspaces before it enters the capture, so the
+def test_a_capture_releases_the_cached_blas_workspaces_unless_told_they_are_in_the_pool(monkeypatch):
+    """capture_graph synchronizes and frees PyTorch's cached cuBLAS workspaces before it begins the capture, so the
     capture's matmuls take their workspace from the graph's pool (a workspace outside it was released under the
-    graphs by torch's cudagraph trees on an H100)."""
+    graphs by torch's cudagraph trees on an H100); with ``release_workspaces=False`` (an earlier capture on the
+    stream put them in the pool) it goes straight to the capture. On its own stream it begins and ends the capture
+    itself: no empty_cache, no host cache release, no synchronize beyond the release's (torch.cuda.graph does all
+    three before every capture, which dominated the set-up of 17-piece keys). Without a stream, torch.cuda.graph."""
     from graphkv.runtime.capture import piecewise
 
     calls = []
 
     class Graph:
-        pass
+        def capture_begin(self, pool=None):
+            calls.append(("begin", pool))
+
+        def capture_end(self):
+            calls.append(("end",))
 
     class Capturing:
         def __init__(self, graph, pool=None, stream=None):
@@ -137,10 +146,35 @@ def test_every_capture_first_releases_the_cached_blas_workspaces(monkeypatch):
         def __exit__(self, *exc):
             calls.append(("exit",))
 
+    @contextlib.contextmanager
+    def on(stream):
+        calls.append(("stream", stream))
+        try:
+            yield
+        finally:
+            calls.append(("stream done",))
+
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", Capturing)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(("synchronize",)))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append(("clear",)), raising=False)
     graph, outputs = piecewise.capture_graph(lambda: calls.append(("fn",)) or "out", "pool", "stream")
     assert isinstance(graph, Graph) and outputs == "out"
-    assert calls == [("synchronize",), ("clear",), ("enter", "pool", "stream"), ("fn",), ("exit",)]
+    assert calls == [("synchronize",), ("clear",), ("stream", "stream"), ("begin", "pool"), ("fn",), ("end",),
+                     ("stream done",)]
+    calls.clear()
+    piecewise.capture_graph(lambda: calls.append(("fn",)), "pool", "stream", release_workspaces=False)
+    assert calls == [("stream", "stream"), ("begin", "pool"), ("fn",), ("end",), ("stream done",)]
+    calls.clear()
+    piecewise.capture_graph(lambda: calls.append(("fn",)), "pool")
+    assert calls == [("synchronize",), ("clear",), ("enter", "pool", None), ("fn",), ("exit",)]
+    calls.clear()
+
+    def fails():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):  # the capture is ended whatever the forward did
+        piecewise.capture_graph(fails, "pool", "stream", release_workspaces=False)
+    assert calls == [("stream", "stream"), ("begin", "pool"), ("end",), ("stream done",)]

@@ -179,7 +179,8 @@ def test_cpu_captured_forward_runs_the_step_eagerly_and_says_why():
 def test_a_prefill_on_a_mixed_key_pads_tokens_and_requests_each_in_its_own_unit():
     """A 5-request prefill on a mixed key pads its tokens to the key and its requests to max_num_seqs,
     never to the token count (the sync refuses a token count passed as a request count)."""
-    plan = _plan("AAA", max_num_seqs=8, max_num_batched_tokens=256, cudagraph_mode=graphkv.CudaGraphMode.FULL)
+    plan = _plan("AAA", max_num_seqs=8, max_num_batched_tokens=256, cudagraph_mode=graphkv.CudaGraphMode.FULL,
+                 max_cudagraph_capture_size=256)  # mixed steps captured up to 256 tokens, not vLLM's 16
     assert plan.cudagraph.mode is graphkv.CudaGraphMode.FULL  # mixed steps replay FULL graphs
     step = Step(plan)
     fwd = _rehearsed(plan, step)
