@@ -10,14 +10,16 @@
 #   bash scripts/gpu_priority.sh --list               # the steps, their limits and commands; runs nothing
 #
 # Steps (in order):
-#   1 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
-#                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
-#   2 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
+#   1 capture-cuda    the capture tests on CUDA (FULL and PIECEWISE graphs, cuBLAS workspaces, split forwards of
+#                     qwen3 / qwen3_next, the engine's overlap): the capture path graphkv drives itself
+#   2 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
 #   3 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
-#                     compile attention vs fused (16 layers)
-#   4 profile-b32     the same at batch 32
-#   5 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32
+#                     compile attention vs fused (16 layers), and the top kernels by device time
+#   4 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
+#   5 profile-b32     the same profile at batch 32
 #   6 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
+#   7 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
+#                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
 # (For the script's own test: GPU_PRIORITY_ALLOW_CPU=1 runs it without CUDA; GPU_PRIORITY_STEPS, lines of
 # "name|limit seconds|command", replaces the steps.)
@@ -35,7 +37,7 @@ while [ "$#" -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
     --list) LIST=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
        exit 2 ;;
   esac
@@ -52,12 +54,13 @@ case "$OUT" in /*) ;; *) OUT="$CALLER/$OUT" ;; esac  # relative to where it was 
 Q_OUT=$(printf '%q' "$OUT")
 # name|limit seconds|command
 STEPS=(
-  "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
-  "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
-  "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
-  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
+  "capture-cuda|200|python -m pytest -q -x -p no:cacheprovider tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py && python -m pytest -q -x -p no:cacheprovider tests/hf/test_hf_piecewise.py -k cuda"
   "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
+  "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
+  "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
+  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
   "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
+  "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
 )
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
   mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"

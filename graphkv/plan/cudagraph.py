@@ -109,10 +109,11 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
     if mode in FULL_DECODE_MODES:
         max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len, ceiling // query_len)
         if max_reqs < limits.max_num_seqs:
-            notes.append(f"decode graphs stop at {max_reqs} requests: {max_reqs} x {query_len} tokens is the "
-                         f"largest step captured, {ceiling} tokens ({ceiling_why}); larger decode steps run "
-                         "uncaptured")
-        decode = tuple(r * query_len for r in engine_capture_sizes(max_reqs, max_reqs, max_reqs)) if max_reqs else ()
+            notes.append(f"decode graphs stop at {max_reqs} requests ({max_reqs * query_len} tokens): steps above "
+                         f"{ceiling} tokens are not captured ({ceiling_why}); larger decode steps run uncaptured")
+        # vLLM's grid up to max_reqs, with max_num_seqs or the step budget's requests where they end it
+        decode = tuple(r * query_len for r in engine_capture_sizes(max_reqs, limits.max_num_seqs,
+                                                                   limits.max_num_batched_tokens // query_len))
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:
         mixed = engine_capture_sizes(ceiling, limits.max_num_seqs, limits.max_num_batched_tokens)

@@ -147,6 +147,13 @@ class Limits:
                 check.add("max_num_batched_tokens", self.max_num_batched_tokens,
                           f"must be >= max_num_seqs={self.max_num_seqs} (each running request decodes one token per "
                           "step)", f"raise max_num_batched_tokens to >= {self.max_num_seqs} or lower max_num_seqs")
+        if (not check.problems and self.max_cudagraph_capture_size is not None
+                and self.max_cudagraph_capture_size < 1 + self.num_speculative_tokens):
+            check.add("max_cudagraph_capture_size", self.max_cudagraph_capture_size,
+                      f"must be >= 1 + num_speculative_tokens={1 + self.num_speculative_tokens} (one request's decode "
+                      "step), or no decode step is ever captured",
+                      f"raise max_cudagraph_capture_size to >= {1 + self.num_speculative_tokens}, or leave it unset "
+                      "(vLLM's default: min(2 x max_num_seqs x (1 + num_speculative_tokens), 512))")
         if not check.problems and self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
             check.add("max_num_batched_tokens", self.max_num_batched_tokens,
                       f"must be >= 1 + num_speculative_tokens={1 + self.num_speculative_tokens} (one speculative "

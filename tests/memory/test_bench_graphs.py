@@ -156,7 +156,7 @@ def test_capture_warms_workspaces_on_the_capture_stream_then_reads_the_pool_arou
         assert pool == POOL and stream is streams[0], "every key on the capture stream, into the measured pool"
         outputs = fn()
         n = outputs.shape[0]
-        assert release_workspaces == (n == 8), "only the first key's capture takes the workspace into the pool"
+        assert not release_workspaces, "the stream's workspaces were primed into the pool before the first key"
         fake.capture(workspace_bytes=300 * n if n == 8 else 0, kept_bytes=_kept(n), new_segment=n == 8)
         return object(), outputs
 
@@ -166,12 +166,15 @@ def test_capture_warms_workspaces_on_the_capture_stream_then_reads_the_pool_arou
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(bench, "_warm_workspaces", warm)
     monkeypatch.setattr(piecewise, "capture_graph", capture_graph)
+    monkeypatch.setattr(piecewise, "prime_blas_workspaces",
+                        lambda pool, stream: log.append(("prime", pool is POOL and stream is streams[0])))
     monkeypatch.setattr(piecewise, "graph_device", lambda device: True)
     before = _Meter(fake).read()
     keys = capture_keys(plan.cudagraph, plan.limits)
     captured = _capture(plan, torch.device("cpu"), MeterChoice(meter=_Meter(fake), nvml_line=None, method="fake"),
                         kv, step, lambda pool, s: forward, Progress(False), keys)
     assert log[0] == ("warm", torch.float32) and len(streams) == 1
+    assert log.count(("prime", True)) == 1 and log.index(("prime", True)) == 5  # after the workspace and 4 key warm-ups
     assert len(entered) == 4 and all(s is streams[0] for s in entered)  # every key warmed up on the capture stream
     assert captured.lazy_workspace_bytes == LAZY + 4096
     assert captured.keys == _captured().keys

@@ -69,8 +69,27 @@ def test_capture_size_below_max_num_seqs_stops_decode_graphs_with_a_note():
                       Budget.kv_bytes("1GiB")).cudagraph
     assert cg.capture_sizes.decode == (1, 2, 4, 8, 16)
     assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16)
-    assert cg.downgrades == ("decode graphs stop at 16 requests: 16 x 1 tokens is the largest step captured, 16 "
-                             "tokens (max_cudagraph_capture_size=16); larger decode steps run uncaptured",)
+    assert cg.downgrades == ("decode graphs stop at 16 requests (16 tokens): steps above 16 tokens are not captured "
+                             "(max_cudagraph_capture_size=16); larger decode steps run uncaptured",)
+
+
+def test_decode_sizes_stay_on_the_grid_when_the_ceiling_ends_them():
+    """A limit of 300 tokens with 1024 sequences: decode and mixed graphs both stop at 288, vLLM's last grid size
+    below 300 (300 is neither max_num_seqs nor the step budget, so it is no capture size)."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    cg = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=1024, max_cudagraph_capture_size=300),
+                      Budget.kv_bytes("1GiB")).cudagraph
+    assert cg.capture_sizes.decode[-3:] == (256, 272, 288) and cg.capture_sizes.mixed[-1] == 288
+    assert cg.max_capture_size == 288
+    assert cg.downgrades[0].startswith("decode graphs stop at 300 requests (300 tokens): steps above 300 tokens")
+
+
+def test_a_capture_size_below_one_decode_step_is_refused():
+    """max_cudagraph_capture_size=2 with 3 speculative tokens could capture no decode step: SpecError naming both."""
+    with pytest.raises(SpecError, match="max_cudagraph_capture_size") as info:
+        Limits(max_cudagraph_capture_size=2, num_speculative_tokens=3)
+    assert "must be >= 1 + num_speculative_tokens=4" in str(info.value)
+    assert "raise max_cudagraph_capture_size to >= 4" in str(info.value)
 
 
 def test_support_is_the_minimum_and_names_the_backend():

@@ -8,7 +8,7 @@ import pytest
 MODULES = ["graphkv.plan.compile", "graphkv.plan.plan", "graphkv.plan.ledger_entries", "graphkv.plan.kernel_blocks", "graphkv.spec.layers", "graphkv.spec.backends",
            "graphkv.plan.allocations.rounding", "graphkv.plan.allocations.blas_workspaces",
            "graphkv.spec.split_rules", "graphkv.spec.stages", "graphkv.spec.sharding", "graphkv.spec.layers.state_split",
-           "graphkv.spec.model", "graphkv.distributed.simulate"]
+           "graphkv.spec.model", "graphkv.distributed.simulate", "graphkv.emit.vllm"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -231,7 +231,11 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
     sizes = plan.cudagraph.capture_sizes
     assert all(size % query_len == 0 for size in sizes.decode)
     if sizes.decode:
-        assert sizes.decode[-1] == min(limits.max_num_seqs, ceiling // query_len) * query_len
+        max_reqs = min(limits.max_num_seqs, ceiling // query_len)
+        last = sizes.decode[-1] // query_len
+        assert last <= max_reqs and (max_reqs - last < min(16, max_reqs) or last in (1, 2, 4))
+        assert last == max_reqs or max_reqs not in (limits.max_num_seqs,
+                                                    limits.max_num_batched_tokens // query_len)
     if sizes.mixed:
         assert sizes.mixed[-1] <= ceiling and (ceiling - sizes.mixed[-1] < min(16, ceiling)
                                                or sizes.mixed[-1] in (1, 2, 4))

@@ -15,10 +15,10 @@ the process lives, a cuBLAS workspace for that (handle, stream) and a separate c
 Measured on an H200 (torch 2.11): a stream's first matmuls allocated 34,603,008 B, the 32 MiB +
 1 MiB of this rule. A serving process holds one set per stream it runs matmuls on: the stream eager
 steps run on, and the capture stream when CUDA graphs are captured (``graphkv.capture`` warms up and
-captures every key on one stream; since 2026-11-26 each capture first releases PyTorch's cached
-workspaces, so the capture stream's set is allocated inside the graph pool, where a calibration measured
-from then on counts it as the largest key's footprint too: the ledger still charges it here, an upper
-bound of one set, until the shipped calibrations are re-measured). The caching allocator gives the 32 MiB workspace a segment of its
+captures every key on one stream, and allocates that stream's set inside the graph pool before the
+first capture, ``graphkv.runtime.capture.piecewise.prime_blas_workspaces``; the calibrations shipped
+before that measured it as part of the largest key's footprint, so with them it is charged twice, an
+upper bound, until they are re-measured). The caching allocator gives the 32 MiB workspace a segment of its
 own and puts the 1 MiB one in a 2 MiB small segment, which other small blocks may share: the charge
 here is that upper bound (34 MiB per stream on Hopper), 1 MiB per stream above what is allocated.
 The ledger charges PyTorch's default settings (planning reads no environment); ``graphkv bench

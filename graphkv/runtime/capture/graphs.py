@@ -129,6 +129,7 @@ class CapturedForward:
         self._piecewise_missing: str | None = None
         self._staging = StagingArena()  # the eager ops' outputs every PIECEWISE piece of every key reads
         self._workspaces_in_pool = False  # the capture stream's cuBLAS workspaces are blocks of ``pool``
+        self._priming: Any = None  # the graph that put them there (kept with the pool's graphs)
         self._num_piece_graphs = 0  # piece graphs captured by the last ``capture()``
         functools.update_wrapper(self, fn, updated=())
         if not torch.cuda.is_available():
@@ -226,7 +227,7 @@ class CapturedForward:
         ``Step.capture_context``: a forward context holding a dummy step of ``key``'s shape); the
         metadata tensors must be the persistent buffers serving steps fill, since a replay reads the
         captured addresses. ``example_inputs`` allocates the static buffers (shape of each tensor
-        with the token dim set to the largest key) when no ``static_inputs`` were given. Capture
+        with the token dim set to ``max_num_batched_tokens``) when no ``static_inputs`` were given. Capture
         fills every static input with its pad value. ``progress`` writes a progress line to stderr.
         ``on_key(phase, key)`` is called after each key's warm-up (``phase="warm-up"``) and capture
         (``"capture"``), e.g. to measure each graph's memory (``graphkv bench memory``).
@@ -250,7 +251,8 @@ class CapturedForward:
             return CaptureReport(keys=(), seconds=0.0, skipped=(f"the plan's cudagraph support {self.support.name} "
                                                                 f"allows no key of mode {self.mode.value}",),
                                  rehearsed=rehearse)
-        self.inputs.ensure(example_inputs, keys[0].num_tokens)
+        # every step's rows, not just the largest key's: steps above it run eagerly on the buffers
+        self.inputs.ensure(example_inputs, keys[0].num_tokens, self.plan.limits.max_num_batched_tokens)
         if self.unavailable_reason is None:  # the buffers may be new (example_inputs)
             self.unavailable_reason = self._off_device_reason()
         if self.unavailable_reason is not None and not rehearse:
@@ -273,8 +275,16 @@ class CapturedForward:
             phase_seconds: list[float] = []
             for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
                 if step == self._capture_key and not rehearse:  # the warm-ups' cuBLAS workspaces, outside the pool,
-                    piecewise.release_blas_workspaces()  # go now: the first capture takes its own from the pool,
-                    self._workspaces_in_pool = False  # and every later capture on the stream reuses them
+                    # go now, and a priming capture takes the stream's from the pool: every key's graphs, and the
+                    # eager ops between a PIECEWISE key's pieces, use those
+                    try:
+                        self._priming = piecewise.prime_blas_workspaces(self.pool, self.stream)
+                    except RuntimeError as e:  # torch's CUDA errors
+                        raise CaptureError(Problem(
+                            field="capture", value="cuBLAS workspaces", limit=f"priming them in the graph pool "
+                            f"failed: {e}", fix="check the GPU (nvidia-smi) and free memory, or use "
+                                                "cudagraph_mode='NONE'")) from e
+                    self._workspaces_in_pool = True
                 phase_start = time.perf_counter()
                 for i, key in enumerate(keys):
                     if progress:
@@ -338,7 +348,6 @@ class CapturedForward:
                     return
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream,
                                                          release_workspaces=not self._workspaces_in_pool)
-                self._workspaces_in_pool = True
                 # weak views: the outputs' blocks go back to the pool, so every key's outputs share them
                 self._graphs[key] = _Captured(graph=graph, outputs=weak_outputs(outputs))
                 return
@@ -349,7 +358,6 @@ class CapturedForward:
                 self.fn(**views)
         except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
             raise self._failed(key, f"{mode.value} capture", e) from e
-        self._workspaces_in_pool = scope.workspaces_in_pool
         self._num_piece_graphs += scope.num_captured
         if scope.num_captured or scope.num_replayed or scope.num_rehearsed:
             self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=self._rehearsed)
@@ -389,7 +397,7 @@ class CapturedForward:
         if shape.key is None:
             detail = f" (first at num_tokens={num_tokens}, num_reqs={shape.num_reqs}, uniform={shape.uniform})"
             reason = shape.eager_reason or "running eagerly"
-            # The plan's own reasons (a size above the ladder, a mode without such keys) are expected;
+            # The plan's own reasons (a size above the largest captured, a mode without such keys) are expected;
             # graphs that could exist but do not are worth a warning.
             warn = reason in (self.unavailable_reason, self._piecewise_missing, _NOT_CAPTURED)
             return self._eager(reason, logging.WARNING if warn else logging.INFO, num_tokens, inputs, detail)
@@ -439,8 +447,9 @@ def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = No
     ``torch.cuda.graph_pool_handle()`` to share (default: a new one at capture). ``stream``: a
     ``torch.cuda.Stream`` to warm up and capture every key on (default: one side stream made at
     the first ``.capture()``, so that PyTorch allocates one more set of cuBLAS workspaces, 33 MiB on
-    Hopper, not one per warm-up stream); warm those workspaces on it before ``.capture()`` so that
-    none lands in the graph pool. Returns a
+    Hopper, not one per warm-up stream); ``.capture()`` allocates that set inside the graph pool
+    before its first capture (:func:`~graphkv.runtime.capture.piecewise.prime_blas_workspaces`), so
+    that no graph records a workspace a later release could free under it. Returns a
     :class:`CapturedForward`; call ``.capture()`` once the model is loaded.
     """
     def wrap(fn: Callable[..., Any]) -> CapturedForward:

@@ -16,7 +16,7 @@ count is padded up to the next capture size of the plan.
   eager between captured pieces) in modes ``PIECEWISE`` and ``FULL_AND_PIECEWISE``.
 
 A uniform step that no decode graph can hold (mode ``PIECEWISE``, or support too low for full
-decode graphs) falls back to the mixed ladder: a uniform batch is also a valid mixed batch.
+decode graphs) falls back to the mixed sizes: a uniform batch is also a valid mixed batch.
 
 Everything here is pure and host-only (no torch); capture-safe.
 

@@ -38,8 +38,8 @@ from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
 
 __all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
-           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "release_blas_workspaces",
-           "split_at_attention"]
+           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "prime_blas_workspaces",
+           "release_blas_workspaces", "split_at_attention"]
 
 @attrs.define(kw_only=True)
 class PiecewiseCaptureScope:
@@ -55,6 +55,7 @@ class PiecewiseCaptureScope:
     num_replayed: int = 0
     num_rehearsed: int = 0
     workspaces_in_pool: bool = False  # the capture stream's cuBLAS workspaces were allocated inside ``pool``
+    priming: Any = None  # the graph that put them there when this block primed them (prime_blas_workspaces)
     pool_storages: set[int] = attrs.field(factory=set)  # storages of outputs captured in this block (pool memory)
 
 
@@ -72,9 +73,9 @@ def piecewise_capture(pool: Any = None, *, rehearse: bool = False, stream: Any =
     eager ops' outputs from; pass one arena to every block of a pool (a new one by default). With
     ``rehearse`` they capture nothing and only count the pieces that would be captured (on any
     device), so a CPU run decides which keys run PIECEWISE exactly as a GPU would.
-    ``workspaces_in_pool``: ``stream``'s cuBLAS workspaces are already blocks of ``pool`` (an earlier
-    capture on it allocated them), so the first capture need not release them; the scope's
-    attribute of that name says so after the block."""
+    ``workspaces_in_pool``: ``stream``'s cuBLAS workspaces are already blocks of ``pool``
+    (:func:`prime_blas_workspaces`); otherwise the first piece captured on ``stream`` primes them.
+    The scope's attribute of that name says so after the block."""
     token = _SCOPE.set(PiecewiseCaptureScope(pool=pool, rehearse=rehearse, stream=stream,
                                              staging=staging if staging is not None else StagingArena(),
                                              workspaces_in_pool=workspaces_in_pool))
@@ -105,14 +106,14 @@ def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None, *,
     them); each replay rewrites them. The one place graphkv captures.
 
     ``release_workspaces`` (default): free the cuBLAS workspaces first (:func:`release_blas_workspaces`),
-    so that the capture's matmuls allocate theirs from ``pool``. Pass ``False`` when an earlier capture
-    on ``stream`` into ``pool`` already did (the workspaces are pool blocks, kept by cuBLAS's cache).
+    so that the capture's matmuls allocate theirs from ``pool``. Pass ``False`` after
+    :func:`prime_blas_workspaces` put ``stream``'s in ``pool`` (pool blocks, kept by cuBLAS's cache).
 
     With a ``stream``, the capture skips what ``torch.cuda.graph`` does before every capture — a device
     synchronize, ``empty_cache`` (which hands every cached block back to the driver, so the eager ops
     between pieces allocate anew) and the pinned-host cache's release. A PIECEWISE key captures one
-    graph per piece (17 for a 16-layer model), so those dominated set-up; vLLM skips them after its
-    first graph for the same reason.
+    graph per piece (17 for a 16-layer model), so those dominated set-up (vLLM likewise skips the
+    cache release and the garbage collection after its first graph).
     """
     graph = torch.cuda.CUDAGraph()
     if release_workspaces:
@@ -130,12 +131,41 @@ def capture_graph(fn: Callable[[], Any], pool: Any, stream: Any = None, *,
     return graph, outputs
 
 
+def prime_blas_workspaces(pool: Any, stream: Any) -> Any:
+    """Put ``stream``'s cuBLAS and cuBLASLt workspaces inside ``pool``: release the cached ones
+    (:func:`release_blas_workspaces`), then capture a small matmul and a linear with a bias (cuBLASLt's
+    path), in float32 and bfloat16, into ``pool`` on ``stream``, so that cuBLAS allocates the
+    stream's workspaces during a capture, from the pool. Every later capture on ``stream`` into
+    ``pool`` then finds them there and need not release them; eager matmuls on ``stream`` (warm-ups,
+    state mixers between pieces) use them too, so none is allocated outside the pool.
+
+    Why a capture of its own: the first graph of a key may run no matmul (a hybrid model's first
+    piece is the embedding and a norm; its mixer's projections run eagerly, between pieces), and a
+    workspace an eager matmul then allocated outside the pool would be recorded by every later
+    graph and freed under them by the final release. Returns the priming graph: keep it as long as
+    the pool's graphs. CUDA only."""
+    release_blas_workspaces()
+    device = torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.stream(stream):
+        inputs = [torch.ones(16, 16, dtype=dtype, device=device) for dtype in (torch.float32, torch.bfloat16)]
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=pool)
+        try:
+            for x in inputs:
+                torch.matmul(x, x)
+                torch.nn.functional.linear(x, x, x[0])
+        finally:
+            graph.capture_end()
+    return graph
+
+
 def release_blas_workspaces() -> None:
     """Free PyTorch's cached cuBLAS and cuBLASLt workspaces (every stream's), after a synchronize, so that
     the next matmul on a stream allocates its workspace anew: inside a capture, from the graph's pool.
 
-    Why before every capture: a graph whose matmuls ran on a workspace allocated outside its pool (by a
-    warm-up on the capture stream) reads memory that only PyTorch's workspace cache holds. PyTorch's
+    Why before a pool's first capture (:func:`prime_blas_workspaces`): a graph whose matmuls ran on a workspace
+    allocated outside its pool (by a warm-up on the capture stream) reads memory that only PyTorch's workspace
+    cache holds. PyTorch's
     cudagraph trees (``torch.compile(mode="reduce-overhead")``, e.g. transformers' static-cache
     ``generate``) free those caches before they record and then empty the allocator's cache, which
     returns that memory to the driver; the graph's next replay then faults (an illegal memory access
@@ -170,6 +200,7 @@ class _PieceGraph:
     graph: Any  # torch.cuda.CUDAGraph
     static_args: tuple[Any, ...]  # the tensors the graph reads (None for non-tensor args)
     outputs: Any  # weak views of the outputs the graph writes (graphkv.runtime.capture.weak)
+    keep: Any = None  # the priming graph when this piece's capture primed the pool's workspaces (kept with it)
 
 
 class PiecewiseRunner(torch.nn.Module):
@@ -238,19 +269,22 @@ class PiecewiseRunner(torch.nn.Module):
         outputs, which the forward being captured uses (their blocks return to the pool when it is done)."""
         if scope.pool is None:
             scope.pool = torch.cuda.graph_pool_handle()
+        priming = None
+        if not scope.workspaces_in_pool and scope.stream is not None:  # before the warm-up's matmuls
+            priming = scope.priming = prime_blas_workspaces(scope.pool, scope.stream)
+            scope.workspaces_in_pool = True
         staged = [i for i, a in enumerate(args) if i in self.staged_args and isinstance(a, torch.Tensor)]
         inputs = list(args)
         for i, view in zip(staged, scope.staging.stage([args[i] for i in staged])):
             inputs[i] = view
         self.piece(*inputs)  # warm-up: lazy init and autotuning must not happen during capture
         graph, outputs = capture_graph(lambda: self.piece(*inputs), scope.pool, scope.stream,
-                                       release_workspaces=not (scope.workspaces_in_pool and scope.stream is not None))
-        scope.workspaces_in_pool = True
+                                       release_workspaces=not scope.workspaces_in_pool)
         scope.num_captured += 1
         static = tuple((weak_view(a) if a.untyped_storage().data_ptr() in scope.pool_storages else a)
                        if isinstance(a, torch.Tensor) else None for a in inputs)
         tree_map(lambda t: scope.pool_storages.add(t.untyped_storage().data_ptr()), outputs)
-        return _PieceGraph(graph=graph, static_args=static, outputs=weak_outputs(outputs)), outputs
+        return _PieceGraph(graph=graph, static_args=static, outputs=weak_outputs(outputs), keep=priming), outputs
 
 
 class _CallableModule(torch.nn.Module):

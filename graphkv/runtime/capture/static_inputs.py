@@ -52,13 +52,16 @@ class StaticInputs:
             raise CaptureError(Problem(field="inputs", value=unknown, limit="have no static buffer, so a graph could "
                                        "not see them", fix=f"add them to static_inputs (has {sorted(self.buffers)})"))
 
-    def ensure(self, example_inputs: Mapping[str, torch.Tensor] | None, max_tokens: int) -> None:
-        """Allocate buffers of ``max_tokens`` rows shaped like ``example_inputs`` when none were given,
-        then check that every buffer holds ``max_tokens`` rows."""
+    def ensure(self, example_inputs: Mapping[str, torch.Tensor] | None, max_tokens: int,
+               alloc_tokens: int | None = None) -> None:
+        """Allocate buffers of ``alloc_tokens`` rows (default ``max_tokens``) shaped like
+        ``example_inputs`` when none were given, then check that every buffer holds ``max_tokens``
+        rows (the largest capture size; steps above it run eagerly on the buffers' first rows, so
+        allocate ``max_num_batched_tokens`` rows)."""
         if not self.buffers and example_inputs:
             for name, t in example_inputs.items():
                 shape = list(t.shape)
-                shape[self.token_dims.get(name, 0)] = max_tokens
+                shape[self.token_dims.get(name, 0)] = max(max_tokens, alloc_tokens or 0)
                 self.buffers[name] = torch.zeros(shape, dtype=t.dtype, device=t.device)
         if not self.buffers:
             raise CaptureError(Problem(field="static_inputs", value=None,

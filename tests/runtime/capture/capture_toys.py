@@ -113,6 +113,7 @@ class GraphEmulator:
         self.pools = set()
         self.capture_streams = []
         self.releases = []  # each capture's release_workspaces
+        self.primes = []  # (pool, stream) of each prime_blas_workspaces
         self.current = None  # the current stream (torch.cuda.stream(s) sets it); None: the serving stream
 
     def capture_graph(self, fn, pool, stream=None, *, release_workspaces=True):
@@ -151,6 +152,8 @@ class GraphEmulator:
                             "synchronize": lambda: None}.items():
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(piecewise, "capture_graph", self.capture_graph)
+        monkeypatch.setattr(piecewise, "prime_blas_workspaces",
+                            lambda pool, stream: self.primes.append((pool, stream)) or ("priming", len(self.primes)))
         monkeypatch.setattr(piecewise, "_cuda_graphs_apply", lambda t: not self.capturing)
         monkeypatch.setattr(piecewise, "graph_device", lambda device: True)  # CPU tensors stand in for CUDA ones
         monkeypatch.setattr(sys.modules[__name__], "_ACTIVE", self)

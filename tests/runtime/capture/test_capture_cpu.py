@@ -253,8 +253,10 @@ def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(mo
 
     cuda = FakeCuda()
     cuda.install(monkeypatch)
-    released = []  # events seen when the cuBLAS workspaces were released
+    released, primed = [], []  # events seen when the cuBLAS workspaces were released / primed into the pool
     monkeypatch.setattr(piecewise, "release_blas_workspaces", lambda: released.append(len(cuda.events)))
+    monkeypatch.setattr(piecewise, "prime_blas_workspaces",
+                        lambda pool, stream: primed.append((len(cuda.events), pool, stream)) or "priming graph")
     plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")
 
     def forward(input_ids):
@@ -272,9 +274,9 @@ def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(mo
     # one side stream for every warm-up and capture: PyTorch allocates cuBLAS workspaces per stream (33 MiB on Hopper)
     assert len(cuda.streams) == 1 and fwd.stream is cuda.streams[0] and cuda.used == [fwd.stream] * 14
     assert prepared == list(report.keys) * 2
-    # the warm-ups' workspaces go before the captures, the first capture takes the stream's from the pool, the
-    # other six reuse them, and they go back to the pool after the last: three releases, not one per capture
-    assert released == [7, 7, 14]
+    # after the 7 warm-ups the stream's workspaces are primed into the pool (the warm-ups' released), all 7 captures
+    # reuse them, and they go back to the pool after the last: one release at the end, not one per capture
+    assert primed == [(7, ("pool",), fwd.stream)] and released == [14]
     assert fwd.static_inputs["input_ids"].shape == (8,)
     err = capsys.readouterr().err
     assert "graphkv: warming up 1/7 mixed(num_tokens=8)" in err

@@ -88,6 +88,28 @@ def test_piecewise_backend_compiles_to_the_eager_result(compiled):
     assert all(isinstance(r, PiecewiseRunner) for r in backend.runners)
 
 
+def test_a_scope_on_a_stream_primes_the_workspaces_once_before_its_first_piece(compiled, monkeypatch):
+    """A piecewise_capture block on a stream puts the stream's cuBLAS workspaces in the pool before its first piece's
+    warm-up (that piece may run no matmul while the eager ops between pieces do) and keeps the priming graph with
+    that piece; no piece releases them. A block told they are there primes nothing; on torch's own capture stream
+    (no stream given) every capture releases them first, as torch.cuda.graph's captures did."""
+    emulator = GraphEmulator().install(monkeypatch)
+    model, backend, fn = compiled
+    with torch.no_grad():
+        with piecewise_capture(("pool",), stream="s") as scope:
+            fn(*toy_inputs(13))
+        assert emulator.primes == [(("pool",), "s")] and emulator.releases == [False] * 3
+        assert scope.workspaces_in_pool and scope.priming == ("priming", 1) and scope.num_captured == 3
+        kept = [g.keep for r in backend.runners for g in r._graphs.values() if g.keep is not None]
+        assert kept == [("priming", 1)]
+        with piecewise_capture(("pool",), stream="s", workspaces_in_pool=True) as told:
+            fn(*toy_inputs(14))
+        assert len(emulator.primes) == 1 and emulator.releases == [False] * 6 and told.priming is None
+        with piecewise_capture(("pool",)):
+            fn(*toy_inputs(15))
+        assert len(emulator.primes) == 1 and emulator.releases == [False] * 6 + [True] * 3
+
+
 def serve_and_compare(fwd, model, emulator, steps):
     """Run steps with fresh inputs; return replays per step; each output must equal eager."""
     g = torch.Generator().manual_seed(1)
@@ -114,9 +136,8 @@ def test_piecewise_capture_flow_with_emulated_graphs(compiled, monkeypatch):
     assert emulator.captures == 3 * 7 and emulator.pools == {("pool",)}
     # every piece captured on the capture stream, with the forward running on it (not on the serving stream)
     assert emulator.capture_streams == [(fwd.stream, fwd.stream)] * 21 and fwd.stream is not None
-    # only the first piece releases the cuBLAS workspaces (its capture takes the stream's from the pool); the other
-    # 20 pieces, of every key, reuse them
-    assert emulator.releases == [True] + [False] * 20
+    # the stream's cuBLAS workspaces are primed into the pool once, before the first capture; no piece releases them
+    assert emulator.primes == [(("pool",), fwd.stream)] and emulator.releases == [False] * 21
     assert report.num_piece_graphs == 21
     steps = [(1, 1, True), (3, 3, True), (5, 2, False), (17, 3, False), (32, 4, False), (9, 4, False)]
     assert serve_and_compare(fwd, model, emulator, steps) == [3] * len(steps)
@@ -134,7 +155,7 @@ def test_full_and_piecewise_with_emulated_graphs(compiled, monkeypatch):
     assert [str(k) for k in report.keys[:3]] == ["mixed(num_tokens=16)", "mixed(num_tokens=8)",
                                                  "decode(num_tokens=4, num_reqs=4)"]
     assert len(report.keys) == 3 + 5 and report.skipped == ()
-    assert emulator.releases == [True] + [False] * (len(emulator.releases) - 1)  # FULL keys and pieces alike
+    assert len(emulator.primes) == 1 and not any(emulator.releases)  # primed once; FULL keys and pieces reuse them
     steps = [(1, 1, True), (3, 3, True), (3, 1, False), (11, 3, False), (4, 4, True)]
     assert serve_and_compare(fwd, model, emulator, steps) == [1, 1, 3, 3, 1]
 

@@ -178,3 +178,48 @@ def test_a_capture_releases_the_cached_blas_workspaces_unless_told_they_are_in_t
     with pytest.raises(RuntimeError, match="boom"):  # the capture is ended whatever the forward did
         piecewise.capture_graph(fails, "pool", "stream", release_workspaces=False)
     assert calls == [("stream", "stream"), ("begin", "pool"), ("end",), ("stream done",)]
+
+
+def test_priming_captures_matmuls_into_the_pool_on_the_stream_after_a_release(monkeypatch):
+    """prime_blas_workspaces releases the cached workspaces, makes its inputs on the stream outside the capture, then
+    captures a matmul and a linear with a bias (cuBLASLt's path) in float32 and bfloat16 into the pool on the stream;
+    the capture ends even when a matmul raises."""
+    from graphkv.runtime.capture import piecewise
+
+    calls = []
+
+    class Graph:
+        def capture_begin(self, pool=None):
+            calls.append(("begin", pool))
+
+        def capture_end(self):
+            calls.append(("end",))
+
+    @contextlib.contextmanager
+    def on(stream):
+        calls.append(("stream", stream))
+        try:
+            yield
+        finally:
+            calls.append(("stream done",))
+
+    real_ones = torch.ones
+    monkeypatch.setattr(piecewise, "release_blas_workspaces", lambda: calls.append(("release",)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch, "ones", lambda *shape, dtype, device: calls.append(("ones", dtype, str(device)))
+                        or real_ones(*shape, dtype=dtype))
+    monkeypatch.setattr(torch, "matmul", lambda a, b: calls.append(("matmul", a.dtype)) or a @ b)
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b: calls.append(("linear", x.dtype)) or x)
+    graph = piecewise.prime_blas_workspaces("pool", "stream")
+    assert isinstance(graph, Graph)
+    assert calls == [("release",), ("stream", "stream"), ("ones", torch.float32, "cuda:0"),
+                     ("ones", torch.bfloat16, "cuda:0"), ("begin", "pool"), ("matmul", torch.float32),
+                     ("linear", torch.float32), ("matmul", torch.bfloat16), ("linear", torch.bfloat16), ("end",),
+                     ("stream done",)]
+    calls.clear()
+    monkeypatch.setattr(torch, "matmul", lambda a, b: (_ for _ in ()).throw(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED")))
+    with pytest.raises(RuntimeError, match="CUBLAS_STATUS_ALLOC_FAILED"):
+        piecewise.prime_blas_workspaces("pool", "stream")
+    assert calls[-2:] == [("end",), ("stream done",)]
