@@ -6,6 +6,7 @@
 #   bash scripts/gpu_check.sh --quick         # skip the GPU benchmarks and the memcheck
 #   bash scripts/gpu_check.sh --steps demo,big-model   # only these steps (names as in the summary)
 #   GPU_CHECK_OUT=/tmp/out bash scripts/gpu_check.sh
+#   GRAPHKV_GPU_COMPILE=fused bash scripts/gpu_check.sh   # with "fused" as the GPU's default compile mode
 # (GPU_CHECK_ALLOW_CPU=1 lets the script's own test run a step on a machine without CUDA.)
 #
 # Checked (a failure in any of these makes the exit code 1):
@@ -29,7 +30,7 @@ while [ "$#" -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --steps) STEPS=",${2:-},"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (use --quick, --steps NAME,NAME or --help)" >&2; exit 2 ;;
   esac
   shift

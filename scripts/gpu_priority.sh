@@ -16,9 +16,11 @@
 #   3 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
 #                     compile attention vs fused (16 layers), and the top kernels by device time
 #   4 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
-#   5 profile-b32     the same profile at batch 32
-#   6 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
-#   7 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
+#   5 hf-tests-fused  graphkv.hf's CUDA tests with GRAPHKV_GPU_COMPILE=fused (the GPU default under "fused": what
+#                     making it the default needs)
+#   6 profile-b32     the same profile at batch 32
+#   7 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
+#   8 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
 #                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
 # (For the script's own test: GPU_PRIORITY_ALLOW_CPU=1 runs it without CUDA; GPU_PRIORITY_STEPS, lines of
@@ -37,7 +39,7 @@ while [ "$#" -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
     --list) LIST=1 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
        exit 2 ;;
   esac
@@ -58,6 +60,7 @@ STEPS=(
   "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
   "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
   "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
+  "hf-tests-fused|240|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider tests/hf -k cuda"
   "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
   "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
   "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
