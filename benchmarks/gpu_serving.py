@@ -145,7 +145,9 @@ def serving_loop_for(model: Any, prompts: list[list[int]], new_tokens: int, *, s
     from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
 
     declared = model_kv(model)
-    limits = attrs.evolve(default_limits(prompts, new_tokens, declared, compile=loop_kwargs.get("compile")),
+    where = loop_kwargs.get("device") or next(model.parameters()).device
+    limits = attrs.evolve(default_limits(prompts, new_tokens, declared, compile=loop_kwargs.get("compile"),
+                                         device_type=torch.device(where).type),
                           max_num_seqs=len(prompts),
                           max_num_batched_tokens=max(step_tokens, len(prompts)))
     limits = sliding_tables_for(limits, declared)

@@ -77,14 +77,16 @@ def check_compile(compile: object) -> bool | str | None:  # noqa: A002 - the tor
                                 "'fused' also compiles each piece with Inductor, None picks the device's default"))
 
 
-def graph_mode_for(compile: bool | str | None) -> CudaGraphMode:  # noqa: A002 - the torch verb
+def graph_mode_for(compile: bool | str | None, device_type: str | None = None) -> CudaGraphMode:  # noqa: A002
     """The CUDA-graph mode a plan served under ``compile`` asks for: ``FULL_AND_PIECEWISE`` for a split forward
     (``"piecewise"``, ``"fused"``: mixed steps captured piece by piece), ``FULL_DECODE_ONLY`` otherwise (mixed
-    steps run eagerly). ``None`` is read as the GPU default (:func:`gpu_default_compile`); a CPU captures nothing
-    either way.
+    steps run eagerly). ``None`` is read as :func:`default_compile` of ``device_type`` (the device the model
+    runs on, so that the plan and the model agree), or as the GPU default (:func:`gpu_default_compile`) when no
+    device is given; a CPU captures nothing either way.
 
-    >>> graph_mode_for("fused").value, graph_mode_for(True).value
-    ('FULL_AND_PIECEWISE', 'FULL_DECODE_ONLY')
+    >>> graph_mode_for("fused").value, graph_mode_for(True).value, graph_mode_for(None, "cpu").value
+    ('FULL_AND_PIECEWISE', 'FULL_DECODE_ONLY', 'FULL_DECODE_ONLY')
     """
-    mode = gpu_default_compile() if check_compile(compile) is None else compile
-    return CudaGraphMode.FULL_AND_PIECEWISE if mode in PIECEWISE_MODES else CudaGraphMode.FULL_DECODE_ONLY
+    if check_compile(compile) is None:
+        compile = gpu_default_compile() if device_type is None else default_compile(device_type)
+    return CudaGraphMode.FULL_AND_PIECEWISE if compile in PIECEWISE_MODES else CudaGraphMode.FULL_DECODE_ONLY

@@ -62,7 +62,8 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
                                 limit=f"must be one of {', '.join(COMPILE_BY_NAME)}",
                                 fix="auto (attention regions compiled on a GPU), fused (pieces compiled by Inductor, "
                                     "mixed steps captured too), model, piecewise or none"))
-    mode = graph_mode_for(COMPILE_BY_NAME[options.compile])  # piecewise / fused capture mixed steps too
+    # piecewise / fused capture mixed steps too; auto: the device's default mode, as the model will pick it
+    mode = graph_mode_for(COMPILE_BY_NAME[options.compile], torch.device(device).type)
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                                        max_num_batched_tokens=options.max_num_batched_tokens,
                                        cudagraph_mode=mode), declared)

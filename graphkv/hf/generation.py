@@ -13,6 +13,7 @@ from graphkv.command.compile_flag import graph_mode_for
 from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
+from graphkv.runtime.device import resolve_device
 from graphkv.hf.support import family_of, vocab_size_of
 from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats, engine_pages
 from graphkv.models.prompts import check_vocab, prompt_ids
@@ -99,18 +100,20 @@ def _check_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, cap: in
 
 
 def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_kv: ModelKV | None = None, *,
-                   compile: bool | str | None = None) -> Limits:  # noqa: A002 - the torch verb
+                   compile: bool | str | None = None,  # noqa: A002 - the torch verb
+                   device_type: str | None = None) -> Limits:
     """The limits :func:`generate` plans with when none are given: ``max_model_len`` the longest
     prompt plus ``max_new_tokens``, up to 64 running requests, 256 tokens per step, the CUDA-graph
     mode ``compile`` serves with (:func:`~graphkv.command.compile_flag.graph_mode_for`: decode steps
     only, prefill chunks eager, unless the forward is split — ``"piecewise"`` / ``"fused"`` capture
     mixed steps piece by piece; recurrent backends capture uniform batches) and, for a model with
     sliding-window layers (``model_kv``), sliding tables as wide as :func:`sliding_tables_for` makes
-    them."""
+    them. ``device_type``: where the model runs (``compile=None`` is that device's default mode; without it,
+    the GPU's)."""
     limits = Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
                     max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
                     max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
-                    cudagraph_mode=graph_mode_for(compile))
+                    cudagraph_mode=graph_mode_for(compile, device_type))
     return sliding_tables_for(limits, model_kv) if model_kv is not None else limits
 
 
@@ -160,7 +163,8 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     declared = model_kv(model)
     if limits is None:
         _check_length(prompts, max_new_tokens, declared.max_position_embeddings)
-        limits = default_limits(prompts, max_new_tokens, declared, compile=compile)
+        where = resolve_device(device if device is not None else next(model.parameters()).device)
+        limits = default_limits(prompts, max_new_tokens, declared, compile=compile, device_type=where.type)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile, kernels=kernels)

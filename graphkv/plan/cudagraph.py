@@ -108,12 +108,12 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
     decode: tuple[int, ...] = ()
     if mode in FULL_DECODE_MODES:
         max_reqs = min(limits.max_num_seqs, limits.max_num_batched_tokens // query_len, ceiling // query_len)
-        if max_reqs < limits.max_num_seqs:
-            notes.append(f"decode graphs stop at {max_reqs} requests ({max_reqs * query_len} tokens): steps above "
-                         f"{ceiling} tokens are not captured ({ceiling_why}); larger decode steps run uncaptured")
         # vLLM's grid up to max_reqs, with max_num_seqs or the step budget's requests where they end it
         decode = tuple(r * query_len for r in engine_capture_sizes(max_reqs, limits.max_num_seqs,
                                                                    limits.max_num_batched_tokens // query_len))
+        if max_reqs < limits.max_num_seqs:
+            notes.append(f"decode graphs stop at {decode[-1] // query_len} requests ({decode[-1]} tokens): steps "
+                         f"above {ceiling} tokens are not captured ({ceiling_why}); larger decode steps run uncaptured")
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:
         mixed = engine_capture_sizes(ceiling, limits.max_num_seqs, limits.max_num_batched_tokens)

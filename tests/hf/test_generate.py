@@ -40,8 +40,9 @@ def test_a_request_ends_at_the_end_of_sequence_token() -> None:
     assert got == [generate_alone(model, p)[len(p):] for p in batch]
 
 
-def test_default_limits_fit_the_workload() -> None:
+def test_default_limits_fit_the_workload(monkeypatch) -> None:
     """Default limits: max_model_len is the longest prompt plus the new tokens, decode-only CUDA graphs."""
+    monkeypatch.delenv("GRAPHKV_GPU_COMPILE", raising=False)  # the shipped GPU default
     limits = default_limits([[1] * 30, [2] * 5], 8)
     assert (limits.max_model_len, limits.max_num_seqs, limits.max_num_batched_tokens) == (38, 2, 256)
     assert limits.cudagraph_mode is graphkv.CudaGraphMode.FULL_DECODE_ONLY
@@ -51,10 +52,19 @@ def test_default_limits_fit_the_workload() -> None:
                                                       (False, "FULL_DECODE_ONLY"), ("model", "FULL_DECODE_ONLY"),
                                                       ("piecewise", "FULL_AND_PIECEWISE"),
                                                       ("fused", "FULL_AND_PIECEWISE")])
-def test_default_limits_capture_mixed_steps_for_a_split_forward(compile_mode, graph_mode) -> None:
+def test_default_limits_capture_mixed_steps_for_a_split_forward(compile_mode, graph_mode, monkeypatch) -> None:
     """A forward split at the attention ops ('piecewise', 'fused') is planned with PIECEWISE graphs for mixed steps
     as well; the others (None: the GPU default, compiled attention regions) with decode graphs only."""
+    monkeypatch.delenv("GRAPHKV_GPU_COMPILE", raising=False)  # the shipped GPU default
     assert default_limits([[1] * 30], 8, compile=compile_mode).cudagraph_mode.value == graph_mode
+
+
+def test_default_limits_follow_the_device_the_model_runs_on(monkeypatch) -> None:
+    """With GRAPHKV_GPU_COMPILE=fused, compile=None plans PIECEWISE mixed graphs for a GPU (the model compiles
+    'fused' there) and decode graphs only for a CPU (the model runs uncompiled there), so plan and model agree."""
+    monkeypatch.setenv("GRAPHKV_GPU_COMPILE", "fused")
+    modes = {d: default_limits([[1] * 30], 8, device_type=d).cudagraph_mode for d in ("cuda", "cpu")}
+    assert modes == {"cuda": graphkv.CudaGraphMode.FULL_AND_PIECEWISE, "cpu": graphkv.CudaGraphMode.FULL_DECODE_ONLY}
 
 
 @pytest.mark.parametrize("bad", [["fused"], "Fused", 1])

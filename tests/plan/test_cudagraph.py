@@ -81,7 +81,7 @@ def test_decode_sizes_stay_on_the_grid_when_the_ceiling_ends_them():
                       Budget.kv_bytes("1GiB")).cudagraph
     assert cg.capture_sizes.decode[-3:] == (256, 272, 288) and cg.capture_sizes.mixed[-1] == 288
     assert cg.max_capture_size == 288
-    assert cg.downgrades[0].startswith("decode graphs stop at 300 requests (300 tokens): steps above 300 tokens")
+    assert cg.downgrades[0].startswith("decode graphs stop at 288 requests (288 tokens): steps above 300 tokens")
 
 
 def test_a_capture_size_below_one_decode_step_is_refused():

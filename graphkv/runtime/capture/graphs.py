@@ -258,6 +258,12 @@ class CapturedForward:
         if self.unavailable_reason is not None and not rehearse:
             self._log_once(self.unavailable_reason, logging.WARNING)
             return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
+        if self._priming is not None and not rehearse:
+            raise CaptureError(Problem(
+                field="capture", value=f"{len(self._graphs)} keys captured already",
+                limit="a forward captures once: its graphs share the capture stream's cuBLAS workspaces in the pool, "
+                      "which capturing again would release under them",
+                fix="build a new forward (graphkv.capture(plan, ...)(fn)) to capture again"))
         cuda = [b.device for b in self.inputs.buffers.values() if b.device.type == "cuda"]
         # on the inputs' device: streams, the pool and every warm-up, capture and synchronize act on the current one
         with torch.cuda.device(cuda[0]) if cuda and not rehearse else contextlib.nullcontext():
@@ -269,37 +275,12 @@ class CapturedForward:
             if self.stream is None and not rehearse:  # one stream, one set of cuBLAS workspaces (a new side stream
                 self.stream = torch.cuda.Stream()  # per warm-up cycled through torch's 32 pooled streams, 33 MiB each)
             start = time.perf_counter()
-            # Warm up every key before capturing any: a compiled forward recompiles (e.g. turns dynamic)
-            # while warming up, and a graph must be captured on the compiled entry that serving will use.
-            what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
-            phase_seconds: list[float] = []
-            for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
-                if step == self._capture_key and not rehearse:  # the warm-ups' cuBLAS workspaces, outside the pool,
-                    # go now, and a priming capture takes the stream's from the pool: every key's graphs, and the
-                    # eager ops between a PIECEWISE key's pieces, use those
-                    try:
-                        self._priming = piecewise.prime_blas_workspaces(self.pool, self.stream)
-                    except RuntimeError as e:  # torch's CUDA errors
-                        raise CaptureError(Problem(
-                            field="capture", value="cuBLAS workspaces", limit=f"priming them in the graph pool "
-                            f"failed: {e}", fix="check the GPU (nvidia-smi) and free memory, or use "
-                                                "cudagraph_mode='NONE'")) from e
-                    self._workspaces_in_pool = True
-                phase_start = time.perf_counter()
-                for i, key in enumerate(keys):
-                    if progress:
-                        sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
-                        sys.stderr.flush()
-                    with prepare(key) if prepare is not None else contextlib.nullcontext():
-                        step(key)
-                    if on_key is not None:
-                        on_key("warm-up" if step == self._warm_up else "capture", key)
-                if not rehearse:
-                    torch.cuda.synchronize()  # the phase's device work is part of its time
-                phase_seconds.append(time.perf_counter() - phase_start)
-            if not rehearse:  # the capture stream's workspace is a block of the pool the graphs read: freed to
-                piecewise.release_blas_workspaces()  # the pool (scratch, still mapped), no later matmul writes it
-                self._workspaces_in_pool = False
+            try:
+                phase_seconds = self._warm_up_and_capture(keys, rehearse, progress, prepare, on_key)
+            finally:
+                if self._workspaces_in_pool:  # the capture stream's workspace is a block of the pool the graphs
+                    piecewise.release_blas_workspaces()  # read: freed to the pool (scratch, still mapped), no
+                    self._workspaces_in_pool = False  # later matmul on the stream writes it
         self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
@@ -309,6 +290,39 @@ class CapturedForward:
             sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
         logger.info("%s", report)
         return report
+
+    def _warm_up_and_capture(self, keys: tuple[GraphKey, ...], rehearse: bool, progress: bool,
+                             prepare: Callable[[GraphKey], ContextManager[Any]] | None,
+                             on_key: Callable[[str, GraphKey], None] | None) -> list[float]:
+        """Warm up every key, then capture (or rehearse) every key; the seconds of each phase. Warming up every
+        key before capturing any: a compiled forward recompiles (e.g. turns dynamic) while warming up, and a
+        graph must be captured on the compiled entry that serving will use."""
+        what = "rehearsing graph keys" if rehearse else "capturing CUDA graphs"
+        phase_seconds: list[float] = []
+        for phase, step in (("warming up", self._warm_up), (what, self._capture_key)):
+            if step == self._capture_key and not rehearse:  # the warm-ups' cuBLAS workspaces, outside the pool,
+                # go now, and a priming capture takes the stream's from the pool: every key's graphs, and the
+                # eager ops between a PIECEWISE key's pieces, use those
+                try:
+                    self._priming = piecewise.prime_blas_workspaces(self.pool, self.stream)
+                except RuntimeError as e:  # torch's CUDA errors
+                    raise CaptureError(Problem(
+                        field="capture", value="cuBLAS workspaces", limit=f"priming them in the graph pool failed: "
+                        f"{e}", fix="check the GPU (nvidia-smi) and free memory, or use cudagraph_mode='NONE'")) from e
+                self._workspaces_in_pool = True
+            phase_start = time.perf_counter()
+            for i, key in enumerate(keys):
+                if progress:
+                    sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
+                    sys.stderr.flush()
+                with prepare(key) if prepare is not None else contextlib.nullcontext():
+                    step(key)
+                if on_key is not None:
+                    on_key("warm-up" if step == self._warm_up else "capture", key)
+            if not rehearse:
+                torch.cuda.synchronize()  # the phase's device work is part of its time
+            phase_seconds.append(time.perf_counter() - phase_start)
+        return phase_seconds
 
     def _failed(self, key: GraphKey, what: str, error: Exception) -> CaptureError:
         return CaptureError(Problem(field="forward", value=str(key), limit=f"{what} failed: {error}",

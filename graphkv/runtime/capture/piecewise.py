@@ -143,9 +143,10 @@ def prime_blas_workspaces(pool: Any, stream: Any) -> Any:
     piece is the embedding and a norm; its mixer's projections run eagerly, between pieces), and a
     workspace an eager matmul then allocated outside the pool would be recorded by every later
     graph and freed under them by the final release. Returns the priming graph: keep it as long as
-    the pool's graphs. CUDA only."""
+    the pool's graphs. CUDA only. Only ``stream``'s workspaces are primed: a forward that runs
+    matmuls on a stream of its own between pieces is not covered."""
     release_blas_workspaces()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = getattr(stream, "device", None) or torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.stream(stream):
         inputs = [torch.ones(16, 16, dtype=dtype, device=device) for dtype in (torch.float32, torch.bfloat16)]
         graph = torch.cuda.CUDAGraph()

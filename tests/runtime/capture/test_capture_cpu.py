@@ -287,6 +287,36 @@ def test_capture_warms_up_every_key_then_captures_largest_first_into_one_pool(mo
     assert 0 <= report.warm_up_seconds + report.capture_seconds <= report.seconds and report.num_piece_graphs == 0
     out = fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3]))
     assert cuda.events[-1] == ("replay",) and out.shape == (3,)
+    # capturing again would release the workspaces the graphs share: refused, naming what to do instead
+    with pytest.raises(CaptureError, match="a forward captures once") as info:
+        fwd.capture(progress=False)
+    assert info.value.field == "capture" and "build a new forward" in str(info.value)
+    assert primed == [(7, ("pool",), fwd.stream)] and released == [14]  # nothing primed or released again
+
+
+def test_a_capture_that_fails_releases_the_primed_workspaces_and_names_the_key(monkeypatch):
+    """A forward that syncs the host inside the capture (here: raises as torch does) fails at the first key captured:
+    CaptureError naming the key and the fix, and the workspaces primed into the pool are released all the same."""
+    from graphkv.runtime.capture import piecewise
+
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    released = []
+    monkeypatch.setattr(piecewise, "release_blas_workspaces", lambda: released.append(len(cuda.events)))
+    monkeypatch.setattr(piecewise, "prime_blas_workspaces", lambda pool, stream: "priming graph")
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")
+
+    def forward(input_ids):
+        cuda.events.append("call")
+        if cuda.capturing:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return input_ids * 2
+
+    fwd = capture(plan, static_inputs={"input_ids": torch.zeros(8, dtype=torch.int64)})(forward)
+    with pytest.raises(CaptureError, match="FULL capture failed: operation not permitted") as info:
+        fwd.capture(progress=False)
+    assert info.value.field == "forward" and info.value.value == "mixed(num_tokens=8)"
+    assert released == [8]  # 7 warm-ups and the failed capture, then the release
 
 
 def test_full_capture_flow_with_emulated_graphs_equals_eager(monkeypatch):

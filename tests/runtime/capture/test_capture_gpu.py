@@ -192,3 +192,43 @@ def test_replays_survive_what_cudagraph_trees_do_to_cached_workspaces():
         with torch.no_grad():
             torch.testing.assert_close(out, model(**inputs), rtol=2e-2, atol=2e-2)
     torch.cuda.synchronize()
+
+
+class NoMatmulFirst(torch.nn.Module):
+    """A split forward whose first piece runs no matmul (an embedding and a scale, as a hybrid model's first piece
+    before its mixer), whose splitting op runs matmuls eagerly between pieces (the toy attention's q @ k^T, at
+    4096 wide bf16), and whose last piece runs two wide linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 4096)
+        self.a, self.b = torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids) * 0.5 + positions[:, None].to(self.embed.weight.dtype) * 1e-3
+        h = torch.ops.graphkv_test.attention(h, h, h)
+        return self.b(self.a(h).relu())
+
+
+def test_piecewise_replays_survive_a_workspace_release_when_the_first_piece_has_no_matmul():
+    """The capture stream's cuBLAS workspaces are primed into the graph pool before the first capture, so a split
+    forward whose first piece runs no matmul (the eager op between pieces runs the stream's first matmuls) records
+    the pool's workspace in every piece: after what cudagraph trees do (every cached workspace freed, the
+    allocator's cache emptied) its replays still equal eager."""
+    model = NoMatmulFirst().cuda().to(torch.bfloat16).eval()
+    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
+              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="PIECEWISE")
+    backend = piecewise_backend([ATTENTION_OP])
+    fwd = capture(plan, static_inputs=static)(torch.compile(model, backend=backend))
+    report = fwd.capture(progress=False)
+    assert report.skipped == () and report.num_piece_graphs == 2 * len(fwd.keys)  # two graph pieces per key
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    for n, r, uniform in STEPS:
+        inputs = step_inputs(n, n)
+        out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(**inputs), rtol=3e-2, atol=3e-2)
+    torch.cuda.synchronize()
