@@ -37,8 +37,9 @@ def decode_support_needed(limits: Limits) -> CudaGraphSupport:
 
 def capture_ceiling(limits: Limits) -> tuple[int, str]:
     """The largest step (tokens) to capture, and why: ``limits.max_cudagraph_capture_size`` when set,
-    else vLLM 0.33's default ``min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)``; never more
-    than ``max_num_batched_tokens``. Steps above it run uncaptured (vLLM runs them piecewise-compiled,
+    else vLLM 0.33's default ``min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)`` (at least
+    one request's decode step, ``1 + num_speculative_tokens``); never more than
+    ``max_num_batched_tokens``. Steps above it run uncaptured (vLLM runs them piecewise-compiled,
     without graphs): they are large, so their launches are a small part of their time, and every size
     captured costs capture time and graph memory."""
     query_len = 1 + limits.num_speculative_tokens
@@ -49,6 +50,8 @@ def capture_ceiling(limits: Limits) -> tuple[int, str]:
         ceiling = min(2 * limits.max_num_seqs * query_len, VLLM_MAX_CAPTURE_SIZE)
         spec = f" x (1 + {limits.num_speculative_tokens})" if limits.num_speculative_tokens else ""
         why = f"max_cudagraph_capture_size: vLLM's default min(2 x max_num_seqs{spec}, {VLLM_MAX_CAPTURE_SIZE})"
+        if ceiling < query_len:  # 512 speculative tokens or more: at least one request's decode step
+            ceiling, why = query_len, f"one decode step of 1 + {limits.num_speculative_tokens} tokens, above {why}"
     if ceiling > limits.max_num_batched_tokens:
         ceiling = limits.max_num_batched_tokens
         why = f"max_num_batched_tokens={ceiling}, below {why}"
@@ -111,8 +114,9 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
         # vLLM's grid up to max_reqs, with max_num_seqs or the step budget's requests where they end it
         decode = tuple(r * query_len for r in engine_capture_sizes(max_reqs, limits.max_num_seqs,
                                                                    limits.max_num_batched_tokens // query_len))
-        if max_reqs < limits.max_num_seqs:
-            notes.append(f"decode graphs stop at {decode[-1] // query_len} requests ({decode[-1]} tokens): steps "
+        if max_reqs < limits.max_num_seqs and decode:
+            last = decode[-1] // query_len
+            notes.append(f"decode graphs stop at {last} request{'s' if last != 1 else ''} ({decode[-1]} tokens): steps "
                          f"above {ceiling} tokens are not captured ({ceiling_why}); larger decode steps run uncaptured")
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:

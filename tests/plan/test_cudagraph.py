@@ -43,6 +43,10 @@ def test_capture_ceiling_follows_vllm_unless_set():
         2048, "max_num_batched_tokens=2048, below max_cudagraph_capture_size=4096")
     with pytest.raises(SpecError, match="max_cudagraph_capture_size"):
         Limits(max_cudagraph_capture_size=0)
+    # 1024 speculative tokens: vLLM's 512-token cap is below one decode step of 1025 tokens, which is captured
+    assert capture_ceiling(Limits(max_num_seqs=4, max_num_batched_tokens=8192, num_speculative_tokens=1024)) == (
+        1025, "one decode step of 1 + 1024 tokens, above max_cudagraph_capture_size: vLLM's default "
+              "min(2 x max_num_seqs x (1 + 1024), 512)")
 
 
 def test_default_plan_captures_what_vllm_captures():
@@ -82,6 +86,16 @@ def test_decode_sizes_stay_on_the_grid_when_the_ceiling_ends_them():
     assert cg.capture_sizes.decode[-3:] == (256, 272, 288) and cg.capture_sizes.mixed[-1] == 288
     assert cg.max_capture_size == 288
     assert cg.downgrades[0].startswith("decode graphs stop at 288 requests (288 tokens): steps above 300 tokens")
+
+
+def test_a_thousand_speculative_tokens_still_capture_one_decode_step():
+    """k=1024: vLLM's 512-token cap is below one request's 1025-token decode step; the plan captures that step (a
+    regression: the planner indexed an empty decode ladder and raised IndexError)."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    cg = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=8192,
+                                    num_speculative_tokens=1024), Budget.kv_bytes("1GiB")).cudagraph
+    assert cg.capture_sizes.decode == (1025,) and cg.max_capture_size == 1025
+    assert cg.downgrades[0].startswith("decode graphs stop at 1 request (1025 tokens): steps above 1025 tokens")
 
 
 def test_a_capture_size_below_one_decode_step_is_refused():

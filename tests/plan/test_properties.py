@@ -113,7 +113,7 @@ def limits_kwargs(draw):
         max_num_batched_tokens=rarely(draw, draw(st.integers(1, 64)), tokens),
         num_blocks_override=rarely(draw, draw(st.integers(2, 20_000)), None, one_in=3),
         mamba_cache_mode=draw(st.sampled_from(list(MambaCacheMode))),
-        num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 2, 3])),
+        num_speculative_tokens=draw(st.sampled_from([0, 0, 1, 2, 3, 600])),  # 600: above vLLM's 512-token cap
         tensor_parallel_size=rarely(draw, draw(st.sampled_from([1, 2])), None),
         block_size=rarely(draw, draw(st.sampled_from([16, 32, 48, 64, 128, 256, 528])), None, one_in=3),
         mamba_block_size=rarely(draw, draw(st.sampled_from([64, 256, 512])), None),

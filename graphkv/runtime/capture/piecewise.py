@@ -164,18 +164,18 @@ def release_blas_workspaces() -> None:
     """Free PyTorch's cached cuBLAS and cuBLASLt workspaces (every stream's), after a synchronize, so that
     the next matmul on a stream allocates its workspace anew: inside a capture, from the graph's pool.
 
-    Why before a pool's first capture (:func:`prime_blas_workspaces`): a graph whose matmuls ran on a workspace
-    allocated outside its pool (by a warm-up on the capture stream) reads memory that only PyTorch's workspace
-    cache holds. PyTorch's
-    cudagraph trees (``torch.compile(mode="reduce-overhead")``, e.g. transformers' static-cache
-    ``generate``) free those caches before they record and then empty the allocator's cache, which
-    returns that memory to the driver; the graph's next replay then faults (an illegal memory access
-    on an H100, 2026-11-26, after transformers' compiled ``generate`` ran beside graphkv). Inside the
-    pool the workspace stays mapped while the pool's graphs live. :class:`~graphkv.runtime.capture.graphs.CapturedForward`
-    also releases them once after its warm-ups and once after its last capture (so that no later
-    matmul on the capture stream writes the pool block its graphs use as scratch), as PyTorch's
-    cudagraph trees release them around each recording. Other libraries' graphs captured on
-    workspaces outside their pools are exposed to this, as they are to cudagraph trees."""
+    Why before a pool's first capture (:func:`prime_blas_workspaces`): a graph whose matmuls ran on a
+    workspace allocated outside its pool (by a warm-up on the capture stream) reads memory that only
+    PyTorch's workspace cache holds. PyTorch's cudagraph trees (``torch.compile(mode="reduce-overhead")``,
+    e.g. transformers' static-cache ``generate``) free those caches before they record and then empty the
+    allocator's cache, which returns that memory to the driver; the graph's next replay then faults (an
+    illegal memory access on an H100, 2026-11-26, after transformers' compiled ``generate`` ran beside
+    graphkv). Inside the pool the workspace stays mapped while the pool's graphs live.
+    :class:`~graphkv.runtime.capture.graphs.CapturedForward` primes them after its warm-ups and releases
+    them after its last capture (so that no later matmul on the capture stream writes the pool block its
+    graphs use as scratch), as PyTorch's cudagraph trees release them around each recording. Other
+    libraries' graphs captured on workspaces outside their pools are exposed to this, as they are to
+    cudagraph trees."""
     torch.cuda.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
