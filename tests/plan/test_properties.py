@@ -222,11 +222,11 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
     assert Counter(i for s in plan.slots for i in s.layers) == every
     assert len(plan.slots) == plan.group_size
 
-    # Capture sizes end at the ceiling (vLLM's min(2 x max_num_seqs x (1 + k), 512) or the limit set, within the
-    # step budget): decode at the most requests whose tokens fit it, mixed on vLLM's grid (steps of at most 16) or at
-    # max_num_seqs / max_num_batched_tokens; decode sizes are multiples of 1 + k.
+    # Capture sizes end at the ceiling (vLLM's min(2 x max_num_seqs x (1 + k), 512) but at least 1 + k, or the limit
+    # set, within the step budget): decode at the most requests whose tokens fit it, mixed on vLLM's grid (steps of
+    # at most 16) or at max_num_seqs / max_num_batched_tokens; decode sizes are multiples of 1 + k.
     query_len = 1 + limits.num_speculative_tokens
-    ceiling = min(limits.max_cudagraph_capture_size or min(2 * limits.max_num_seqs * query_len, 512),
+    ceiling = min(limits.max_cudagraph_capture_size or max(min(2 * limits.max_num_seqs * query_len, 512), query_len),
                   limits.max_num_batched_tokens)
     sizes = plan.cudagraph.capture_sizes
     assert all(size % query_len == 0 for size in sizes.decode)
