@@ -202,7 +202,17 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_ne
     prompts or arguments, :class:`CapacityError` when a prompt plus ``max_new_tokens`` exceeds
     ``limits.max_model_len``, and the plan's errors when the limits do not fit the budget.
 
-    >>> tokens = graphkv.hf.generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=8)
+    A random-weight 2-layer Qwen3 on this machine, against transformers' own greedy ``generate``::
+
+        >>> import torch
+        >>> import graphkv.hf
+        >>> from graphkv.hf.tiny import tiny_model
+        >>> model = tiny_model("qwen3")
+        >>> prompts = [[1, 2, 3], [4, 5]]
+        >>> tokens = graphkv.hf.generate(model, prompts, max_new_tokens=4)
+        >>> tokens == [model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False)[0, len(p):].tolist()
+        ...            for p in prompts]
+        True
     """
     return generate_with_stats(model, prompts, max_new_tokens=max_new_tokens, limits=limits, budget=budget,
                                device=device).tokens

@@ -9,10 +9,16 @@ reached twice count once. It never reads module globals (a function's globals ar
 This is the measurement of last resort on a CPU (no NVML, no CUDA allocator statistics), and the
 independent check that a plan's ledger equals what the runtime allocates.
 
-Example::
+Example (the tiny hybrid "MAMA" on a CPU: what its pool and step hold is what the ledger says)::
 
+    >>> import graphkv
+    >>> from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+    >>> plan = graphkv.compile(model_kv(TinyHybridConfig(pattern="MAMA")), graphkv.Limits(
+    ...     max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, num_blocks_override=8))
+    >>> from graphkv.runtime import Step, allocate
     >>> pool, step = allocate(plan, "cpu"), Step(plan, "cpu")
-    >>> live_storages(pool, step).cpu_tensor_bytes  # == plan.ledger.runtime_bytes("cpu").device_bytes
+    >>> live_storages(pool, step).cpu_tensor_bytes, plan.ledger.runtime_bytes("cpu").device_bytes
+    (70156, 70156)
 """
 
 from __future__ import annotations

@@ -76,10 +76,16 @@ def paged_kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flex_kv_block_stride(kv_cache)``: kernel block ``b``'s token ``t`` is kv index ``b*r*kbs + t``.
     Capture-safe. Raises :class:`SpecError` like :func:`flex_kv_block_stride`.
 
-    Example::
+    Example (the tiny hybrid "MAMA", 8 pages: its attention layers share slots with Mamba layers)::
 
-        >>> k, v = paged_kv_views(pool.kv_cache("layers.1"))  # page-local: r = 2
-        >>> k.shape                                           # (1, 2, (2 * N - 1) * 16, 16)
+        >>> import graphkv
+        >>> from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+        >>> plan = graphkv.compile(model_kv(TinyHybridConfig(pattern="MAMA")), graphkv.Limits(
+        ...     max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, num_blocks_override=8))
+        >>> from graphkv.runtime import allocate
+        >>> k, v = paged_kv_views(allocate(plan, "cpu").kv_cache("layers.1"))  # page-local: r = 2
+        >>> tuple(k.shape)  # (1, H, ((8 - 1) * 2 + 1) * 16, D)
+        (1, 2, 240, 16)
     """
     r = flex_kv_block_stride(kv_cache)
     _, nkb, kbs, heads, dim = kv_cache.shape

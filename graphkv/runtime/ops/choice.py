@@ -63,7 +63,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tens
     negative and out-of-range slots. Capture-safe on the Triton path (``"auto"`` on CUDA);
     ``"triton"`` on a CPU cache runs the same kernel in Triton's interpreter (slow; for checking).
 
-    >>> write_kv(k, v, pool.kv_cache(name), ctx.slot_mappings[g], layout=pool.layout(name))
+    In an attention layer's forward (``k``, ``v`` its new keys and values, ``g`` its group)::
+
+        write_kv(k, v, pool.kv_cache(name), ctx.slot_mappings[g], layout=pool.layout(name))
     """
     if resolve_kernels(kernels, kv_cache.device) == "triton":
         triton_reshape_and_cache(key, value, kv_cache, slot_mapping, layout=layout)

@@ -30,7 +30,9 @@ def write_pages(flat: torch.Tensor, staged: torch.Tensor, num_entries: int, max_
     the null page) at ``dst_e + k`` for ``k < bpk_e``. Not capture-safe (selecting the written
     kernel blocks has a data-dependent size).
 
-    >>> write_pages(tables.flat, staged, num_entries=len(dst), max_bpk=17)
+    In a step's table update (``staged``: the step's new pages, as the staging arrays hold them)::
+
+        write_pages(tables.flat, staged, num_entries=len(dst), max_bpk=17)
     """
     check_write_pages(flat, staged, num_entries)
     if num_entries == 0:
@@ -48,7 +50,9 @@ def gather_rows(src: PackedTables, dst: PackedTables, idx_mapping: torch.Tensor,
     ``idx_mapping``: ``[num_reqs] int32`` on the tables' device. Rows past ``num_reqs_padded``
     are left as they are. Capture-safe (no host sync).
 
-    >>> gather_rows(persistent, per_step, idx_mapping[:num_reqs], num_reqs_padded)
+    In a step's table sync (``persistent``: every request's rows; ``per_step``: the step's)::
+
+        gather_rows(persistent, per_step, idx_mapping[:num_reqs], num_reqs_padded)
     """
     check_gather_rows(src, dst, idx_mapping, num_reqs_padded)
     num_reqs = idx_mapping.shape[0]
@@ -73,7 +77,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor | None, kv_cache: t
     and slots ``>= N * kbs`` write nothing. Writes through the view's own strides (``index_put_``).
     Not capture-safe: selecting the written tokens syncs with a GPU.
 
-    >>> reshape_and_cache(k, v, pool.kv_cache(name), slots[g], layout=pool.layout(name))
+    In an attention layer's forward (``k``, ``v`` its new keys and values, ``g`` its group)::
+
+        reshape_and_cache(k, v, pool.kv_cache(name), slots[g], layout=pool.layout(name))
     """
     args = check_reshape_and_cache(key, value, kv_cache, slot_mapping, layout=layout)
     geo = args.geometry

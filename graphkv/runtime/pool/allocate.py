@@ -1,11 +1,17 @@
 """The KV pool: one raw byte tensor per plan slot, and every layer's typed view into it.
 
-Example::
+Example (the tiny hybrid "MAMA": Mamba layers 0 and 2, attention layers 1 and 3, 8 pages)::
 
-    >>> plan = graphkv.compile(model, graphkv.Limits(max_model_len=4096), graphkv.Budget.kv_bytes("1GiB"))
-    >>> pool = graphkv.runtime.allocate(plan, device="cuda")
-    >>> pool.kv_cache("layers.0").shape        # flash_attn: kv-first (2, N, kbs, H, D)
-    >>> conv, ssm = pool.mamba_states("layers.1")  # (num_blocks, *state_shape) each
+    >>> import graphkv
+    >>> from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+    >>> plan = graphkv.compile(model_kv(TinyHybridConfig(pattern="MAMA")), graphkv.Limits(
+    ...     max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, num_blocks_override=8))
+    >>> from graphkv.runtime import allocate
+    >>> pool = allocate(plan, device="cpu")
+    >>> tuple(pool.kv_cache("layers.1").shape)  # kv-first (2, N, kbs, H, D)
+    (2, 8, 16, 2, 16)
+    >>> [tuple(state.shape) for state in pool.mamba_states("layers.0")]  # conv, ssm: (N, *state_shape) each
+    [(8, 3, 64), (8, 2, 8, 16)]
 """
 
 from __future__ import annotations
@@ -97,7 +103,11 @@ def page_local_slots(plan: Plan) -> tuple[bool, ...]:
 
     Example::
 
-        >>> page_local_slots(plan)  # tiny hybrid "MAMA": both slots hold a Mamba layer
+        >>> import graphkv
+        >>> from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+        >>> plan = graphkv.compile(model_kv(TinyHybridConfig(pattern="MAMA")), graphkv.Limits(
+        ...     max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, num_blocks_override=8))
+        >>> page_local_slots(plan)  # both slots hold a Mamba layer
         (True, True)
     """
     return tuple(slot.page_local for slot in plan.slots)
