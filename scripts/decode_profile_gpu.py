@@ -13,6 +13,9 @@ in its own process, and for the decode steps in which every request decodes prin
   the host work the overlap could not hide add;
 - ``sync ms``: the same serve with ``overlap=False`` (every step's tokens read before the next is scheduled): the
   host's work per step is ``sync - wall`` more;
+- ``device ms``: the device's own time between consecutive timed steps (CUDA events recorded on the serving stream
+  after each step's launch, unprofiled): a step's kernels plus any idle gap, without the profiler's overhead, to
+  check ``kernel us`` and ``wall ms`` against each other;
 - then, per mode, the ``--top`` kernels by device time per step (name, launches and microseconds per step, share of
   the step's kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the
   fused elementwise kernels, the sampler).
@@ -81,6 +84,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prof = profile(activities=activities)
     state = {"decode": 0, "at": 0.0, "tokens": 0, "generated": 0, "profiling": False}
     walls: list[float] = []
+    events: list[Any] = []  # a CUDA event per timed step, recorded on the serving stream after its launch
 
     def on_step(stats: Any) -> None:
         now = time.perf_counter()
@@ -95,6 +99,9 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
                 state["profiling"] = False
             elif state["decode"] > 4 + steps:
                 walls.append(now - state["at"])
+                if device == "cuda":  # after step n+1's kernels in the stream: consecutive events are one step apart
+                    events.append(torch.cuda.Event(enable_timing=True))
+                    events[-1].record()
             if state["decode"] == 3:  # three warm decode steps, then profile the next ``steps``
                 prof.start()
                 state["profiling"] = True
@@ -126,6 +133,8 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
             "kernel_us_per_step": sum(e.device_time_total for e in kernels) / steps,
             "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
             "sync_wall_ms_per_step": 1e3 * statistics.median(sync_walls) if sync_walls else None,
+            "device_ms_per_step": (statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+                                   if len(events) > 1 else None),
             "overlapped_steps": engine.stats.overlapped,
             "top": top_kernels([(e.name, e.device_time_total) for e in kernels], steps, top),
             "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.context}, {args.steps} profiled steps; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; torch "
           f"{torch.__version__}")
     print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
-          f"{'build s':>8}  graphs")
+          f"{'device ms':>9} {'build s':>8}  graphs")
     failed, tops = 0, {}
     for mode in modes:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
@@ -176,11 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:<10} FAILED: {tail}")
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        wall, sync_wall = ("n/a" if r[k] is None else f"{r[k]:.3f}" for k in ("wall_ms_per_step",
-                                                                              "sync_wall_ms_per_step"))
+        wall, sync_wall, device_ms = ("n/a" if r[k] is None else f"{r[k]:.3f}" for k in (
+            "wall_ms_per_step", "sync_wall_ms_per_step", "device_ms_per_step"))
         print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
-              f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {r['build_s']:>8.1f}  "
-              f"{r['graphs'][:60]}")
+              f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {device_ms:>9} "
+              f"{r['build_s']:>8.1f}  {r['graphs'][:60]}")
         tops[mode] = r["top"]
     for mode, rows in tops.items():
         if rows:

@@ -143,6 +143,7 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     row = next(line for line in done.stdout.splitlines() if line.startswith("attention "))
     # no device kernels; a wall time with the engine's overlap and one without
     assert row.split()[1:3] == ["0.0", "0.0"] and float(row.split()[4]) > 0 and float(row.split()[5]) > 0
+    assert row.split()[6] == "n/a"  # no CUDA events on a CPU
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused" in bad.stderr
