@@ -161,13 +161,13 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
                                     "default_limits(prompts, max_new_tokens)"))
     start = time.perf_counter()
     declared = model_kv(model)
+    where = resolve_device(device if device is not None else next(model.parameters()).device)  # the loop's device
     if limits is None:
         _check_length(prompts, max_new_tokens, declared.max_position_embeddings)
-        where = resolve_device(device if device is not None else next(model.parameters()).device)
         limits = default_limits(prompts, max_new_tokens, declared, compile=compile, device_type=where.type)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
-    loop = ServingLoop(model, limits=limits, budget=budget, device=device, compile=compile, kernels=kernels)
+    loop = ServingLoop(model, limits=limits, budget=budget, device=where, compile=compile, kernels=kernels)
     engine = loop.engine(record=record)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     stop = frozenset([eos] if isinstance(eos, int) else (eos or ()))

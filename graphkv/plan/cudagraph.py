@@ -121,7 +121,6 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:
         mixed = engine_capture_sizes(ceiling, limits.max_num_seqs, limits.max_num_batched_tokens)
-    captured = max((*decode, *mixed), default=0)
     return CudaGraphPlan(support=support, limited_by=limited_by, requested_mode=limits.cudagraph_mode, mode=mode,
                          downgrades=tuple(notes), capture_sizes=CaptureSizes(decode=decode, mixed=mixed),
-                         max_capture_size=captured, max_capture_size_reason=ceiling_why if captured else "")
+                         max_capture_size_reason=ceiling_why if decode or mixed else "")

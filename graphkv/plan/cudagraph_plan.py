@@ -32,8 +32,11 @@ class CudaGraphPlan:
     mode: CudaGraphMode
     downgrades: tuple[str, ...]
     capture_sizes: CaptureSizes
-    max_capture_size: int = 0
-    """The largest step (tokens) any graph is captured for; larger steps run uncaptured. 0 when the mode
-    captures nothing."""
     max_capture_size_reason: str = ""
     """Where :attr:`max_capture_size` comes from (vLLM's default rule, or the limit that was set)."""
+
+    @property
+    def max_capture_size(self) -> int:
+        """The largest step (tokens) any graph is captured for; larger steps run uncaptured. 0 when the
+        mode captures nothing."""
+        return max((*self.capture_sizes.decode, *self.capture_sizes.mixed), default=0)

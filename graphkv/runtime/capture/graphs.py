@@ -128,8 +128,7 @@ class CapturedForward:
         self._logged: set[str] = set()
         self._piecewise_missing: str | None = None
         self._staging = StagingArena()  # the eager ops' outputs every PIECEWISE piece of every key reads
-        self._workspaces_in_pool = False  # the capture stream's cuBLAS workspaces are blocks of ``pool``
-        self._priming: Any = None  # the graph that put them there (kept with the pool's graphs)
+        self._priming: Any = None  # the graph that put the capture stream's cuBLAS workspaces in the pool (kept)
         self._num_piece_graphs = 0  # piece graphs captured by the last ``capture()``
         functools.update_wrapper(self, fn, updated=())
         if not torch.cuda.is_available():
@@ -278,9 +277,9 @@ class CapturedForward:
             try:
                 phase_seconds = self._warm_up_and_capture(keys, rehearse, progress, prepare, on_key)
             finally:
-                if self._workspaces_in_pool:  # the capture stream's workspace is a block of the pool the graphs
-                    piecewise.release_blas_workspaces()  # read: freed to the pool (scratch, still mapped), no
-                    self._workspaces_in_pool = False  # later matmul on the stream writes it
+                if self._priming is not None and not rehearse:  # the capture stream's workspace is a block of
+                    piecewise.release_blas_workspaces()  # the pool the graphs read: freed to the pool (scratch,
+                    # still mapped), no later matmul on the stream writes it
         self._shapes.clear()
         report = CaptureReport(keys=self.keys, seconds=time.perf_counter() - start,
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
@@ -309,7 +308,6 @@ class CapturedForward:
                     raise CaptureError(Problem(
                         field="capture", value="cuBLAS workspaces", limit=f"priming them in the graph pool failed: "
                         f"{e}", fix="check the GPU (nvidia-smi) and free memory, or use cudagraph_mode='NONE'")) from e
-                self._workspaces_in_pool = True
             phase_start = time.perf_counter()
             for i, key in enumerate(keys):
                 if progress:
@@ -361,13 +359,12 @@ class CapturedForward:
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream,
-                                                         release_workspaces=not self._workspaces_in_pool)
+                                                         release_workspaces=False)  # primed: in the pool
                 # weak views: the outputs' blocks go back to the pool, so every key's outputs share them
                 self._graphs[key] = _Captured(graph=graph, outputs=weak_outputs(outputs))
                 return
             with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream,
-                                             staging=self._staging,
-                                             workspaces_in_pool=self._workspaces_in_pool) as scope, \
+                                             staging=self._staging, workspaces_in_pool=True) as scope, \
                     self._on_capture_stream():
                 self.fn(**views)
         except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks

@@ -16,12 +16,29 @@ MAX_TOKENS = 32
 STEPS = [(1, 1, True), (3, 3, True), (4, 4, True), (5, 2, False), (17, 3, False), (32, 4, False), (9, 4, False)]
 
 
+def static_buffers():
+    """Static input buffers for MAX_TOKENS tokens on the GPU."""
+    return {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
+            "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+
+
 def model_and_buffers():
     """The toy model on the GPU and static input buffers for MAX_TOKENS tokens."""
-    model = ToyModel().cuda().eval()
-    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
-              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
-    return model, static
+    return ToyModel().cuda().eval(), static_buffers()
+
+
+def check_replays_after_a_workspace_release(fwd, model, tolerance):
+    """What cudagraph trees do (every cached cuBLAS workspace freed, the allocator's cache emptied), then every
+    step of STEPS replayed: each equals eager within ``tolerance`` (bf16)."""
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    for n, r, uniform in STEPS:
+        inputs = step_inputs(n, n)
+        out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(**inputs), rtol=tolerance, atol=tolerance)
+    torch.cuda.synchronize()
 
 
 def step_inputs(num_tokens, seed):
@@ -142,9 +159,7 @@ def test_keys_share_the_memory_of_their_outputs(mode):
     """Captured graphs keep weak views of their outputs (and PIECEWISE pieces stage attention outputs in one
     arena), so the keys' graphs hold less than one largest key's output after capture (kept as owned tensors:
     FULL 94 tokens, PIECEWISE 87 tokens of 256 KiB), and every key's replay still equals eager."""
-    model = WideHead().cuda().eval()
-    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
-              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
+    model, static = WideHead().cuda().eval(), static_buffers()
     plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode=mode)
     fn = model.forward if mode == "FULL" else torch.compile(model, backend=piecewise_backend([ATTENTION_OP]))
     stream = torch.cuda.Stream()  # its cuBLAS workspaces (33 MiB on Hopper) allocated before the measured window
@@ -178,20 +193,10 @@ def test_replays_survive_what_cudagraph_trees_do_to_cached_workspaces():
     cache before it records; graphkv's graphs hold their workspace in their own pool, so replays after that still
     equal eager (on an H100 they faulted when the workspace had been warmed outside the pool)."""
     model = WideMatmuls().cuda().to(torch.bfloat16).eval()
-    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
-              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
     plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="FULL")
-    fwd = capture(plan, static_inputs=static)(model.forward)
+    fwd = capture(plan, static_inputs=static_buffers())(model.forward)
     fwd.capture(progress=False)
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
-    for n, r, uniform in STEPS:
-        inputs = step_inputs(n, n)
-        out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
-        with torch.no_grad():
-            torch.testing.assert_close(out, model(**inputs), rtol=2e-2, atol=2e-2)
-    torch.cuda.synchronize()
+    check_replays_after_a_workspace_release(fwd, model, 2e-2)
 
 
 class NoMatmulFirst(torch.nn.Module):
@@ -216,19 +221,9 @@ def test_piecewise_replays_survive_a_workspace_release_when_the_first_piece_has_
     the pool's workspace in every piece: after what cudagraph trees do (every cached workspace freed, the
     allocator's cache emptied) its replays still equal eager."""
     model = NoMatmulFirst().cuda().to(torch.bfloat16).eval()
-    static = {"input_ids": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda"),
-              "positions": torch.zeros(MAX_TOKENS, dtype=torch.int64, device="cuda")}
     plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, cudagraph_mode="PIECEWISE")
     backend = piecewise_backend([ATTENTION_OP])
-    fwd = capture(plan, static_inputs=static)(torch.compile(model, backend=backend))
+    fwd = capture(plan, static_inputs=static_buffers())(torch.compile(model, backend=backend))
     report = fwd.capture(progress=False)
     assert report.skipped == () and report.num_piece_graphs == 2 * len(fwd.keys)  # two graph pieces per key
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
-    for n, r, uniform in STEPS:
-        inputs = step_inputs(n, n)
-        out = fwd(num_tokens=n, num_reqs=r, uniform=uniform, **inputs)
-        with torch.no_grad():
-            torch.testing.assert_close(out, model(**inputs), rtol=3e-2, atol=3e-2)
-    torch.cuda.synchronize()
+    check_replays_after_a_workspace_release(fwd, model, 3e-2)

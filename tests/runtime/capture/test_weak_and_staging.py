@@ -118,6 +118,31 @@ def test_weak_view_refuses_nothing_it_cannot_view():
     assert weak_view(s).item() == pytest.approx(2.5)
 
 
+def record_graph_calls(monkeypatch) -> list:
+    """Patch torch.cuda's CUDAGraph (capture_begin / capture_end) and stream() to append what is called to the list
+    returned, on a CPU."""
+    calls: list = []
+
+    class Graph:
+        def capture_begin(self, pool=None):
+            calls.append(("begin", pool))
+
+        def capture_end(self):
+            calls.append(("end",))
+
+    @contextlib.contextmanager
+    def on(stream):
+        calls.append(("stream", stream))
+        try:
+            yield
+        finally:
+            calls.append(("stream done",))
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    return calls
+
+
 def test_a_capture_releases_the_cached_blas_workspaces_unless_told_they_are_in_the_pool(monkeypatch):
     """capture_graph synchronizes and frees PyTorch's cached cuBLAS workspaces before it begins the capture, so the
     capture's matmuls take their workspace from the graph's pool (a workspace outside it was released under the
@@ -127,14 +152,7 @@ def test_a_capture_releases_the_cached_blas_workspaces_unless_told_they_are_in_t
     three before every capture, which dominated the set-up of 17-piece keys). Without a stream, torch.cuda.graph."""
     from graphkv.runtime.capture import piecewise
 
-    calls = []
-
-    class Graph:
-        def capture_begin(self, pool=None):
-            calls.append(("begin", pool))
-
-        def capture_end(self):
-            calls.append(("end",))
+    calls = record_graph_calls(monkeypatch)
 
     class Capturing:
         def __init__(self, graph, pool=None, stream=None):
@@ -146,22 +164,12 @@ def test_a_capture_releases_the_cached_blas_workspaces_unless_told_they_are_in_t
         def __exit__(self, *exc):
             calls.append(("exit",))
 
-    @contextlib.contextmanager
-    def on(stream):
-        calls.append(("stream", stream))
-        try:
-            yield
-        finally:
-            calls.append(("stream done",))
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", Capturing)
-    monkeypatch.setattr(torch.cuda, "stream", on)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(("synchronize",)))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append(("clear",)), raising=False)
     graph, outputs = piecewise.capture_graph(lambda: calls.append(("fn",)) or "out", "pool", "stream")
-    assert isinstance(graph, Graph) and outputs == "out"
+    assert isinstance(graph, torch.cuda.CUDAGraph) and outputs == "out"
     assert calls == [("synchronize",), ("clear",), ("stream", "stream"), ("begin", "pool"), ("fn",), ("end",),
                      ("stream done",)]
     calls.clear()
@@ -186,34 +194,16 @@ def test_priming_captures_matmuls_into_the_pool_on_the_stream_after_a_release(mo
     the capture ends even when a matmul raises."""
     from graphkv.runtime.capture import piecewise
 
-    calls = []
-
-    class Graph:
-        def capture_begin(self, pool=None):
-            calls.append(("begin", pool))
-
-        def capture_end(self):
-            calls.append(("end",))
-
-    @contextlib.contextmanager
-    def on(stream):
-        calls.append(("stream", stream))
-        try:
-            yield
-        finally:
-            calls.append(("stream done",))
-
+    calls = record_graph_calls(monkeypatch)
     real_ones = torch.ones
     monkeypatch.setattr(piecewise, "release_blas_workspaces", lambda: calls.append(("release",)))
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "stream", on)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch, "ones", lambda *shape, dtype, device: calls.append(("ones", dtype, str(device)))
                         or real_ones(*shape, dtype=dtype))
     monkeypatch.setattr(torch, "matmul", lambda a, b: calls.append(("matmul", a.dtype)) or a @ b)
     monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b: calls.append(("linear", x.dtype)) or x)
     graph = piecewise.prime_blas_workspaces("pool", "stream")
-    assert isinstance(graph, Graph)
+    assert isinstance(graph, torch.cuda.CUDAGraph)
     assert calls == [("release",), ("stream", "stream"), ("ones", torch.float32, "cuda:0"),
                      ("ones", torch.bfloat16, "cuda:0"), ("begin", "pool"), ("matmul", torch.float32),
                      ("linear", torch.float32), ("matmul", torch.bfloat16), ("linear", torch.bfloat16), ("end",),
