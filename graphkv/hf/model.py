@@ -79,11 +79,10 @@ class PagedModel(torch.nn.Module):
     as ``"piecewise"`` and each piece compiled by Inductor
     (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and residual adds fused
     into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed graphs
-    launch fused kernels (a CPU spends seconds compiling each distinct piece, twice: for every step
-    size, and for 1-token steps). Either way the K/V write writes only the step's
-    slots and a step's cost does not grow with the pool. ``kernels``: the K/V write's implementation (``"auto"``:
-    Triton on CUDA, torch elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's
-    interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
+    launch fused kernels (a CPU spends seconds compiling each distinct piece, once for every step
+    size). Either way the K/V write writes only the step's slots and a step's cost does not grow with
+    the pool. ``kernels``: the K/V write's implementation (``"auto"``: Triton on CUDA, torch
+    elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
     CPU flex lacks: on a CPU their layers' regions run eager flex. Under ``compile="model"`` the
     attention layers and recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the
     pool never enters the compiled graph and the attention runs the same compiled regions. On a GPU (and with ``kernels="triton"``) the MoE experts
@@ -229,15 +228,25 @@ class PagedModel(torch.nn.Module):
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
             keep = (ctx.query_start_loc[1:rows + 1].long() - 1).clamp(min=0)
         ids, positions = input_ids[None], ctx.positions[:num_tokens][None]
-        if self._whole:  # dynamic from the first trace: one compile for every step size (else 1-token steps
-            # aside, a static trace, then one with dynamic tokens, then one with dynamic logits rows)
+        if self._whole:  # one trace for every step size, 1-token steps included (see _mark_step_dynamic)
             for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
                 if isinstance(t, torch.Tensor):
-                    torch._dynamo.maybe_mark_dynamic(t, dim)
+                    _mark_step_dynamic(t, dim)
         with paged_step_context(step):
             out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                              graphkv=step)
         return out.logits[0]
+
+
+def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Make ``tensor``'s ``dim`` (the step's tokens, or its logits rows) a size the whole-forward trace
+    leaves symbolic for every value, 1 included. A size Dynamo merely marks dynamic is specialised when it
+    is 0 or 1, and the trace guards on ``2 <= size``: a 1-token step (batch-1 decode, a one-token chunk)
+    then traces, splits and compiles the forward a second time (under ``compile="fused"``, every piece
+    through Inductor again: 29-31 s instead of 24-26 s of set-up for the tiny Qwen3 on a 2-core CPU, one
+    thread, cold Inductor cache). Unbacked sizes are never specialised, so one trace serves every step, as vLLM's single
+    compiled graph serves every batch size."""
+    torch._dynamo.decorators.mark_unbacked(tensor, dim)
 
 
 DECODE_ATTENTION = ("kernel", "flex")
