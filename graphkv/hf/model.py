@@ -82,12 +82,13 @@ class PagedModel(torch.nn.Module):
     launch fused kernels (a CPU spends seconds compiling each distinct piece, once for every step
     size). Either way the K/V write writes only the step's slots and a step's cost does not grow with
     the pool. ``kernels``: the K/V write's implementation (``"auto"``: Triton on CUDA, torch
-    elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled
-    CPU flex lacks: on a CPU their layers' regions run eager flex. Under ``compile="model"`` the
-    attention layers and recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the
-    pool never enters the compiled graph and the attention runs the same compiled regions. On a GPU (and with ``kernels="triton"``) the MoE experts
-    run transformers' ``batched_mm`` implementation (routing on the device, so a decode step can be
-    captured). ``decode_attention``: ``"kernel"`` — a one-token decode step attends through
+    elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's interpreter). Attention
+    sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: on a CPU
+    their layers' regions run eager flex. Under ``compile="model"`` the attention layers and
+    recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the pool never enters the
+    compiled graph and the attention runs the same compiled regions. On a GPU (and with
+    ``kernels="triton"``) the MoE experts run transformers' ``batched_mm`` implementation (routing on
+    the device, so a decode step can be captured). ``decode_attention``: ``"kernel"`` — a one-token decode step attends through
     graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
     block tables directly, so no flex mask is built for it (its split partials go to a workspace
     allocated here, one per attention geometry) — or ``"flex"`` (every step through flex and its
@@ -244,8 +245,8 @@ def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
     is 0 or 1, and the trace guards on ``2 <= size``: a 1-token step (batch-1 decode, a one-token chunk)
     then traces, splits and compiles the forward a second time (under ``compile="fused"``, every piece
     through Inductor again: 29-31 s instead of 24-26 s of set-up for the tiny Qwen3 on a 2-core CPU, one
-    thread, cold Inductor cache). Unbacked sizes are never specialised, so one trace serves every step, as vLLM's single
-    compiled graph serves every batch size."""
+    thread, cold Inductor cache). Unbacked sizes are never specialised, so one trace serves every step,
+    as vLLM's single compiled graph serves every batch size."""
     torch._dynamo.decorators.mark_unbacked(tensor, dim)
 
 
