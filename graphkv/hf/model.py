@@ -88,8 +88,8 @@ class PagedModel(torch.nn.Module):
     recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the pool never enters the
     compiled graph and the attention runs the same compiled regions. On a GPU (and with
     ``kernels="triton"``) the MoE experts run transformers' ``batched_mm`` implementation (routing on
-    the device, so a decode step can be captured). ``decode_attention``: ``"kernel"`` — a one-token decode step attends through
-    graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
+    the device, so a decode step can be captured). ``decode_attention``: ``"kernel"`` — a one-token
+    decode step attends through graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
     block tables directly, so no flex mask is built for it (its split partials go to a workspace
     allocated here, one per attention geometry) — or ``"flex"`` (every step through flex and its
     mask); default: the kernel on the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The
