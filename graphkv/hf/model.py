@@ -62,39 +62,36 @@ class PagedModel(torch.nn.Module):
     over ``pool`` (allocated from a plan of :func:`graphkv.hf.declare.model_kv` of the same model).
 
     ``forward(input_ids [T] int64) -> logits`` runs inside a step's forward context (``Step.run``).
-    ``logits="last"`` (default) computes the output head only for the last token of each batch
-    row — ``[min(T, max_num_seqs), vocab]``, row ``i`` for batch row ``i`` (rows past the step are
-    unused) — as a server samples; ``"all"``: ``[T, vocab]``, every packed token. ``compile``:
-    compile each attention group's flex attention once per phase (decode, mixed) as its own region
-    (:class:`~graphkv.runtime.flex.region.FlexRegions`: the query's token count dynamic from the
-    first call, no recompilation while serving; default: on a CUDA pool; on a CPU each region costs
-    seconds once, then ~0.1-0.4 ms per call instead of ~15-30 ms eager); ``compile="model"``:
-    compile the model's whole forward (embeddings, norms, MLPs, rotary, the paged attention and
-    the head) as ``torch.compile`` of the module, with automatic dynamic shapes (a CPU spends about
-    a minute compiling a tiny model's few graphs); ``compile="piecewise"``: the whole forward traced
-    once and split at the attention and state-mixer ops
-    (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture``
-    captures mixed steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces
-    run as traced, not fused by Inductor; the attention regions stay compiled; ``compile="fused"``: split
-    as ``"piecewise"`` and each piece compiled by Inductor
-    (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and residual adds fused
-    into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed graphs
-    launch fused kernels (a CPU spends seconds compiling each distinct piece, once for every step
-    size). Either way the K/V write writes only the step's slots and a step's cost does not grow with
-    the pool. ``kernels``: the K/V write's implementation (``"auto"``: Triton on CUDA, torch
-    elsewhere; ``"triton"`` runs the GPU's kernel on a CPU, in Triton's interpreter). Attention
-    sinks (gpt-oss) need the flex log-sum-exp, which torch 2.13's compiled CPU flex lacks: on a CPU
-    their layers' regions run eager flex. Under ``compile="model"`` the attention layers and
-    recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`), so the pool never enters the
-    compiled graph and the attention runs the same compiled regions. On a GPU (and with
-    ``kernels="triton"``) the MoE experts run transformers' ``batched_mm`` implementation (routing on
-    the device, so a decode step can be captured). ``decode_attention``: ``"kernel"`` — a one-token
-    decode step attends through graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
-    block tables directly, so no flex mask is built for it (its split partials go to a workspace
-    allocated here, one per attention geometry) — or ``"flex"`` (every step through flex and its
-    mask); default: the kernel on the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The
-    model's weights are used in place (no copy) and the model is not changed. :attr:`piecewise` is the
-    splitting backend under ``"piecewise"`` / ``"fused"`` (its splits, runners and ``num_fused``), else ``None``.
+    ``logits="last"`` (default) computes the output head only for the last token of each batch row — ``[min(T,
+    max_num_seqs), vocab]``, row ``i`` for batch row ``i`` (rows past the step are unused) — as a server
+    samples; ``"all"``: ``[T, vocab]``, every packed token. ``compile``: compile each attention group's flex
+    attention once per phase (decode, mixed) as its own region
+    (:class:`~graphkv.runtime.flex.region.FlexRegions`: the query's token count dynamic from the first call, no
+    recompilation while serving; default: on a CUDA pool; on a CPU each region costs seconds once, then ~0.1-0.4
+    ms per call instead of ~15-30 ms eager); ``compile="model"``: compile the model's whole forward (embeddings,
+    norms, MLPs, rotary, the paged attention and the head) as ``torch.compile`` of the module, with automatic
+    dynamic shapes (a CPU spends about a minute compiling a tiny model's few graphs); ``compile="piecewise"``:
+    the whole forward traced once and split at the attention and state-mixer ops
+    (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture`` captures mixed
+    steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces run as traced, not fused by
+    Inductor; the attention regions stay compiled; ``compile="fused"``: split as ``"piecewise"`` and each piece
+    compiled by Inductor (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and
+    residual adds fused into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed
+    graphs launch fused kernels (a CPU spends seconds compiling each distinct piece, once for every step size).
+    Either way the K/V write writes only the step's slots and a step's cost does not grow with the pool.
+    ``kernels``: the K/V write's implementation (``"auto"``: Triton on CUDA, torch elsewhere; ``"triton"`` runs
+    the GPU's kernel on a CPU, in Triton's interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp,
+    which torch 2.13's compiled CPU flex lacks: on a CPU their layers' regions run eager flex. Under
+    ``compile="model"`` the attention layers and recurrent mixers are opaque ops (:mod:`graphkv.hf.layer_ops`),
+    so the pool never enters the compiled graph and the attention runs the same compiled regions. On a GPU (and
+    with ``kernels="triton"``) the MoE experts run transformers' ``batched_mm`` implementation (routing on the
+    device, so a decode step can be captured). ``decode_attention``: ``"kernel"`` — a one-token decode step
+    attends through graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
+    block tables directly, so no flex mask is built for it (its split partials go to a workspace allocated here,
+    one per attention geometry) — or ``"flex"`` (every step through flex and its mask); default: the kernel on
+    the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The model's weights are used in place (no
+    copy) and the model is not changed. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
+    ``"fused"`` (its splits, runners and ``num_fused``), else ``None``.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
