@@ -70,8 +70,8 @@ class PagedModel(torch.nn.Module):
     recompilation while serving; default: on a CUDA pool; on a CPU each region costs seconds once, then ~0.1-0.4
     ms per call instead of ~15-30 ms eager); ``compile="model"``: compile the model's whole forward (embeddings,
     norms, MLPs, rotary, the paged attention and the head) as ``torch.compile`` of the module, the step's sizes
-    symbolic from the first call (a CPU spends about a minute compiling a tiny model's few graphs); ``compile="piecewise"``:
-    the whole forward traced once and split at the attention and state-mixer ops
+    symbolic from the first call (a CPU spends about a minute compiling a tiny model's few graphs);
+    ``compile="piecewise"``: the whole forward traced once and split at the attention and state-mixer ops
     (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture`` captures mixed
     steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces run as traced, not fused by
     Inductor; the attention regions stay compiled; ``compile="fused"``: split as ``"piecewise"`` and each piece
