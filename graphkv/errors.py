@@ -23,6 +23,7 @@ __all__ = [
     "PlanError",
     "Problem",
     "SpecError",
+    "UnknownNameError",
 ]
 
 
@@ -102,6 +103,15 @@ class CaptureError(GraphkvError):
 class MeasurementError(GraphkvError):
     """A memory reading that failed while measuring (an NVML call that errs mid-run, a device that
     went away); where a measurement *method* is unavailable, graphkv falls back and says so instead."""
+
+
+class UnknownNameError(GraphkvError, KeyError):
+    """A lookup by a name the object does not hold (a plan's static buffer, a ledger allocation); the
+    message lists the names it does hold. It is a :class:`KeyError` too, so ``except KeyError`` and
+    mapping-style code still work."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError would show the message quoted
 
 
 class MissingExtraError(GraphkvError, ImportError):

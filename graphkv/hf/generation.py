@@ -16,7 +16,7 @@ from graphkv.hf.serving import ServingLoop
 from graphkv.runtime.device import resolve_device
 from graphkv.hf.support import family_of, vocab_size_of
 from graphkv.models.demo_engine import DemoEngine, DemoRequest, EngineStats, engine_pages
-from graphkv.models.prompts import check_vocab, prompt_ids
+from graphkv.models.prompts import check_vocab, prompt_ids, stop_token_ids
 from graphkv.plan.compile import compile_plan
 from graphkv.spec._checks import count_arg
 from graphkv.spec.budget import Budget
@@ -81,6 +81,21 @@ def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) ->
     return [ids.tolist() for ids in arrays], new_tokens
 
 
+def _check_limits(limits: Any) -> None:
+    """Refuse anything but :class:`Limits`, naming the argument."""
+    if not isinstance(limits, Limits):
+        raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be graphkv.Limits",
+                                fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or default_limits(...)"))
+
+
+def _check_model_kv(model_kv: Any, field: str, *, optional: bool = False) -> None:
+    """Refuse anything but a :class:`ModelKV` (or ``None`` when ``optional``), naming ``field``."""
+    if not isinstance(model_kv, ModelKV) and not (optional and model_kv is None):
+        raise SpecError(Problem(field=field, value=type(model_kv).__name__,
+                                limit="must be a graphkv ModelKV" + (" or None" if optional else ""),
+                                fix="pass graphkv.hf.model_kv(model) of the model you serve"))
+
+
 def _check_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, cap: int | None) -> None:
     """Refuse, naming ``max_new_tokens`` (or the prompt), prompts whose default ``max_model_len`` (the longest
     prompt plus ``max_new_tokens``) would exceed the model's ``max_position_embeddings`` (``cap``)."""
@@ -109,7 +124,10 @@ def default_limits(prompts: Sequence[Sequence[int]], max_new_tokens: int, model_
     mixed steps piece by piece; recurrent backends capture uniform batches) and, for a model with
     sliding-window layers (``model_kv``), sliding tables as wide as :func:`sliding_tables_for` makes
     them. ``device_type``: where the model runs (``compile=None`` is that device's default mode; without it,
-    the GPU's)."""
+    the GPU's). ``prompts`` and ``max_new_tokens`` are checked as :func:`generate` checks them
+    (:class:`SpecError` naming the argument)."""
+    prompts, max_new_tokens = _check_prompts(prompts, max_new_tokens, None)
+    _check_model_kv(model_kv, "model_kv", optional=True)
     limits = Limits(max_model_len=max(map(len, prompts)) + max_new_tokens,
                     max_num_seqs=min(len(prompts), _MAX_DEFAULT_SEQS),
                     max_num_batched_tokens=max(_DEFAULT_BATCHED_TOKENS, min(len(prompts), _MAX_DEFAULT_SEQS)),
@@ -127,6 +145,8 @@ def sliding_tables_for(limits: Limits, model_kv: ModelKV) -> Limits:
     ``max_concurrent_batches`` to ``cdiv(max_model_len, max_num_batched_tokens)`` when the model
     has sliding layers and ``max_model_len`` is a number; otherwise ``limits`` is returned as is.
     The plan then reserves the pages the engine really holds."""
+    _check_limits(limits)
+    _check_model_kv(model_kv, "model_kv")
     sliding = any(layer.spec.kind is LayerKind.SLIDING_WINDOW for layer in model_kv.layers)
     if not sliding or not isinstance(limits.max_model_len, int):
         return limits
@@ -138,6 +158,8 @@ def workload_budget(model_kv: ModelKV, limits: Limits) -> Budget:
     """A KV budget holding ``max_num_seqs`` requests of ``max_model_len`` tokens at once as the
     engine keeps them (every attention page of a request, a state page per state group) or as the
     plan counts them, whichever is more, plus the null page. Planning only (no allocation)."""
+    _check_model_kv(model_kv, "model_kv")
+    _check_limits(limits)
     probe = compile_plan(model_kv, attrs.evolve(limits, num_blocks_override=1 << 20), None)
     length = probe.max_model_len
     held = sum(engine_pages(probe.groups, length))
@@ -155,6 +177,8 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     :class:`ServingLoop`'s."""
     family_of(model)  # refuse what graphkv.hf does not run before reading anything else
     prompts, max_new_tokens = _check_prompts(prompts, max_new_tokens, vocab_size_of(model))
+    stop = stop_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                          "model.generation_config.eos_token_id")
     if limits is not None and not isinstance(limits, Limits):
         raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be graphkv.Limits or None",
                                 fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or leave it unset for "
@@ -169,8 +193,6 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
         budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=where, compile=compile, kernels=kernels)
     engine = loop.engine(record=record)
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    stop = frozenset([eos] if isinstance(eos, int) else (eos or ()))
     requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
                 for i, p in enumerate(prompts)]
     setup = time.perf_counter() - start

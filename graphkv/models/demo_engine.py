@@ -9,18 +9,18 @@ pages of finished requests (later requests reuse them).
 Page accounting per KV-cache group: an attention group needs ``cdiv(seq_len, block_size)`` pages
 (sliding-window groups too: pages that left the window are not freed, so a request longer than a
 sliding group's table is refused when added), a state (Mamba) group one page for the request's
-life. Page 0 is the null page and never handed out. A request is admitted only when the free pages cover its whole life (prompt plus
-``max_new_tokens``) besides what running requests may still take, so running requests never wait
-for pages (there is no preemption: requests that all waited for pages would wait forever). With
-``record=True`` the engine keeps every computed logit row with its request and position, so a
-test can compare the paged run with the dense reference.
+life. Page 0 is the null page and never handed out. A request is admitted only when the free pages
+cover its whole life (prompt plus ``max_new_tokens``) besides what running requests may still take,
+so running requests never wait for pages (there is no preemption: requests that all waited for
+pages would wait forever). With ``record=True`` the engine keeps every computed logit row with its
+request and position, so a test can compare the paged run with the dense reference.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -33,6 +33,7 @@ from graphkv.models.prompts import check_vocab
 from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
+from graphkv.spec._checks import whole_int
 
 __all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest: graphkv.models.demo_request
 
@@ -71,6 +72,24 @@ class EngineStats:
     overlapped: int = 0
 
 
+def _requests(field: str, value: Any) -> tuple[DemoRequest, ...]:
+    """``value`` (a list or tuple of :class:`DemoRequest`, or ``None`` for none) as a tuple; :class:`SpecError`
+    naming ``field`` otherwise (a lone request included: it is not a list of them)."""
+    if value is None:
+        return ()
+    if isinstance(value, DemoRequest) or isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        example = "request" if isinstance(value, DemoRequest) else "DemoRequest(...)"
+        raise SpecError(Problem(field=field, value=type(value).__name__, limit="must be a list of DemoRequest",
+                                fix=f"pass a list, e.g. [{example}]"))
+    out = tuple(value)
+    wrong = [i for i, r in enumerate(out) if not isinstance(r, DemoRequest)]
+    if wrong:
+        raise SpecError(Problem(field=f"{field}[{wrong[0]}]", value=type(out[wrong[0]]).__name__,
+                                limit="must be a DemoRequest",
+                                fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
+    return out
+
+
 def engine_pages(groups: Sequence[Any], seq_len: int) -> list[int]:
     """Pages a request of ``seq_len`` tokens holds per group of ``groups`` (a plan's) in this engine:
     its state page, or ``cdiv(seq_len, block_size)`` attention pages (it frees no window pages)."""
@@ -90,10 +109,20 @@ class DemoEngine:
     :meth:`step`; the tokens are the same either way, and ``record=True`` turns it off).
     ``vocab_size``: token ids the model embeds (default: ``forward.vocab_size`` when it has one, as
     :class:`~graphkv.models.paged_tiny_hybrid.PagedTinyHybrid` does); :meth:`add` refuses a prompt
-    with an id outside ``[0, vocab_size)`` — negative ids always — before it is queued."""
+    with an id outside ``[0, vocab_size)`` — negative ids always — before it is queued. ``step`` must hold
+    no live request (:class:`SpecError` otherwise): the engine hands out every page but the null page.
+    A step whose forward raises (out of memory, an interrupt) is undone — its pages freed, its newly
+    admitted requests queued again — so :meth:`run` can be called again to go on."""
 
     def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
                  logits_per_request: bool = False, vocab_size: int | None = None, overlap: bool = True) -> None:
+        live = tuple(getattr(step, "active_requests", ()))  # a stand-in step without it is taken as empty
+        if live:  # their pages are not on this engine's free list: it would hand them out again
+            shown = ", ".join(map(repr, live[:8])) + (f" and {len(live) - 8} more" if len(live) > 8 else "")
+            raise SpecError(Problem(field="step", value=f"{len(live)} live request(s): {shown}",
+                                    limit="a new engine starts from an empty step (every pool page free)",
+                                    fix="keep using the engine that admitted them, or finish them first "
+                                        "(ServingLoop.finish(req_id) / Step.finish(req_id))"))
         self.vocab_size = vocab_size if vocab_size is not None else getattr(forward, "vocab_size", None)
         self.plan, self.step_api, self.forward = plan, step, forward
         self.record = record
@@ -157,27 +186,42 @@ class DemoEngine:
             max_steps: int = 100_000, on_step: Callable[[EngineStats], None] | None = None) -> EngineStats:
         """Add ``requests``, then step until every request (including ``arrivals[step]``, added
         before that step) has finished, calling ``on_step(stats)`` after each step (progress).
-        Returns the stats. Raises :class:`SpecError` for an arrival step that is not an int at or
-        after the current step (``stats.steps``; such requests would never be added), before adding
-        anything."""
+        Returns the stats. Raises :class:`SpecError`, before adding anything, for ``requests`` or an
+        arrival that is not a sequence of :class:`DemoRequest`, an arrival step that is not an int in
+        ``[stats.steps, max_steps)`` (such requests would never be added), a ``max_steps`` that is not
+        an int >= 0 or an ``on_step`` that is not callable."""
+        steps = whole_int(max_steps)
+        if steps is None or steps < 0:
+            raise SpecError(Problem(field="max_steps", value=max_steps, limit="must be an int >= 0",
+                                    fix="pass how many steps the run may take at most, e.g. 100_000"))
+        if on_step is not None and not callable(on_step):
+            raise SpecError(Problem(field="on_step", value=type(on_step).__name__, limit="must be callable or None",
+                                    fix="pass a function of the EngineStats, e.g. on_step=lambda s: print(s.steps)"))
+        if arrivals is not None and not isinstance(arrivals, Mapping):
+            raise SpecError(Problem(field="arrivals", value=type(arrivals).__name__,
+                                    limit="must be a dict of step -> requests",
+                                    fix="pass e.g. arrivals={3: [DemoRequest(...)]}"))
         arrivals = dict(arrivals or {})
-        late = [k for k in arrivals if isinstance(k, bool) or not isinstance(k, int) or k < self.stats.steps]
+        late = [k for k in arrivals if whole_int(k) is None or not self.stats.steps <= k < steps]
         if late:
             raise SpecError(Problem(field="arrivals", value=late,
-                                    limit=f"keys must be step numbers (ints) >= the current step {self.stats.steps}",
+                                    limit=f"keys must be step numbers (ints) in [current step {self.stats.steps}, "
+                                          f"max_steps={steps})",
                                     fix="key each list of requests by the step before which it arrives, counting "
-                                        "from engine.stats.steps"))
+                                        "from engine.stats.steps (or raise max_steps)"))
+        requests = _requests("requests", requests)
+        arrivals = {whole_int(k): _requests(f"arrivals[{k!r}]", v) for k, v in arrivals.items()}
         for r in requests:
             self.add(r)
         while not self.done or arrivals:
             for r in arrivals.pop(self.stats.steps, ()):
                 self.add(r)
-            if self.stats.steps >= max_steps and self._sampled is not None:
+            if self.stats.steps >= steps and self._sampled is not None:
                 sampled, self._sampled = self._sampled, None
                 self._read(sampled)  # the last step's tokens: reading them is no step
                 continue
-            if self.stats.steps >= max_steps:
-                raise CapacityError(Problem(field="max_steps", value=max_steps, limit="the run did not finish",
+            if self.stats.steps >= steps:
+                raise CapacityError(Problem(field="max_steps", value=steps, limit="the run did not finish",
                                             fix="raise max_steps, or check that requests fit the pool"))
             self.step()
             if on_step is not None:
@@ -203,14 +247,19 @@ class DemoEngine:
         else:
             if sampled is not None:
                 self._read(sampled)
-            batch, chunks = self._schedule()
+            batch, chunks, grown, num_admitted = self._schedule()
             if not chunks:
                 if sampled is None:
                     self.stats.steps += 1  # nothing ran and nothing was read: a step with no work
                 self.stats.seconds += time.perf_counter() - start
                 return
             ids = [t for run, n in chunks for t in run.tokens[run.computed:run.computed + n]]
-            logits = self.step_api.run(self.forward, batch, input_ids=ids)
+            try:
+                logits = self.step_api.run(self.forward, batch, input_ids=ids)
+            except BaseException:  # the Step undid itself: undo the schedule too, so run() can go on
+                self._unschedule(chunks, grown, num_admitted)
+                self.stats.seconds += time.perf_counter() - start
+                raise
             ends, offset = [], 0
             for run, n in chunks:
                 offset += n
@@ -293,7 +342,10 @@ class DemoEngine:
                 self.records.append((run.request.req_id, run.computed + i, logits[offset + i].detach().cpu()))
             offset += n
 
-    def _schedule(self) -> tuple[Batch, list[tuple[_Running, int]]]:
+    def _schedule(self) -> tuple[Batch, list[tuple[_Running, int]], list[tuple[tuple[int, ...], ...]], int]:
+        """The next step's batch, its ``(request, tokens)`` chunks (running requests first, then the
+        requests admitted now: the last ``num_admitted``) and the pages each chunk was handed
+        (:meth:`_grow`'s return values)."""
         limits = self.plan.limits
         budget = limits.max_num_batched_tokens
         chunks: list[tuple[_Running, int]] = []
@@ -306,6 +358,7 @@ class DemoEngine:
             chunks.append((run, n))
             new_pages.append(pages)
             budget -= n
+        num_running = len(chunks)
         while self._waiting and budget > 0 and len(self._running) < limits.max_num_seqs:
             request = self._waiting[0]
             lifetime = self._lifetime_pages(request)
@@ -326,7 +379,21 @@ class DemoEngine:
                       query_lens=tuple(n for _, n in chunks),
                       seq_lens=tuple(run.computed + n for run, n in chunks),
                       new_pages=tuple(p if p else None for p in new_pages) if any(new_pages) else ())
-        return batch, chunks
+        return batch, chunks, new_pages, len(chunks) - num_running
+
+    def _unschedule(self, chunks: list[tuple[_Running, int]], grown: list[tuple[tuple[int, ...], ...]],
+                    num_admitted: int) -> None:
+        """Undo :meth:`_schedule` after its step failed: the pages it handed out back on the free list
+        as they were, and the requests it admitted back at the head of the queue, in their order,
+        without their promise."""
+        for (run, _), pages in zip(reversed(chunks), reversed(grown)):
+            self._ungrow(run, pages)
+        for run, _ in reversed(chunks[len(chunks) - num_admitted:]):
+            request = run.request
+            del self._running[request.req_id]
+            self._promised -= run.lifetime
+            self._waiting.appendleft(request)
+            self._waiting_ids.add(request.req_id)
 
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at

@@ -8,7 +8,7 @@ from typing import Any, Hashable
 import attrs
 
 from graphkv.errors import Problem, SpecError
-from graphkv.models.prompts import prompt_ids
+from graphkv.models.prompts import prompt_ids, stop_token_ids
 from graphkv.spec._checks import count_arg
 
 __all__ = ["DemoRequest"]
@@ -22,18 +22,23 @@ def _new_tokens(value: Any) -> int:
     return count_arg("DemoRequest.max_new_tokens", value, 1, "pass how many tokens to generate, e.g. 16")
 
 
+def _stop_ids(value: Any) -> frozenset[int]:
+    return stop_token_ids(value, "DemoRequest.stop_token_ids")
+
+
 @attrs.frozen(kw_only=True)
 class DemoRequest:
     """A request: its prompt token ids (a list of ints, a 1-D integer array or tensor; kept as a
     tuple of ints), how many tokens to generate (>= 1), and the token ids that end it early (an
-    end-of-sequence token: generated, then the request finishes). Raises :class:`SpecError` for an
-    empty prompt, ids that are not integers, a count that is not an integer >= 1 or an unhashable
-    ``req_id``; :meth:`DemoEngine.add` checks the ids against the model's vocabulary."""
+    end-of-sequence token: generated, then the request finishes; ``None``, one id or a list of ids,
+    see :func:`~graphkv.models.prompts.stop_token_ids`). Raises :class:`SpecError` for an empty
+    prompt, ids that are not integers (or negative stop ids), a count that is not an integer >= 1 or
+    an unhashable ``req_id``; :meth:`DemoEngine.add` checks the ids against the model's vocabulary."""
 
     req_id: Hashable
     prompt: tuple[int, ...] = attrs.field(converter=_prompt)
     max_new_tokens: int = attrs.field(converter=_new_tokens)
-    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=_stop_ids)
 
     def __attrs_post_init__(self) -> None:
         try:

@@ -18,8 +18,9 @@ import numpy as np
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.tables.page_ids import int_array
 from graphkv.runtime.vocab import check_token_ids
+from graphkv.spec._checks import whole_int
 
-__all__ = ["check_vocab", "prompt_ids"]
+__all__ = ["check_vocab", "prompt_ids", "stop_token_ids"]
 
 
 def prompt_ids(value: Any, field: str) -> np.ndarray:
@@ -56,3 +57,30 @@ def check_vocab(prompts: Sequence[np.ndarray], vocab_size: int | None,
         return f"{field_of(which)}[{at - (int(ends[which]) - prompts[which].shape[0])}]"
 
     check_token_ids(prompts[0] if len(prompts) == 1 else np.concatenate(prompts), vocab_size, field)
+
+
+def stop_token_ids(value: Any, field: str) -> frozenset[int]:
+    """``value`` — the token ids that end a request: ``None`` (none), one id, or a list, tuple, set or
+    1-D integer array / tensor of ids (each an integer of any kind, as transformers'
+    ``generation_config.eos_token_id`` may be) — as a frozenset of Python ints. :class:`SpecError`
+    naming ``field`` for a bool, a float, text, a negative id or a nested sequence (an id that could
+    never be generated would silently never stop the request).
+
+    >>> sorted(stop_token_ids([2, 7], "stop")), stop_token_ids(None, "stop"), stop_token_ids(5, "stop")
+    ([2, 7], frozenset(), frozenset({5}))
+    """
+    if value is None:
+        return frozenset()
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a tensor, read on the host
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    many = isinstance(value, (list, tuple, set, frozenset))
+    items = list(value) if many else [value]
+    ids = [whole_int(item) for item in items]
+    for i, (item, whole) in enumerate(zip(items, ids)):
+        if whole is None or whole < 0:
+            raise SpecError(Problem(field=f"{field}[{i}]" if many else field, value=item if whole is None else whole,
+                                    limit="must be token ids >= 0: an int, or a list of ints",
+                                    fix="pass the end-of-sequence ids of this model's tokenizer, e.g. [2]"))
+    return frozenset(ids)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import Problem, SpecError, UnknownNameError
 from graphkv.plan.capacity import PageCounter, longest_len
 from graphkv.plan.cudagraph_plan import CaptureSizes, CudaGraphPlan
 from graphkv.plan.ledger_entries import Ledger, LedgerEntry
@@ -138,7 +138,10 @@ class StaticBuffers:
         for b in self.buffers:
             if b.name == name:
                 return b
-        raise KeyError(name)
+        raise UnknownNameError(Problem(field="static buffer", value=name,
+                                       limit="is not one of this plan's: " + (", ".join(b.name for b in self.buffers)
+                                                                            or "(none)"),
+                                       fix="use a name from plan.buffers.buffers"))
 
     def __contains__(self, name: object) -> bool:
         return any(b.name == name for b in self.buffers)

@@ -40,7 +40,9 @@ def check_token_ids(ids: Any, vocab_size: int | None, field_of: Callable[[int], 
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one copy to the host
         if lo >= 0 and hi < limit:
             return
-        i = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
+        wide = ids.long()  # a narrow dtype (int8, int16) would wrap ``vocab_size`` in the comparison
+        outside = wide < 0 if vocab_size is None else (wide < 0) | (wide >= vocab_size)  # no 2**63 in int64 either
+        i = int(outside.nonzero()[0, 0])
     value = int(ids[i])
     read = "would read another token's embedding" if value < 0 else "is past the embedding table"
     span = "must not be negative" if vocab_size is None else f"must be in [0, vocab_size={vocab_size})"

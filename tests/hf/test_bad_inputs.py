@@ -8,6 +8,8 @@ import torch
 
 from graphkv import Budget, Limits, SpecError
 from graphkv.hf import ServingLoop, generate, tiny_model
+from graphkv.hf.declare import model_kv
+from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
 from graphkv.runtime import Batch
 
 from hf_harness import generate_alone
@@ -126,3 +128,53 @@ def test_max_new_tokens_beyond_the_model_is_named(llama) -> None:
         generate(llama, [[1, 2], [1, 2, 3]], max_new_tokens=10**9)
     with pytest.raises(SpecError, match=rf"^prompts\[0\]='{cap} tokens': leaves no position to generate in"):
         generate(llama, [[1] * cap], max_new_tokens=1)
+
+
+@pytest.mark.parametrize("call, text", [
+    (lambda kv: default_limits([], 4), r"^prompts='list': must be a non-empty list of prompts"),
+    (lambda kv: default_limits([1, 2, 3], 4), r"^prompts=\[1, 2, 3\]: is one prompt"),
+    (lambda kv: default_limits([[]], 4), r"^prompts\[0\]=\[\]: is empty"),
+    (lambda kv: default_limits(["abc"], 4), r"^prompts\[0\]='abc': is text, not token ids"),
+    (lambda kv: default_limits([[1, 2]], "4"), r"^max_new_tokens='4': must be an integer >= 1"),
+    (lambda kv: default_limits([[1, 2]], 0), r"^max_new_tokens=0: must be an integer >= 1"),
+    (lambda kv: default_limits([[1, 2]], -5), r"^max_new_tokens=-5: must be an integer >= 1"),
+    (lambda kv: default_limits([[1, 2]], 4, "kv"), r"^model_kv='str': must be a graphkv ModelKV or None"),
+    (lambda kv: sliding_tables_for(None, kv), r"^limits='NoneType': must be graphkv.Limits"),
+    (lambda kv: sliding_tables_for(LOOP_LIMITS, None), r"^model_kv='NoneType': must be a graphkv ModelKV; pass "
+                                                       r"graphkv.hf.model_kv\(model\)"),
+    (lambda kv: workload_budget(kv, None), r"^limits='NoneType': must be graphkv.Limits"),
+    (lambda kv: workload_budget({}, LOOP_LIMITS), r"^model_kv='dict': must be a graphkv ModelKV"),
+])
+def test_the_planning_helpers_check_their_arguments(llama, call, text) -> None:
+    """default_limits([]) raised ValueError, ([1, 2, 3], 4) and a string count TypeError; [[]], ['abc'] and
+    max_new_tokens=0 were taken and -5 was blamed on Limits.max_model_len=-3; sliding_tables_for and workload_budget
+    raised AttributeError for None. Each names its argument now, as generate does."""
+    with pytest.raises(SpecError, match=text):
+        call(model_kv(llama))
+
+
+@pytest.mark.parametrize("eos_of", [int, np.int64, torch.tensor, lambda t: torch.tensor([t, 200]), lambda t: [t, 200]],
+                         ids=["int", "numpy", "0-d-tensor", "1-d-tensor", "list"])
+def test_every_integer_form_of_the_eos_token_is_a_stop_token(llama, eos_of) -> None:
+    """A numpy int, a tensor or a list of ids in generation_config.eos_token_id raised TypeError / RuntimeError
+    (transformers' own generate takes them): each stops the request at that token, as the plain id does."""
+    plain = generate(llama, [[1, 2]], max_new_tokens=6)
+    stop_at = plain[0][2]  # the third token generated: the request ends there when it is the end-of-sequence id
+    original = llama.generation_config.eos_token_id
+    try:
+        llama.generation_config.eos_token_id = eos_of(stop_at)
+        got = generate(llama, [[1, 2]], max_new_tokens=6)
+    finally:
+        llama.generation_config.eos_token_id = original
+    assert got == [plain[0][:plain[0].index(stop_at) + 1]] and len(got[0]) <= 3
+
+
+def test_an_eos_token_that_could_never_match_is_refused_before_planning(llama) -> None:
+    """A string or negative end-of-sequence id would never stop a request; it is refused naming the config field."""
+    original = llama.generation_config.eos_token_id
+    try:
+        llama.generation_config.eos_token_id = [2, -1]
+        with pytest.raises(SpecError, match=r"^model.generation_config.eos_token_id\[1\]=-1: must be token ids >= 0"):
+            generate(llama, [[1, 2]], max_new_tokens=2)
+    finally:
+        llama.generation_config.eos_token_id = original

@@ -94,7 +94,8 @@ def test_a_negative_id_is_refused_even_without_a_vocabulary(parts):
 def test_something_else_than_a_request_is_refused(parts):
     """A bare prompt list given to run() raised AttributeError; it names DemoRequest now."""
     plan, _, model = parts
-    with pytest.raises(SpecError, match=r"request='list': must be a DemoRequest; wrap it: DemoRequest\(req_id=\.\.\."):
+    with pytest.raises(SpecError, match=r"requests\[0\]='list': must be a DemoRequest; wrap it: "
+                                        r"DemoRequest\(req_id=\.\.\."):
         DemoEngine(plan, Step(plan), model).run([[1, 2, 3]])
 
 
@@ -135,7 +136,84 @@ def test_arrivals_before_the_current_step_are_refused(parts):
     engine.run([DemoRequest(req_id="a", prompt=[1, 2], max_new_tokens=2)])
     assert engine.stats.steps == 2
     late = DemoRequest(req_id="b", prompt=[1], max_new_tokens=1)
-    with pytest.raises(SpecError, match=r"arrivals=\[1, '3'\]: keys must be step numbers \(ints\) >= the "
-                                        r"current step 2"):
+    with pytest.raises(SpecError, match=r"arrivals=\[1, '3'\]: keys must be step numbers \(ints\) in \[current "
+                                        r"step 2, max_steps=100000\)"):
         engine.run([DemoRequest(req_id="c", prompt=[1], max_new_tokens=1)], arrivals={1: [late], "3": [late], 4: []})
     assert engine.done and "c" not in engine.finished
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(requests=DemoRequest(req_id="x", prompt=[1], max_new_tokens=1)),
+     r"requests='DemoRequest': must be a list of DemoRequest; pass a list, e.g. \[request\]"),
+    (dict(requests=[1]), r"requests\[0\]='int': must be a DemoRequest"),
+    (dict(max_steps=None), r"max_steps=None: must be an int >= 0"),
+    (dict(max_steps="5"), r"max_steps='5': must be an int >= 0"),
+    (dict(max_steps=1.5), r"max_steps=1.5: must be an int >= 0"),
+    (dict(max_steps=-1), r"max_steps=-1: must be an int >= 0"),
+    (dict(on_step=5), r"on_step='int': must be callable or None"),
+    (dict(arrivals=[DemoRequest(req_id="x", prompt=[1], max_new_tokens=1)]),
+     r"arrivals='list': must be a dict of step -> requests"),
+    (dict(arrivals={0: DemoRequest(req_id="x", prompt=[1], max_new_tokens=1)}),
+     r"arrivals\[0\]='DemoRequest': must be a list of DemoRequest"),
+    (dict(arrivals={0: [None]}), r"arrivals\[0\]\[0\]='NoneType': must be a DemoRequest"),
+    (dict(arrivals={10**9: []}), r"arrivals=\[1000000000\]: keys must be step numbers \(ints\) in \[current step 0, "
+                                 r"max_steps=100000\)"),
+    (dict(arrivals={5: []}, max_steps=5), r"arrivals=\[5\]: .*max_steps=5\)"),
+])
+def test_run_arguments_are_checked_before_anything_runs(parts, kwargs, text):
+    """A lone request, None in the arrivals or a string max_steps raised a bare TypeError (on_step=5 only after the
+    first step had run), max_steps=-1 and 1.5 were taken, and an arrival at step 10**9 spun through empty steps
+    until max_steps: each is refused naming the argument, with nothing added or run."""
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), model)
+    with pytest.raises(SpecError, match=text):
+        engine.run(**kwargs)
+    assert engine.done and engine.stats.steps == 0
+    stats = engine.run(None, arrivals={1: (DemoRequest(req_id="late", prompt=[1, 2], max_new_tokens=2),)},
+                       max_steps=np.int64(10))
+    assert stats.steps == 3 and len(engine.finished["late"]) == 4
+
+
+def test_a_new_engine_over_a_step_with_live_requests_is_refused(parts):
+    """An engine stopped by max_steps leaves its requests live in the step; a second engine over that step handed
+    their pages out again and failed with "1 live request(s) hold it". It is refused naming the live requests; the
+    first engine goes on, and once the step is empty a new engine works."""
+    plan, _, model = parts
+    step = Step(plan)
+    first = DemoEngine(plan, step, model)
+    with pytest.raises(graphkv.CapacityError, match="max_steps"):
+        first.run([DemoRequest(req_id=0, prompt=[1, 2, 3], max_new_tokens=4)], max_steps=2)
+    with pytest.raises(SpecError, match=r"step='1 live request\(s\): 0': a new engine starts from an empty step .*"
+                                        r"keep using the engine that admitted them, or finish them first"):
+        DemoEngine(plan, step, model)
+    first.run()
+    assert len(first.finished[0]) == 7
+    second = DemoEngine(plan, step, model)
+    second.run([DemoRequest(req_id=5, prompt=[4], max_new_tokens=2)])
+    assert len(second.finished[5]) == 3
+
+
+@pytest.mark.parametrize("stop, expected", [
+    (None, frozenset()), (5, {5}), (np.int64(96), {96}), (torch.tensor(96), {96}), (torch.tensor([96, 23]), {96, 23}),
+    ((3,), {3}), ({4, 5}, {4, 5}), (np.array([7, 8], dtype=np.int32), {7, 8}),
+])
+def test_stop_token_ids_take_any_integer_form(stop, expected):
+    """None raised a TypeError; a tensor of ids was kept as tensors and never matched a token (the request never
+    stopped). Every integer form becomes a frozenset of Python ints."""
+    request = DemoRequest(req_id="r", prompt=[1], max_new_tokens=2, stop_token_ids=stop)
+    assert request.stop_token_ids == frozenset(expected) and all(type(t) is int for t in request.stop_token_ids)
+
+
+@pytest.mark.parametrize("stop, text", [
+    (["98"], r"DemoRequest.stop_token_ids\[0\]='98': must be token ids >= 0"),
+    ([98.0], r"DemoRequest.stop_token_ids\[0\]=98.0: must be token ids >= 0"),
+    ([[5]], r"DemoRequest.stop_token_ids\[0\]=\[5\]: must be token ids >= 0"),
+    ([2, -1], r"DemoRequest.stop_token_ids\[1\]=-1: must be token ids >= 0"),
+    (True, r"DemoRequest.stop_token_ids=True: must be token ids >= 0"),
+    ("2", r"DemoRequest.stop_token_ids='2': must be token ids >= 0: an int, or a list of ints; pass the "
+          r"end-of-sequence ids of this model's tokenizer"),
+])
+def test_stop_token_ids_that_could_never_match_are_refused(stop, text):
+    """A string id or a float was kept and silently never stopped the request; a nested list raised a TypeError."""
+    with pytest.raises(SpecError, match=text):
+        DemoRequest(req_id="r", prompt=[1], max_new_tokens=2, stop_token_ids=stop)

@@ -136,3 +136,44 @@ def test_a_forward_that_raises_in_an_overlapped_step_loses_no_token_and_no_page(
     engine.run()
     assert engine.finished == sync_engine.finished
     assert sorted(engine._free) == list(range(1, engine.plan.num_blocks))
+
+
+@pytest.mark.parametrize("failing_call", [1, 3, 4])
+def test_a_forward_that_raises_in_a_scheduled_step_loses_no_page_and_no_request(failing_call: int) -> None:
+    """The synchronous loop's forward raises once, in a step that admits requests and hands out pages: the first
+    (r0 and r1 admitted), the third or the fourth (the arrivals). The engine kept the pages it had handed out and the admitted
+    requests as running, so run() failed for good ("0 page(s) held"); now the step is undone — its pages back on the
+    free list as they were, its admitted requests at the head of the queue, the pages promised as before — and
+    running on gives the uninterrupted loop's tokens, with every page free at the end."""
+    sync_engine, _ = _engine("AAA", overlap=False)
+    _serve(sync_engine, _requests())
+    engine, _ = _engine("AAA", overlap=False)
+    forward, schedule, calls, snapshot = engine.forward, engine._schedule, [0], {}
+
+    def state() -> dict:
+        return dict(free=list(engine._free), promised=engine._promised, waiting=[r.req_id for r in engine._waiting],
+                    running={k: (list(map(list, r.pages)), r.computed) for k, r in engine._running.items()},
+                    allocated=engine.stats.pages_allocated, tokens=engine.stats.tokens)
+
+    def scheduling():
+        snapshot.update(state())  # the engine just before this step's schedule
+        return schedule()
+
+    def flaky(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == failing_call:
+            raise RuntimeError("out of memory")
+        return forward(*args, **kwargs)
+
+    engine._schedule, engine.forward = scheduling, flaky
+    requests = _requests()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _serve(engine, requests)
+    assert state() == snapshot
+    if failing_call == 1:
+        assert snapshot["running"] == {} and snapshot["waiting"] == ["r0", "r1"]
+    known = engine._waiting_ids | set(engine._running)  # the arrivals added before the failure
+    engine.run(arrivals={s: [r for r in rs if r.req_id not in known]
+                         for s, rs in {2: requests[2:4], 5: requests[4:]}.items() if s >= engine.stats.steps})
+    assert engine.finished == sync_engine.finished
+    assert sorted(engine._free) == list(range(1, engine.plan.num_blocks)) and engine._promised == 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from runtime_plans import widths_plan
 
@@ -58,3 +61,27 @@ def test_plan_json_lists_the_allocations_and_their_sums():
     assert first == {"name": "tables.device", "shape": [200], "dtype": "int32", "placement": "device", "bytes": 800,
                      "reason": first["reason"], "parts": [{"name": "persistent", "offset": 0, "shape": [100]},
                                                           {"name": "step_rows", "offset": 100, "shape": [100]}]}
+
+
+def test_a_name_the_plan_does_not_hold_is_refused_listing_the_names_it_does():
+    """plan.buffers['x'], an allocation's part('x') and the ledger's charge('x') raised a bare KeyError('x');
+    they raise UnknownNameError (a GraphkvError and still a KeyError) naming what exists."""
+    from graphkv.errors import GraphkvError, UnknownNameError
+
+    import graphkv
+    from graphkv.models.tiny_hybrid import TinyHybridConfig, model_kv
+
+    plan = graphkv.compile(model_kv(TinyHybridConfig()), graphkv.Limits(
+        max_model_len=128, max_num_seqs=3, max_num_batched_tokens=64, num_blocks_override=24), None)
+    names = [b.name for b in plan.buffers.buffers]
+    assert names == ["flex.1.kv_num_blocks", "flex.1.kv_indices"]  # the tiny hybrid's attention group is group 1
+    with pytest.raises(UnknownNameError, match=r"^static buffer='x': is not one of this plan's: "
+                                               + re.escape(", ".join(names)) + r"; use a name from"):
+        plan.buffers["x"]
+    cuda = {a.name: a for a in plan.ledger.allocations("cuda")}
+    with pytest.raises(KeyError, match=r"^tables.device part='x': is not one of its parts: "
+                                       r"persistent, step_rows; use a name from .parts"):
+        cuda["tables.device"].part("x")
+    with pytest.raises(GraphkvError, match=r"^CUDA device allocation='x': is not one of the ledger's: .*tables.device"):
+        plan.ledger.cuda_memory().charge("x")
+    assert plan.buffers[names[0]].name == names[0] and "x" not in plan.buffers

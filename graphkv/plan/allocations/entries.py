@@ -21,7 +21,7 @@ import math
 
 import attrs
 
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import Problem, SpecError, UnknownNameError
 from graphkv.plan.allocations.rounding import AllocatorCharge, charge_in_order
 from graphkv.spec.dtypes import DType
 
@@ -97,7 +97,10 @@ class Allocation:
         for p in self.parts:
             if p.name == name:
                 return p
-        raise KeyError(f"{self.name} has no part {name!r}")
+        raise UnknownNameError(Problem(field=f"{self.name} part", value=name,
+                                       limit="is not one of its parts: " + (", ".join(p.name for p in self.parts)
+                                                                          or "(none)"),
+                                       fix="use a name from .parts"))
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``plan.to_dict()["ledger"]["allocations"]``)."""
@@ -182,7 +185,9 @@ class CudaMemory:
         for n, c in zip(self.names, self.charges):
             if n == name:
                 return c
-        raise KeyError(f"no CUDA device allocation {name!r}")
+        raise UnknownNameError(Problem(field="CUDA device allocation", value=name,
+                                       limit="is not one of the ledger's: " + ", ".join(self.names),
+                                       fix="use a name from .names"))
 
     @classmethod
     def of(cls, allocations: "tuple[Allocation, ...] | list[Allocation]") -> "CudaMemory":

@@ -195,7 +195,11 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
     naming the request (and group) for a wrong group count or a page id that is not an integer
     (ids are not range-checked here). Host-side: a constant number of numpy calls, and C-level
     passes (``map``, ``chain``, ``array``) over the requests and ids."""
-    if None in new_pages:
+    try:
+        has_none = None in new_pages  # C-level
+    except ValueError:  # an array entry compares with None elementwise
+        has_none = any(p is None for p in new_pages)
+    if has_none:
         given = [i for i, p in enumerate(new_pages) if p is not None]
         if not given:
             return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -179,3 +181,33 @@ def test_plain_ints_tells_a_bool_from_one():
         assert not plain_ints(values)
     assert has_bool((1, True)) and has_bool((np.False_, 1)) and has_bool((1, torch.tensor(True)))
     assert not has_bool((1, np.int64(1), 2**40))
+
+
+@pytest.mark.parametrize("ids, vocab, bad", [
+    (torch.tensor([1, 2, -3], dtype=torch.int8), None, "input_ids[2]=-3"),  # the 2**63 bound wrapped in int8
+    (torch.tensor([5, 32767, -3], dtype=torch.int16), 40000, "input_ids[2]=-3"),  # 40000 wrapped in int16
+    (torch.tensor([5, 97, 3], dtype=torch.int16), 97, "input_ids[1]=97"),
+    (torch.tensor([3, -1]), None, "input_ids[1]=-1"),  # 2**63 does not fit int64 either
+])
+def test_narrow_integer_token_ids_name_the_id_that_is_out_of_range(ids, vocab, bad):
+    """int8 / int16 tensors compared with a bound they cannot hold wrapped it and named the wrong token (index 0),
+    and so did int64 without a vocabulary (bound 2**63); the comparison is made in int64, against the vocabulary
+    only when there is one."""
+    from graphkv.runtime.vocab import check_token_ids
+
+    with pytest.raises(SpecError, match=re.escape(bad) + ": token ids"):
+        check_token_ids(ids, vocab, lambda i: f"input_ids[{i}]")
+
+
+def test_numpy_arrays_as_a_requests_new_pages_are_read_as_page_ids():
+    """new_pages=(np.array([[1, 2]]),) (one request, one group, two pages) raised "truth value of an array is
+    ambiguous"; it gives the same entries as the nested tuple, and an array entry beside None works too."""
+    from graphkv.runtime.tables.page_ids import flatten_new_pages
+
+    for given in [(np.array([[1, 2]]),), np.array([[[1, 2]]]), (None, np.array([[1, 2]]))]:
+        req_ids = ("a",) * len(given)
+        entries = flatten_new_pages(given, 1, req_ids)
+        expected = flatten_new_pages(tuple(None if p is None else ((1, 2),) for p in given), 1, req_ids)
+        assert entries.ids.tolist() == expected.ids.tolist() == [1, 2]
+        assert entries.count.tolist() == expected.count.tolist()
+        assert entries.request_of_segment().tolist() == expected.request_of_segment().tolist()
