@@ -11,6 +11,7 @@ ends quietly with status 0. Importing this module does not import torch.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -266,7 +267,7 @@ def _source_and_limits(args: argparse.Namespace) -> tuple[ModelSource, Limits]:
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args),
                                read_weights=args.gpu is not None and args.weights_memory is None)
-    check_pipeline_flags(source.whole, args.pp, args.pp_partition)
+    check_pipeline_flags(source.whole, args.pp, args.pp_partition, tp=args.tp)
     return source, _build_limits(args)
 
 
@@ -426,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Usage errors exit through ``SystemExit(2)`` with one line on stderr; a reader that closes the
     pipe early (``| head``) ends the command quietly with 0.
     """
+    _tolerate_narrow_encodings()
     args = build_parser().parse_args(argv)
     try:
         code = _run(args)
@@ -441,6 +443,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 0
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRNOS:
+            raise
+        # A full disk or a failing device under stdout (`> /dev/full`) or an output file: say so, no traceback;
+        # point stdout at /dev/null so the interpreter's final flush does not fail again.
+        print(f"graphkv: error: writing the output failed: {e.strerror or e}"
+              + (f" ({e.filename})" if e.filename else "") + "; free space or write elsewhere", file=sys.stderr)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_ERROR
+
+
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT})
+
+
+def _tolerate_narrow_encodings() -> None:
+    """Let stdout and stderr print the reports' typography (—, …, ×) in any encoding: where the
+    stream's encoding is not UTF-8 (``PYTHONIOENCODING=latin-1``, an ASCII locale), a character it
+    cannot encode is written as ``?`` instead of ending the command in ``UnicodeEncodeError``."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        reconfigure = getattr(stream, "reconfigure", None)
+        if encoding not in ("utf8", "utf8sig") and callable(reconfigure):
+            reconfigure(errors="replace")
 
 
 if __name__ == "__main__":

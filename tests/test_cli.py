@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,30 @@ def test_closed_pipe_ends_quietly_with_status_0(argv: list[str]) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert err == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fill stdout's device")
+@pytest.mark.parametrize("argv", [["plan"], ["models"]])
+def test_a_full_device_under_stdout_is_one_error_line(argv: list[str]) -> None:
+    """`graphkv plan > /dev/full` ended in an OSError traceback (No space left on device); it is one line naming the
+    cause and the fix, exit 2."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "graphkv.cli", *argv], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["graphkv: error: writing the output failed: No space left on device; free "
+                                        "space or write elsewhere"]
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_narrow_stdout_encoding_prints_the_report_with_replacements(encoding: str) -> None:
+    """With PYTHONIOENCODING=ascii or latin-1, the report's dashes (U+2014) raised UnicodeEncodeError; they print as
+    '?' and the command succeeds."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    proc = subprocess.run([sys.executable, "-m", "graphkv.cli", "plan"], capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    out = proc.stdout.decode(encoding)
+    assert "num_blocks" in out and "\u2014" not in out and " ? " in out
 
 
 def test_concurrency_report_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -105,3 +105,22 @@ def test_emit_vllm_keeps_a_page_count_the_user_fixed(capsys: pytest.CaptureFixtu
     assert code == 0
     assert "--num-gpu-blocks-override 4096" in [line.strip(" \\") for line in out.splitlines()]
     assert "--kv-cache-memory-bytes" not in out
+
+
+def test_an_uneven_pp_partition_charges_each_stage_its_layers_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """qwen3-next-80b-a3b (162649725440 B) at --tp 4 --pp 2 --pp-partition 4,44: every rank was charged half of its
+    tensor-parallel share (18.93 GiB), so stage 1 — 44 of the 48 layers, about 34.7 GiB of weights — was given a
+    KV pool that does not fit beside them. Each stage is charged its layers' share: ranks 0-3 hold 4/48 of 40.66 GB,
+    ranks 4-7 44/48, so stage 1's KV budget is smaller by the difference (within the two stages' graph reserves)."""
+    code, out, _ = run(capsys, "plan", "--preset", "qwen3-next-80b-a3b", "--gpu", "H100", "--tp", "4", "--pp", "2",
+                       "--pp-partition", "4,44", "--json")
+    assert code == 0
+    data = json.loads(out)
+    per_tp = -(-162649725440 // 4)
+    stage0, stage1 = -(-per_tp * 4 // 48), -(-per_tp * 44 // 48)
+    assert data["budget"]["weights_bytes"] == stage0 == 3388535947
+    ranks = {r["rank"]: r for r in data["consensus"]["ranks"]}
+    assert {ranks[r]["budget_bytes"] for r in range(4)} == {ranks[0]["budget_bytes"]}
+    assert {ranks[r]["budget_bytes"] for r in range(4, 8)} == {ranks[4]["budget_bytes"]}
+    gap = ranks[0]["budget_bytes"] - ranks[4]["budget_bytes"]
+    assert abs(gap - (stage1 - stage0)) < 1 << 30, (gap, stage1 - stage0)

@@ -1137,10 +1137,14 @@ CLI_CASES = [
     CliCase("demo-seed-2-pow-70", ("demo", "--seed", str(2**70), "--requests", "2", "--new-tokens", "2"),
             ("--seed:", "must be between 0 and", "e.g. --seed 0 (the default)"),
             fixed=("demo", "--seed", "0", "--requests", "2", "--new-tokens", "2")),
-    CliCase("demo-pool-beyond-memory", ("demo", "--kv-memory", "100TiB", "--device", "cpu", "--requests", "2",
-                                        "--new-tokens", "2"),
-            ("--kv-memory='100TiB'", "is available", "e.g. 2MiB (the default"), needs_torch=True,
+    CliCase("demo-pool-beyond-memory", ("demo", "--kv-memory", "10TiB", "--device", "cpu", "--requests", "2",
+                                        "--new-tokens", "2"),  # 100TiB: more pages than int32 page ids hold
+            ("--kv-memory='10TiB'", "is available", "e.g. 2MiB (the default"), needs_torch=True,
             fixed=("demo", "--kv-memory", "2MiB", "--device", "cpu", "--requests", "2", "--new-tokens", "2")),
+    # 2,863,311,530 pages were planned and emitted silently: page ids are int32 in the block tables
+    CliCase("plan-more-pages-than-int32", ("plan", "--preset", "gpt-oss-20b", "--kv-memory", "1024TiB"),
+            ("--kv-memory='1024TiB'", "gives 2863311530 pages of 393216 bytes, more than 2147483647 (page ids are int32",
+             "lower --kv-memory to <= 767.99 TiB")),
     CliCase("bench-memory-pool-beyond-memory", ("bench", "memory", "--model", "llama-3.1-8b", "--kv-memory", "100TiB",
                                                 "--device", "cpu", "--no-progress"),
             ("--kv-memory='100TiB'", "is available", "lower --kv-memory to below", "e.g. 256MiB, or leave it unset"),
@@ -1153,6 +1157,28 @@ CLI_CASES = [
                  id="demo-cuda-without-cuda", marks=NO_CUDA),
     # --- issue 22, part A: a config.json's own values, one line naming the field; the fix is in the file, so each
     # case's fixed command plans the corrected file
+    # A calibration coefficient beyond 1 PiB raised OverflowError (a 400-digit int in isfinite, 1e308 formatted or
+    # rounded up); a plausibility cap refuses it, naming the field and the file
+    CliCase("graph-calibration-huge-integer", ("plan", "--graph-calibration", "{path}"),
+            ("--graph-calibration.per_graph_bytes='an integer of 401 digits'", "must be a finite number in [0, ",
+             "graphkv bench memory --out DIR"),
+            setup=_calibration().replace('"per_graph_bytes": ', '"per_graph_bytes": 1' + "0" * 400 + ', "_was": '),
+            fixed=("plan", "--graph-calibration", _calibration())),
+    CliCase("graph-calibration-1e308", ("plan", "--gpu", "H100", "--graph-calibration", "{path}"),
+            ("--graph-calibration.workspace_bytes_per_token=1e+308", "(1 PiB: no GPU holds more)"),
+            setup=_calibration().replace('"workspace_bytes_per_token": ', '"workspace_bytes_per_token": 1e308, "_was": '),
+            fixed=("plan", "--gpu", "H100", "--graph-calibration", _calibration())),
+    # an integer dtype in a config.json planned an int64 / uint8 KV cache (--kv-cache-dtype refused the same names)
+    CliCase("hf-config-integer-dtype", ("plan", "--hf-config", "{path}"),
+            ("config.torch_dtype='int64'", "is an integer type", "set config.torch_dtype to the weights' floating-point "
+             "type, e.g. bfloat16"),
+            setup="config:" + json.dumps({**LLAMA_MINI, "torch_dtype": "int64"}),
+            fixed=("plan", "--hf-config", _config())),
+    # 32768 ranks of a 4096-layer model ran for minutes with no output
+    CliCase("ranks-beyond-what-plan-simulates", ("plan", "--hf-config", "{path}", "--tp", "8", "--pp", "4096"),
+            ("--pp=4096", "--tp 8 x --pp 4096 = 32768 ranks of a 4096-layer model", "plan at most 512 stages at --tp 8"),
+            setup="config:" + json.dumps({**LLAMA_MINI, "num_hidden_layers": 4096}),
+            fixed=("plan", "--hf-config", _config(num_hidden_layers=4096), "--tp", "8", "--pp", "8")),
     CliCase("hf-config-duplicate-key", ("plan", "--hf-config", "{path}"),
             ("--hf-config=", "gives rope_scaling.factor 2 times (values 4.0 and 8.0)",
              "delete all but one rope_scaling.factor from the file"),

@@ -60,13 +60,19 @@ def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
     return value
 
 
-def _weights(flags: BudgetFlags, source: ModelSource, tp: int, pp: int) -> tuple[int, str]:
+def _weights(flags: BudgetFlags, source: ModelSource, tp: int, pp: int,
+             stage_layers: tuple[int, int] | None = None) -> tuple[int, str]:
     if flags.weights_memory is not None:
         return _size("--weights-memory", flags.weights_memory, allow_zero=True), "--weights-memory"
     if source.weights is None:
         return 0, "unknown — 0 B assumed: no safetensors metadata for this model; give --weights-memory SIZE"
-    per_rank = source.weights.per_rank(tp * pp)
     split = f" / tp {tp}" if tp > 1 else ""
+    if pp > 1 and stage_layers is not None:  # --pp-partition: a stage holds its layers' share
+        layers, total = stage_layers
+        per_tp = source.weights.per_rank(tp)
+        return -(-per_tp * layers // total), (f"{source.weights.source}, {source.weights.total_bytes} B{split} x "
+                                              f"{layers}/{total} layers (this stage of --pp-partition)")
+    per_rank = source.weights.per_rank(tp * pp)
     if pp > 1:  # embeddings and the head sit on the first / last stage; an even split is within a few percent
         split += f" / pp {pp}, split evenly over the stages"
     return per_rank, f"{source.weights.source}, {source.weights.total_bytes} B{split}"
@@ -81,8 +87,8 @@ def _two_pages_bytes(source: ModelSource, limits: Limits) -> int:
     return 2 * plan.pool_bytes_per_block
 
 
-def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int,
-                pp: int) -> tuple[Budget, dict[str, str]]:
+def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int, pp: int,
+                stage_layers: tuple[int, int] | None) -> tuple[Budget, dict[str, str]]:
     assert flags.gpu is not None
     gpu = KNOWN_GPUS.get(flags.gpu.strip().lower())
     if gpu is None:
@@ -90,7 +96,7 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
         raise SpecError(Problem(field="--gpu", value=flags.gpu, limit=f"is not a known GPU; known: {known}",
                                 fix="pick one of those or give the KV pool size directly with --kv-memory SIZE"))
     utilization = DEFAULT_UTILIZATION if flags.utilization is None else flags.utilization
-    weights, weights_from = _weights(flags, source, tp, pp)
+    weights, weights_from = _weights(flags, source, tp, pp, stage_layers)
     activations = 0 if flags.activation_memory is None else _size("--activation-memory", flags.activation_memory,
                                                                   allow_zero=True)
     reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
@@ -153,8 +159,11 @@ def _json(budget: Budget | None, source: str, notes: dict[str, str] | None) -> d
     }
 
 
-def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int = 1) -> PlannedBudget:
-    """Build the budget the flags describe and compile ``source.model`` (one rank of ``tp x pp``) within it."""
+def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int = 1,
+                     stage_layers: tuple[int, int] | None = None) -> PlannedBudget:
+    """Build the budget the flags describe and compile ``source.model`` (one rank of ``tp x pp``) within it.
+    ``stage_layers``: ``(layers in the rank's stage, the model's layers)`` when ``--pp-partition`` cuts the
+    stages unevenly: with ``--gpu``, the rank holds that share of the weights (else ``1 / pp``)."""
     if flags.gpu is None:
         for flag, value in (("--utilization", flags.utilization), ("--weights-memory", flags.weights_memory),
                             ("--activation-memory", flags.activation_memory), ("--graph-reserve", flags.graph_reserve)):
@@ -164,7 +173,7 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
     graph_pool = GraphPoolModel.from_file(flags.graph_calibration, field="--graph-calibration") \
         if flags.graph_calibration is not None else None
     if flags.gpu is not None:
-        budget, notes = _gpu_budget(flags, source, limits, tp, pp)
+        budget, notes = _gpu_budget(flags, source, limits, tp, pp, stage_layers)
         if graph_pool is None and flags.graph_reserve is None:
             graph_pool, said = _shipped_graph_pool(flags.gpu, source)
             notes["graph_reserve"] += said

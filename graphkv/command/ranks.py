@@ -1,7 +1,8 @@
 """``graphkv plan --tp N --pp M``: every rank planned from the flags' budget, then agreed.
 
 Each rank's shard / stage of the model (``rank = pp_rank * tp + tp_rank``) is planned with the
-same budget flags (``--gpu`` splits the weights over ``tp x pp`` ranks), and the plans go through
+same budget flags (``--gpu`` splits the weights over ``tp x pp`` ranks, or, with ``--pp-partition``,
+over ``tp`` and by each stage's share of the layers), and the plans go through
 the agreement :func:`~graphkv.distributed.compile_consensus` uses
 (:func:`~graphkv.distributed.simulate_consensus`). Rank 0 is planned first on its own, so a bad
 flag is the same one-line error as without ``--tp`` / ``--pp``; :func:`check_pipeline_flags` refuses
@@ -23,7 +24,9 @@ from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 from graphkv.spec.stages import layer_partition, model_layer_count
 
-__all__ = ["RankedPlans", "check_pipeline_flags", "plan_ranks"]
+__all__ = ["MAX_RANK_LAYERS", "RankedPlans", "check_pipeline_flags", "plan_ranks"]
+
+MAX_RANK_LAYERS = 1 << 24  # ranks x model layers the command simulates (a 16384-layer model at --tp 8 --pp 128)
 
 
 @attrs.frozen(kw_only=True)
@@ -39,15 +42,23 @@ class RankedPlans:
         return max(self.consensus.stages, key=lambda plan: plan.pool_bytes_per_block)
 
 
-def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | None) -> None:
-    """Refuse, in one short line naming the flag, ``--pp`` above the model's layer count and a
+def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | None, *, tp: int = 1) -> None:
+    """Refuse, in one short line naming the flag, ``--pp`` above the model's layer count, a
     ``--pp-partition`` that does not list ``--pp`` counts summing to the model's layers (``--pp`` is
     never inferred from the partition: a partition of 3 stages with ``--pp`` 1 is a mistake to name,
-    not a plan to change). ``whole`` is the unstaged model."""
+    not a plan to change), and more ranks than this command simulates in seconds (``--tp x --pp``
+    ranks times the model's layers above :data:`MAX_RANK_LAYERS`). ``whole`` is the unstaged model."""
     layers = model_layer_count(whole)
     if pp > layers:
         raise SpecError(Problem(field="--pp", value=pp, limit=f"is more than the model's {layers} layers (every stage "
                                                               "holds at least one)", fix=f"use --pp <= {layers}"))
+    if tp * pp * layers > MAX_RANK_LAYERS:
+        raise SpecError(Problem(field="--pp" if pp > 1 else "--tp", value=pp if pp > 1 else tp,
+                                limit=f"--tp {tp} x --pp {pp} = {tp * pp} ranks of a {layers}-layer model: every rank's "
+                                      f"plan and their agreement are simulated here, {tp * pp * layers} rank-layers, "
+                                      f"more than {MAX_RANK_LAYERS} (minutes of work)",
+                                fix=f"plan at most {max(1, MAX_RANK_LAYERS // (tp * layers))} stages at --tp {tp}, or run "
+                                    "graphkv.distributed.compile_consensus on the ranks themselves"))
     if partition is None:
         return
     typed, stages, total = ",".join(map(str, partition)), len(partition), sum(partition)
@@ -75,14 +86,37 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
     """Plan every rank of ``tp x pp`` with the budget ``flags`` describe, then agree (see the module docstring).
 
     ``source`` was read for the same ``tp``: its ``model`` is tensor-parallel rank 0."""
+    whole_layers = model_layer_count(source.whole)
+    counts = tuple(partition) if partition is not None else None
+
+    def stage_layers(rank: int) -> tuple[int, int] | None:
+        """(layers of the rank's stage, the model's layers) for an explicit ``--pp-partition``: its stages'
+        weights differ by their layer counts; vLLM's default split is even to a layer."""
+        return None if counts is None else (counts[rank // tp], whole_layers)
+
     first_model = source.model.stage(pp, 0, partition)
-    first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp)
+    first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp,
+                             stage_layers=stage_layers(0))
+    plans: dict[tuple[object, ...], Plan] = {_same_plan_key(first_model, stage_layers(0)): first.plan}
 
     def compile_local(rank: int, model: ModelKV) -> Plan:
-        planned = first if rank == 0 else plan_with_budget(flags, attrs.evolve(source, model=model), limits, tp=tp,
-                                                           pp=pp)
-        return planned.plan
+        # A stage's tensor-parallel ranks hold equal shards (only their rank differs) and get equal budgets:
+        # each distinct shard is planned once (deepseek-v3 at --tp 8 --pp 16: 16 plans, not 128).
+        key = _same_plan_key(model, stage_layers(rank))
+        if key not in plans:
+            plans[key] = plan_with_budget(flags, attrs.evolve(source, model=model), limits, tp=tp, pp=pp,
+                                          stage_layers=key[-1]).plan  # type: ignore[arg-type]
+        return plans[key]
 
     consensus = simulate_consensus(source.whole, limits, tp_size=tp, pp_size=pp, partition=partition,
                                    compile_local=compile_local)
     return RankedPlans(consensus=consensus, planned=first)
+
+
+def _same_plan_key(model: ModelKV, stage_layers: tuple[int, int] | None) -> tuple[object, ...]:
+    """What a rank's plan depends on: its shard's layers and fields but its tensor-parallel rank, its stage's
+    bounds, and its share of the weights. Ranks with equal keys get equal plans."""
+    stage = model.pipeline
+    bounds = None if stage is None else (stage.size, stage.rank, stage.start_layer, stage.end_layer, stage.partition)
+    return (model.name, model.layers, model.max_position_embeddings, model.tensor_parallel_size, model.hidden_size,
+            model.cacheless, model.notes, bounds, stage_layers)

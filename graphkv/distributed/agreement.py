@@ -79,6 +79,8 @@ def _topology(reports: Sequence[RankReport]) -> list[Problem]:
 
 def _difference(a: Fingerprint, b: Fingerprint) -> tuple[str, str, str] | None:
     """The first field where ``a`` and ``b`` differ, with both values."""
+    if a is b or a == b:  # one C-level comparison when nothing differs (every rank, usually)
+        return None
     for left, right in zip_longest(a, b, fillvalue=("<absent>", "<absent>")):
         if left != right:
             field = left[0] if left[0] != "<absent>" else right[0]
@@ -91,12 +93,20 @@ def _difference(a: Fingerprint, b: Fingerprint) -> tuple[str, str, str] | None:
 def _mismatch(reports: Sequence[RankReport], key: Callable[[RankReport], Fingerprint], what: str) -> list[Problem]:
     """Compare every report to the first of ``reports``; one problem naming the first differing field."""
     first = reports[0]
+    differences: dict[int, tuple[str, str, str] | None] = {}  # by fingerprint object: ranks often share one
+
+    def difference(r: RankReport) -> tuple[str, str, str] | None:
+        theirs = key(r)
+        if id(theirs) not in differences:
+            differences[id(theirs)] = _difference(key(first), theirs)
+        return differences[id(theirs)]
+
     for r in reports[1:]:
-        diff = _difference(key(first), key(r))
+        diff = difference(r)
         if diff is None:
             continue
         field, value_a, value_b = diff
-        others = [x.rank for x in reports[1:] if _difference(key(first), key(x)) is not None]
+        others = [x.rank for x in reports[1:] if difference(x) is not None]
         return [Problem(field=field, value=f"rank {first.rank}: {value_a}; rank {r.rank}: {value_b}",
                         limit=f"differs between rank {first.rank} and rank(s) {others}: {what}",
                         fix=_SAME_MODEL_FIX)]

@@ -105,9 +105,10 @@ def local_plan(plan: Plan, model: ModelKV) -> LocalPlan:
 
 
 def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
-                compile_local: Callable[[], Plan]) -> RankReport:
+                compile_local: Callable[[], Plan], fingerprint: Fingerprint | None = None) -> RankReport:
     """The report of ``rank``: ``compile_local()`` plans this rank from its own budget; a
-    :class:`GraphkvError` it raises is reported, not raised."""
+    :class:`GraphkvError` it raises is reported, not raised. ``fingerprint``: ``model_fingerprint(model)``
+    when the caller has it (a simulation of many ranks computes it once per shard)."""
     limits = Limits() if limits is None else limits
     if not isinstance(model, ModelKV) or not isinstance(limits, Limits):
         wrong = "model" if not isinstance(model, ModelKV) else "limits"
@@ -118,7 +119,8 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
                           error=f"SpecError: {error}")
     common: dict[str, Any] = dict(rank=rank, tp_size=model.tensor_parallel_size, tp_rank=model.tensor_parallel_rank,
                                   pp_size=model.pipeline_parallel_size, pp_rank=model.pipeline_rank,
-                                  model=model_fingerprint(model), limits=limits_fingerprint(limits))
+                                  model=model_fingerprint(model) if fingerprint is None else fingerprint,
+                                  limits=limits_fingerprint(limits))
     try:
         plan = compile_local()
     except GraphkvError as err:
@@ -126,6 +128,8 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
     return RankReport(plan=local_plan(plan, model), **common)
 
 
-def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int) -> RankReport:
+def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int,
+                  fingerprint: Fingerprint | None = None) -> RankReport:
     """:func:`rank_report` with this rank's plan compiled by :func:`graphkv.compile` from ``budget``."""
-    return rank_report(model, limits, rank=rank, compile_local=lambda: compile_plan(model, limits, budget))
+    return rank_report(model, limits, rank=rank, compile_local=lambda: compile_plan(model, limits, budget),
+                       fingerprint=fingerprint)

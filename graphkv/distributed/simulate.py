@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from graphkv.distributed.agreement import agree
 from graphkv.distributed.plans import ConsensusPlan, finalize
-from graphkv.distributed.reports import RankReport, budget_report, rank_report
+from graphkv.distributed.reports import Fingerprint, RankReport, budget_report, model_fingerprint, rank_report
 from graphkv.plan import Plan
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
@@ -32,7 +32,8 @@ __all__ = ["rank_models", "simulate_consensus"]
 
 def rank_models(model: ModelKV, tp_size: int, pp_size: int, partition: Sequence[int] | None = None) -> list[ModelKV]:
     """What each rank caches, by rank (``pp_rank * tp + tp_rank``), from the whole, unsharded ``model``."""
-    return [model.shard(tp_size, r % tp_size).stage(pp_size, r // tp_size, partition) for r in range(tp_size * pp_size)]
+    shards = [model.shard(tp_size, t) for t in range(tp_size)]  # once per tensor-parallel rank, not per rank
+    return [shards[r % tp_size].stage(pp_size, r // tp_size, partition) for r in range(tp_size * pp_size)]
 
 
 def simulate_consensus(model: ModelKV, limits: Limits | None,
@@ -50,11 +51,17 @@ def simulate_consensus(model: ModelKV, limits: Limits | None,
     """
     models = rank_models(model, tp_size, pp_size, partition)
     reports: list[RankReport] = []
+    # by shard (kept alive here, so no id is reused): a stage's fingerprint is its whole sharded model's
+    fingerprints: dict[int, tuple[ModelKV, Fingerprint]] = {}
     for rank, local in enumerate(models):
+        shard = local.whole
+        if id(shard) not in fingerprints:
+            fingerprints[id(shard)] = (shard, model_fingerprint(local))
+        fingerprint = fingerprints[id(shard)][1]
         if compile_local is None:
             own = budget(rank, local) if callable(budget) else budget
-            reports.append(budget_report(local, limits, own, rank=rank))
+            reports.append(budget_report(local, limits, own, rank=rank, fingerprint=fingerprint))
         else:
-            reports.append(rank_report(local, limits, rank=rank,
+            reports.append(rank_report(local, limits, rank=rank, fingerprint=fingerprint,
                                        compile_local=lambda r=rank, m=local: compile_local(r, m)))  # type: ignore[misc]
     return finalize(models[0], limits, agree(reports))

@@ -64,6 +64,9 @@ class PageCounter:
                    or (g.spec.is_ssm and self.mamba_cache_mode is MambaCacheMode.ALL) for g in self.groups)
 
 
+MAX_PAGES = (1 << 31) - 1  # page ids live in int32 block tables and slot mappings
+
+
 def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block: int) -> tuple[int, str]:
     """``num_blocks`` and the reason: the override exactly, else ``budget // pool_bytes_per_block``."""
     if limits.num_blocks_override is not None:
@@ -74,6 +77,10 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
                 limit=f"needs {n} x {pool_bytes_per_block} = {format_bytes(n * pool_bytes_per_block)}, more than "
                       f"{format_bytes(MAX_BYTES)}, more memory than any one machine has",
                 fix=f"lower num_blocks_override to <= {MAX_BYTES // pool_bytes_per_block}"))
+        if n > MAX_PAGES:
+            raise CapacityError(Problem(field="num_blocks_override", value=n,
+                                        limit=f"is more than {MAX_PAGES} pages (page ids are int32 in the block tables)",
+                                        fix=f"lower num_blocks_override to <= {MAX_PAGES}"))
         if budget is not None and n * pool_bytes_per_block > budget.kv_pool_bytes():
             raise CapacityError(Problem(
                 field="num_blocks_override", value=n,
@@ -92,6 +99,12 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
             limit=f"holds {n} page(s) of {pool_bytes_per_block} bytes across all slots; at least 2 are needed "
                   f"(page 0 is the null page)",
             fix=f"raise the KV budget to >= {format_bytes(2 * pool_bytes_per_block, rounding='up')}"))
+    if n > MAX_PAGES:
+        raise CapacityError(Problem(
+            field="budget", value=format_bytes(kv),
+            limit=f"gives {n} pages of {pool_bytes_per_block} bytes, more than {MAX_PAGES} (page ids are int32 in the "
+                  "block tables, as in vLLM)",
+            fix=f"lower the KV budget to <= {format_bytes(MAX_PAGES * pool_bytes_per_block, rounding='down')}"))
     return n, f"{format_bytes(kv)} budget // {pool_bytes_per_block} bytes per page index"
 
 

@@ -58,6 +58,8 @@ __all__ = ["CALIBRATION_FORMAT", "GraphKeyEstimate", "GraphPoolModel", "fit_grap
 CALIBRATION_FORMAT = "graphkv.graph_calibration/1"
 _DEFAULT_ACTIVATIONS = 4  # live hidden-state-sized tensors a captured step typically holds at once
 _BF16 = 2
+_MAX_COEFFICIENT = 1 << 50  # 1 PiB: a calibration coefficient beyond it is no measurement of a GPU
+_MAX_HIDDEN_SIZE = 1 << 20  # the widest models are about 25k wide
 _CALIBRATION_FILE = "the graph_calibration.json that `graphkv bench memory --out DIR` wrote"
 
 
@@ -159,15 +161,21 @@ class GraphPoolModel:
         values: dict[str, float] = {}
         for name in ("per_graph_bytes", "output_bytes_per_token", "workspace_bytes_per_token", "lazy_workspace_bytes"):
             v = data.get(name, 0.0) if name == "lazy_workspace_bytes" else data.get(name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                problems.append(Problem(field=f"{field}.{name}", value=v, limit=f"in {origin} must be a finite number >= 0",
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+                    or not 0 <= v <= _MAX_COEFFICIENT):  # compared as given: a 400-digit int is no float
+                shown = v if not isinstance(v, int) or v.bit_length() < 64 else f"an integer of {len(str(v))} digits"
+                problems.append(Problem(field=f"{field}.{name}", value=shown,
+                                        limit=f"in {origin} must be a finite number in [0, {_MAX_COEFFICIENT}] (1 PiB: "
+                                              "no GPU holds more)",
                                         fix="measure again with `graphkv bench memory --out DIR`"))
             else:
                 values[name] = float(v)
         hidden = data.get("hidden_size")
-        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1):
-            problems.append(Problem(field=f"{field}.hidden_size", value=hidden, limit=f"in {origin} must be an int >= 1 "
-                                    "or null", fix="measure again with `graphkv bench memory --out DIR`"))
+        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int)
+                                   or not 1 <= hidden <= _MAX_HIDDEN_SIZE):
+            problems.append(Problem(field=f"{field}.hidden_size", value=hidden,
+                                    limit=f"in {origin} must be an int in [1, {_MAX_HIDDEN_SIZE}] or null",
+                                    fix="measure again with `graphkv bench memory --out DIR`"))
         if problems:
             raise SpecError(*problems)
         where = ", ".join(str(data[k]) for k in ("model", "device") if isinstance(data.get(k), str))

@@ -113,6 +113,8 @@ def parse_cache_dtype(value: "DType | str", *, field: str) -> DType:
         what = "recurrent states are" if field == "mamba_ssm_dtype" else "keys and values are"
         raise SpecError(Problem(field=field, value=value, limit=f"is an integer type; {what} floating-point, so a "
                                                                   f"cache of {dtype.value} would truncate them",
-                                fix=f"set {field} to {_CACHE_ADVICE.get(field, 'bfloat16')}, or leave it unset for "
-                                    "the model's"))
+                                fix=f"set {field} to the weights' floating-point type, e.g. bfloat16"
+                                if field.startswith("config.") else
+                                f"set {field} to {_CACHE_ADVICE.get(field, 'bfloat16')}, or leave it unset for "
+                                "the model's"))
     return dtype

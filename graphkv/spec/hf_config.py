@@ -129,8 +129,10 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         cfg.argument_problem("tp", tp, "must be an integer >= 1", "pass the tensor-parallel size, e.g. tp=2")
         tp = 1
-    dtype_key = cfg.first_present("torch_dtype", "dtype")
-    model_dtype = _dtype(cfg, cfg.get(dtype_key), f"config.{dtype_key}", _DEFAULT_DTYPE)
+    # transformers reads ``dtype`` first (``torch_dtype`` is its older name), as vLLM does through it; an
+    # integer type is no dtype to keep keys and values in (the cache follows the model's dtype)
+    dtype_key = cfg.first_present("dtype", "torch_dtype")
+    model_dtype = _dtype(cfg, cfg.get(dtype_key), f"config.{dtype_key}", _DEFAULT_DTYPE, cache=True)
     assert model_dtype is not None
     attention_dtype = _dtype(cfg, kv_cache_dtype, "kv_cache_dtype", model_dtype, cache=True)
     assert attention_dtype is not None

@@ -197,3 +197,20 @@ def test_a_non_model_is_reported_not_raised():
     bad = budget_report("llama", Limits(), Budget.kv_bytes("8GiB"), rank=1)  # type: ignore[arg-type]
     with pytest.raises(ConsensusError, match=r"rank 1 .*could not plan its own cache: SpecError: model='str'"):
         agree([good, bad])
+
+
+def test_a_simulation_shards_the_model_once_per_tensor_parallel_rank(monkeypatch) -> None:
+    """rank_models sharded the whole model for every rank and every rank fingerprinted it: tp x pp x layers work
+    twice over (a 16384-layer model at --tp 8 --pp 32 took 74 s). It shards once per tensor-parallel rank, and the
+    agreement is the same."""
+    from graphkv.distributed.simulate import rank_models
+    from graphkv.spec.model import ModelKV
+
+    model = preset_model("deepseek-v3")
+    calls = []
+    shard = ModelKV.shard
+    monkeypatch.setattr(ModelKV, "shard", lambda self, *a, **k: calls.append(a) or shard(self, *a, **k))
+    models = rank_models(model, 4, 8)
+    assert len(models) == 32 and len(calls) == 4
+    assert [(m.tensor_parallel_rank, m.pipeline_rank) for m in models[:5]] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
+    assert all(models[r].whole is models[r % 4].whole for r in range(32))

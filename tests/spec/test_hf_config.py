@@ -327,6 +327,22 @@ def test_config_dtype_sets_attention_and_conv_dtypes():
     assert _state(model).dtypes == (DType.FLOAT16, DType.FLOAT16)
 
 
+def test_dtype_wins_over_the_older_torch_dtype_as_transformers_reads_them():
+    """A config with torch_dtype float32 and dtype bfloat16 planned a float32 cache (pages twice too large);
+    transformers (so vLLM) takes dtype, and so does graphkv."""
+    model = model_from_hf_config(_cfg("llama-3.1-8b", torch_dtype="float32", dtype="bfloat16"))
+    assert model.layers[0].spec.dtype is DType.BFLOAT16
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint8", "int32"])
+def test_an_integer_config_dtype_is_refused_as_kv_cache_dtype_is(dtype):
+    """torch_dtype int64 / uint8 planned an integer KV cache; refused like --kv-cache-dtype, naming the field."""
+    with pytest.raises(SpecError, match=rf"config.torch_dtype='{dtype}': is an integer type; keys and values are "
+                                        rf"floating-point, so a cache of {dtype} would truncate them; set "
+                                        rf"config.torch_dtype to the weights' floating-point type, e.g. bfloat16"):
+        model_from_hf_config(_cfg("llama-3.1-8b", torch_dtype=dtype))
+
+
 def test_missing_dtype_defaults_to_bfloat16_and_auto_means_config_dtype():
     """No torch_dtype means bfloat16; kv_cache_dtype='auto' keeps the config dtype."""
     model = model_from_hf_config(_cfg("llama-3.1-8b", torch_dtype=None), kv_cache_dtype="auto")
