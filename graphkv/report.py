@@ -149,8 +149,12 @@ def format_plan(plan: Plan, *, budget_text: str | None) -> str:
     """
     cap = plan.capacity
     block = plan.block
-    mamba_bs = "none (mamba_cache_mode=none keeps one state per request)" if block.mamba_block_size is None \
-        else str(block.mamba_block_size)
+    if block.mamba_block_size is not None:
+        mamba_bs = str(block.mamba_block_size)
+    elif any(g.is_ssm for g in plan.groups):
+        mamba_bs = "none (mamba_cache_mode=none keeps one state per request)"
+    else:  # mamba_cache_mode does not apply: say so, whatever mode was asked
+        mamba_bs = f"none (no state layers: mamba_cache_mode={plan.limits.mamba_cache_mode.value} does not apply)"
     budget = budget_text if budget_text is not None else f"{format_bytes(plan.ledger.budget_bytes)} for the KV pool"
     lines = [
         f"graphkv plan: {plan.model_name}",

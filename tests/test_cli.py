@@ -381,3 +381,22 @@ def test_plan_output_shows_what_the_config_wrote_escaped(tmp_path: Path, extra: 
     assert not any(ch in out for ch in "\x1b\x07\u202e")
     if not extra:
         assert "Llama\\u202eForCausalLM" in out
+
+
+def test_without_state_layers_the_mamba_cache_mode_does_not_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mamba-cache-mode all on llama reported "mamba_cache_mode=none keeps one state per request", as if the flag
+    had been dropped; the line says the mode does not apply to a model without state layers."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--mamba-cache-mode", "all")
+    assert code == 0
+    assert "  mamba block     none (no state layers: mamba_cache_mode=all does not apply)\n" in out
+    code, out, _ = run(capsys, "plan")  # the hybrid default keeps its line
+    assert "  mamba block     none (mamba_cache_mode=none keeps one state per request)\n" in out
+
+
+def test_a_fixed_page_count_explains_the_unused_graph_reserve(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu with --num-blocks-override 100 left 56 GiB of the auto reserve unused and blamed allocator segments;
+    the note names the override."""
+    code, out, _ = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--num-blocks-override", "100")
+    assert code == 0
+    assert "left unused: --num-blocks-override fixes the pool at 100 pages" in out
+    assert "allocator segments would not fit" not in out

@@ -915,7 +915,8 @@ class CliCase:
     argv: tuple[str, ...]
     needles: tuple[str, ...]
     absent: tuple[str, ...] = ()  # must not appear (API field names instead of flags, repeats)
-    setup: str = ""  # a fixture file to create: "fifo", "deep", "config:<json>", "raw:<text>", "index:<total_size>"
+    # a fixture file to create: "fifo", "deep", "config:<json>", "raw:<text>", "index:<total_size>", "index-raw:<text>"
+    setup: str = ""
     # The command imports torch and resolves --device (torch.cuda.is_available(), which starts the CUDA driver on a
     # GPU machine): both are start-up, timed in the baseline the one second is measured against.
     needs_torch: bool = False
@@ -976,6 +977,16 @@ CLI_CASES = [
             ("--hf-config=", "metadata.total_size=10000000000000000000000000000000000000000",
              "more than 1024.00 TiB"), setup="index:" + "1" + "0" * 40,
             fixed=("plan", "--hf-config", "{dir}", "--gpu", "H100", "--weights-memory", "16GiB")),
+    # a list as the index was ignored: "no safetensors metadata; 0 B assumed" planned the pool over the weights
+    CliCase("checkpoint-index-a-list", ("plan", "--hf-config", "{dir}", "--gpu", "H100"),
+            ("--hf-config=", "model.safetensors.index.json", "is a JSON list, not the object a safetensors index holds"),
+            setup="index-raw:[1, 2]",
+            fixed=("plan", "--hf-config", "{dir}", "--gpu", "H100", "--weights-memory", "16GiB")),
+    # a utilization that leaves 0 B blamed --activation-memory=None ("activations take all of 0 B")
+    CliCase("gpu-utilization-leaves-nothing", ("plan", "--preset", "llama-3.1-8b", "--gpu", "H100",
+                                               "--utilization", "1e-12"),
+            ("--utilization=1e-12", "leave nothing of 0 B (H100 x utilization 1e-12)", "raise --utilization to >= 0.19"),
+            absent=("--activation-memory",)),
     CliCase("hf-config-huge-integer", ("plan", "--hf-config", "{path}"), ("--hf-config=", "cannot be parsed"),
             setup='raw:{"num_hidden_layers": ' + "9" * 5000 + "}",
             fixed=("plan", "--hf-config", _config())),
@@ -1291,6 +1302,10 @@ def _prepare(case: CliCase, tmp_path: Any) -> tuple[str, ...]:
         (directory / "config.json").write_text(json.dumps(LLAMA_MINI))
         (directory / "model.safetensors.index.json").write_text(
             '{"metadata": {"total_size": ' + case.setup[len("index:"):] + '}, "weight_map": {}}')
+    elif case.setup.startswith("index-raw:"):  # a checkpoint directory whose index is this text
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(LLAMA_MINI))
+        (directory / "model.safetensors.index.json").write_text(case.setup[len("index-raw:"):])
     return tuple(a.replace("{path}", str(path)).replace("{dir}", str(directory)) for a in case.argv)
 
 

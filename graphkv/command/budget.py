@@ -180,8 +180,10 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
         fitted = compile_for_gpu(source.model, limits, budget, graph_pool=graph_pool)
         if fitted.reserve_is_auto and fitted.budget.graph_reserve_bytes > fitted.beside_bytes:
             slack = fitted.budget.graph_reserve_bytes - fitted.beside_bytes
-            notes["graph_reserve"] += (f"; {format_bytes(slack)} of it above what sits beside the pool, left unused: "
-                                       "with one more page the pool's allocator segments would not fit")
+            why = (f"--num-blocks-override fixes the pool at {limits.num_blocks_override} pages"
+                   if limits.num_blocks_override is not None
+                   else "with one more page the pool's allocator segments would not fit")
+            notes["graph_reserve"] += f"; {format_bytes(slack)} of it above what sits beside the pool, left unused: {why}"
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
                              as_json=_json(fitted.budget, "gpu", notes))
     if flags.kv_memory is None and flags.num_blocks_override is not None:

@@ -83,7 +83,9 @@ def safetensors_data_bytes(path: str, *, field: str) -> int:
 
 
 def _index_total(index: Any, path: str, field: str) -> int | None:
-    metadata = index.get("metadata") if isinstance(index, dict) else None
+    if not isinstance(index, dict):  # an index is an object ({"metadata": ..., "weight_map": ...}); a list is no index
+        raise _bad(field, path, f"is a JSON {type(index).__name__}, not the object a safetensors index holds")
+    metadata = index.get("metadata")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
     if total is None:
         return None

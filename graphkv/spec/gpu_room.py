@@ -114,7 +114,9 @@ def does_not_fit(room: GpuRoom, *, weights_from: str, tp: int = 1, pp: int = 1,
     of = f"{format_bytes(usable)} ({gpu.name} x utilization {room.utilization})"
     sizes = tp_sizes() if per_rank is not None and room.weights_bytes else ()
     fixes: list[str] = []
-    if room.whole_bytes >= usable:  # no tensor / pipeline parallelism helps: the activations or the reserve take it all
+    # no tensor / pipeline parallelism helps: the activations or the reserve take it all (when there are any: a
+    # utilization that leaves 0 B is the utilization's doing)
+    if room.whole_bytes and room.whole_bytes >= usable:
         least = min((per_rank(t * pp) for t in sizes), default=room.weights_bytes) if per_rank else room.weights_bytes
         fixes += _whole_fixes(room, least, words)
         key = "activations" if room.activation_bytes >= room.graph_reserve_bytes else "reserve"
