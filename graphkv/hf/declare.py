@@ -38,7 +38,16 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
         raise SpecError(Problem(field="model", value=sorted(str(d) for d in dtypes),
                                 limit="graphkv.hf needs one floating dtype for the weights (the cache takes it)",
                                 fix="cast the model, e.g. model.to(torch.bfloat16)"))
-    return dtypes.pop()
+    dtype = dtypes.pop()
+    if dtype not in _CACHE_DTYPES:  # float64: no kernel or cache layout of graphkv's (nor vLLM's) holds it
+        raise SpecError(Problem(field="model", value=str(dtype),
+                                limit="graphkv.hf runs float32, bfloat16 or float16 weights (the cache takes their "
+                                      "dtype)",
+                                fix="cast the model, e.g. model.to(torch.float32)"))
+    return dtype
+
+
+_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def model_kv(model: Any, *, mamba_ssm_dtype: str | None = None, flex_q_tile_tokens: int | None = None) -> ModelKV:

@@ -201,6 +201,17 @@ class PagedModel(torch.nn.Module):
             raise PlanError(Problem(field=f"plan layer {decl.name}.window", value=planned,
                                     limit=f"the model's {type(module).__name__} slides over {own} tokens",
                                     fix="plan from graphkv.hf.model_kv(model) of this same model"))
+        k_proj, spec = getattr(module, "k_proj", None), decl.spec
+        heads, head_size = getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)
+        if isinstance(k_proj, torch.nn.Linear) and heads and head_size and k_proj.out_features != heads * head_size:
+            # the first step would fail on the key's shape, far from the cause
+            raise PlanError(Problem(field=f"{type(module).__name__} ({decl.name}).k_proj.out_features",
+                                    value=k_proj.out_features,
+                                    limit=f"the plan caches {heads} KV heads x head size {head_size} = "
+                                          f"{heads * head_size} per token (read from model.config), the weights "
+                                          f"project keys to {k_proj.out_features}",
+                                    fix="model.config disagrees with the weights (num_key_value_heads, head_dim): load "
+                                        "the model with the config it was saved with"))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

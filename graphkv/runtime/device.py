@@ -24,8 +24,11 @@ def resolve_device(device: object, field: str = "device") -> torch.device:
     if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
         raise SpecError(Problem(field=field, value=device, limit="must be a device string, torch.device or CUDA index",
                                 fix="pass 'cpu' or 'cuda' (or 'cuda:N')"))
-    try:
-        resolved = torch.device(device)
+    if isinstance(device, int) and device < 0:
+        raise SpecError(Problem(field=field, value=device, limit="a CUDA index must be >= 0",
+                                fix="pass 'cpu' or 'cuda' (or 'cuda:N')"))
+    try:  # an index names a CUDA device (torch.device(0) asks for an accelerator a CPU build has not got)
+        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise SpecError(Problem(field=field, value=device, limit="is not a device torch knows",
                                 fix="pass 'cpu' or 'cuda' (or 'cuda:N')")) from None

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import graphkv
 from graphkv import Budget, Limits, SpecError
 from graphkv.hf import ServingLoop, generate, tiny_model
 from graphkv.hf.declare import model_kv
@@ -178,3 +179,38 @@ def test_an_eos_token_that_could_never_match_is_refused_before_planning(llama) -
             generate(llama, [[1, 2]], max_new_tokens=2)
     finally:
         llama.generation_config.eos_token_id = original
+
+
+@pytest.mark.parametrize("prompts, text", [
+    ([[1, 2], 3], r"^prompts\[1\]=3: is one integer, not a sequence of token ids; wrap it in a list: \[3\]$"),
+    ([[2**70]], r"^prompts\[0\]=1180591620717411303424: token ids must fit int64 \(-2\*\*63 <= v < 2\*\*63\)"),
+])
+def test_a_bare_id_and_an_id_beyond_int64_are_named_for_what_they_are(llama, prompts, text) -> None:
+    """[[1, 2], 3] was reported as prompts[1]='list' and 2**70 as "must be integers"."""
+    with pytest.raises(SpecError, match=text):
+        generate(llama, prompts, max_new_tokens=2)
+
+
+def test_float64_weights_are_refused_with_the_cast_that_works() -> None:
+    """A float64 model was told to fix config.dtype (a dtype name list); the cast to float32 is the fix."""
+    model = tiny_model("llama").to(torch.float64)
+    with pytest.raises(SpecError, match=r"^model='torch.float64': graphkv.hf runs float32, bfloat16 or float16 "
+                                        r"weights .*model.to\(torch.float32\)$"):
+        generate(model, [[1, 2]], max_new_tokens=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_a_cuda_index_without_cuda_says_cuda_is_unavailable(llama) -> None:
+    """device=0 on a CPU build said "not a device torch knows"; an index names a CUDA device, which is not here."""
+    with pytest.raises(SpecError, match=r"^device='cuda:0': CUDA is not available here"):
+        generate(llama, [[1, 2]], max_new_tokens=2, device=0)
+
+
+def test_a_config_that_disagrees_with_the_weights_is_named_before_the_first_step() -> None:
+    """config.num_key_value_heads edited after loading: the first forward failed on the key's shape
+    ("key=(3,2,16): must be ..."); the serving loop refuses it at set-up, naming k_proj and the config fields."""
+    model = tiny_model("llama")
+    model.config.num_key_value_heads = 1  # the weights project keys for 2 heads of 16
+    with pytest.raises(graphkv.PlanError, match=r"^LlamaAttention \(layers.0\).k_proj.out_features=32: the plan "
+                                                r"caches 1 KV heads x head size 16 = 16 per token"):
+        generate(model, [[1, 2]], max_new_tokens=2)

@@ -50,7 +50,11 @@ def _offender(values: Sequence[Any]) -> Any:
 
 
 def _not_integers(field: str, values: Sequence[Any], what: str) -> SpecError:
-    return SpecError(Problem(field=field, value=_offender(values),
+    bad = _offender(values)
+    if isinstance(bad, (int, np.integer)) and not is_bool(bad):  # an integer, but beyond int64
+        return SpecError(Problem(field=field, value=bad, limit=f"{what} must fit int64 (-2**63 <= v < 2**63)",
+                                 fix=f"pass {what} of the model's range"))
+    return SpecError(Problem(field=field, value=bad,
                              limit=f"{what} must be integers (not bool, float, str or None)",
                              fix=f"pass {what} as Python or numpy ints"))
 
@@ -112,6 +116,9 @@ def _ordered(values: Any, field: str, what: str) -> "list[Any] | np.ndarray":
                                 limit=f"is unordered ({type(values).__name__}), so its order is no order of {what}",
                                 fix=f"pass {what} as a list or tuple, in order"))
     if not _iterable(values):
+        if isinstance(values, (int, np.integer)) and not is_bool(values):  # one id where a sequence of them goes
+            raise SpecError(Problem(field=field, value=values, limit=f"is one integer, not a sequence of {what}",
+                                    fix=f"wrap it in a list: [{values}]"))
         raise _not_integers(field, [values], what)
     return list(values)
 
