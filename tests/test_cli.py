@@ -400,3 +400,8 @@ def test_a_fixed_page_count_explains_the_unused_graph_reserve(capsys: pytest.Cap
     assert code == 0
     assert "left unused: --num-blocks-override fixes the pool at 100 pages" in out
     assert "allocator segments would not fit" not in out
+
+
+def test_mamba_cache_mode_takes_any_case_as_cudagraph_mode_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cudagraph-mode none worked but --mamba-cache-mode ALL was refused; both take any case."""
+    assert run(capsys, "plan", "--mamba-cache-mode", "ALL")[1] == run(capsys, "plan", "--mamba-cache-mode", "all")[1]

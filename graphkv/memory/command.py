@@ -363,6 +363,20 @@ def format_run(run: Any) -> list[str]:
     return lines
 
 
+def _check_kv_memory(options: MemoryBenchOptions) -> None:
+    """Refuse a ``--kv-memory`` that is no size, or that no model of the run reads (the demo plans its own
+    pool): before, ``--kv-memory 1XiB --model demo`` ran and ignored it."""
+    if options.kv_memory is None:
+        return
+    from graphkv.spec.budget import parse_bytes
+
+    parse_bytes(options.kv_memory, field="--kv-memory")
+    if all(name == "demo" for name in options.models):
+        raise SpecError(Problem(field="--kv-memory", value=options.kv_memory,
+                                limit="sizes a preset's KV pool; the demo plans its own (2MiB)",
+                                fix="drop --kv-memory, or add --model PRESET (e.g. --model llama-3.1-8b)"))
+
+
 def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml: Any = None) -> list[Any]:
     """Run the memory benchmark, print it to ``out`` (default stdout), write ``options.out``'s files;
     returns one :class:`~graphkv.memory.bench.MemoryRun` per model of ``options.models``, in their
@@ -377,6 +391,7 @@ def bench_memory(options: MemoryBenchOptions, *, out: TextIO | None = None, nvml
     from graphkv.memory.progress import Progress
 
     out = out if out is not None else sys.stdout
+    _check_kv_memory(options)
     device = torch.device(device_from_flag(options.device, torch.cuda.is_available()))
     directory = _out_dir(options.out)
     targets = []

@@ -103,12 +103,12 @@ def parse_bytes(text: "str | int", *, field: str = "bytes") -> int:
         if len(raw) > _MAX_SIZE_CHARS:
             raise SpecError(Problem(field=field, value=raw[:24] + "…",
                                     limit=f"is {len(raw)} characters long; no size needs more than {_MAX_SIZE_CHARS}",
-                                    fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB, e.g. 40GiB"))
+                                    fix="write a number followed by B, KiB, MiB, GiB, TiB, KB, MB, GB or TB, e.g. 40GiB"))
         match = re.fullmatch(r"\s*([0-9]*)(?:\.([0-9]*))?\s*([a-zA-Z]*)\s*", raw)
         if match is None or not (match.group(1) or match.group(2)) or match.group(3).lower() not in _UNITS:
             why = "is empty" if not raw.strip() else "must be a size like 40GiB, 512MiB, 1.5GB or a byte count"
             raise SpecError(Problem(field=field, value=text, limit=why,
-                                    fix="write a number followed by B, KiB, MiB, GiB, KB, MB or GB"))
+                                    fix="write a number followed by B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"))
         whole, frac, unit = match.group(1) or "0", match.group(2) or "", _UNITS[match.group(3).lower()]
         value = (int(whole) * unit) + (int(frac) * unit // 10 ** len(frac) if frac else 0)
         if unit == 1 and frac.strip("0"):
