@@ -20,6 +20,11 @@ in its own process, and for the decode steps in which every request decodes prin
   the step's kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the
   fused elementwise kernels, the sampler).
 
+``fused-1tok`` is ``fused`` as it was before one trace served every step size: the step's sizes only marked
+dynamic, so a 1-token step (batch-1 decode) gets a second trace whose pieces Inductor compiles for exactly one token.
+Run it beside ``fused`` at ``--batch 1`` to see what the single generic trace costs the batch-1 decode step, if
+anything (it saves a second compile of every piece at set-up).
+
 A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
 attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
 count, the wall only) for this script's test.
@@ -40,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                          prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
-MODES = ("attention", "model", "piecewise", "fused")
+MODES = ("attention", "model", "piecewise", "fused", "fused-1tok")
+SPECIALIZED_ONE_TOKEN = "fused-1tok"  # "fused" with the forward's 1-token trace of before (see the docstring)
 
 
 def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[dict[str, Any]]:
@@ -68,6 +74,10 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     from graphkv.hf.tiny import tiny_config
     from graphkv.models.demo_engine import DemoRequest
 
+    if mode == SPECIALIZED_ONE_TOKEN:  # the marks of before: dynamic, but 0/1-specialised by Dynamo
+        import graphkv.hf.model as paged_model
+
+        paged_model._mark_step_dynamic = lambda tensor, dim: torch._dynamo.maybe_mark_dynamic(tensor, dim)
     torch.manual_seed(0)
     widths = {**GPU_MODEL, "num_hidden_layers": layers} if device == "cuda" else {"num_hidden_layers": layers}
     with torch.device(device):
@@ -77,7 +87,8 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
     start = time.perf_counter()
-    loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[mode],
+    compile_name = "fused" if mode == SPECIALIZED_ONE_TOKEN else mode
+    loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[compile_name],
                             kernels="auto" if device == "cuda" else "triton")
     build_s = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -129,7 +140,9 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset"))]
     kv_tokens = batch * (context + 3 + steps // 2)  # what the middle profiled step reads
-    return {"mode": mode, "build_s": build_s, "graphs": loop.graphs, "kernels_per_step": len(kernels) / steps,
+    traces = len(loop.model.piecewise.splits) if loop.model.piecewise is not None else None
+    graphs = loop.graphs if traces is None else f"{traces} trace(s); {loop.graphs}"
+    return {"mode": mode, "build_s": build_s, "graphs": graphs, "kernels_per_step": len(kernels) / steps,
             "kernel_us_per_step": sum(e.device_time_total for e in kernels) / steps,
             "wall_ms_per_step": 1e3 * statistics.median(walls) if walls else None,
             "sync_wall_ms_per_step": 1e3 * statistics.median(sync_walls) if sync_walls else None,
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_ms_per_step", "sync_wall_ms_per_step", "device_ms_per_step"))
         print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
               f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {device_ms:>9} "
-              f"{r['build_s']:>8.1f}  {r['graphs'][:60]}")
+              f"{r['build_s']:>8.1f}  {r['graphs'][:80]}")
         tops[mode] = r["top"]
     for mode, rows in tops.items():
         if rows:

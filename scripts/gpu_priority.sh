@@ -14,7 +14,7 @@
 #                     qwen3 / qwen3_next, the engine's overlap): the capture path graphkv drives itself
 #   2 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
 #   3 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
-#                     compile attention vs fused (16 layers), and the top kernels by device time
+#                     fused vs fused-1tok (the 1-token trace of before, 16 layers), and the top kernels by device time
 #   4 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
 #   5 hf-tests-fused  graphkv.hf's CUDA tests with GRAPHKV_GPU_COMPILE=fused (the GPU default under "fused": what
 #                     making it the default needs)
@@ -58,7 +58,7 @@ Q_OUT=$(printf '%q' "$OUT")
 STEPS=(
   "capture-cuda|200|python -m pytest -q -x -p no:cacheprovider tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py && python -m pytest -q -x -p no:cacheprovider tests/hf/test_hf_piecewise.py -k cuda"
   "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
-  "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes attention,fused"
+  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-1tok"
   "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
   "hf-tests-fused|240|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider tests/hf -k cuda"
   "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"

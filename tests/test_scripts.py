@@ -146,7 +146,20 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     assert row.split()[6] == "n/a"  # no CUDA events on a CPU
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused" in bad.stderr
+    assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused, fused-1tok" \
+        in bad.stderr
+
+
+@pytest.mark.slow
+def test_decode_profile_compares_fused_with_its_one_token_trace_of_before() -> None:
+    """'fused-1tok' serves batch 1 as 'fused' did before one trace served every step size: a second trace for the
+    1-token steps (2 traces, against 'fused''s 1), so the batch-1 decode step of both can be measured side by side."""
+    done = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--layers", "1", "--batch", "1",
+                           "--context", "8", "--steps", "2", "--modes", "fused,fused-1tok"], capture_output=True,
+                          text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("fused")}
+    assert "  1 trace(s); " in rows["fused"] and "  2 trace(s); " in rows["fused-1tok"]
 
 
 def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:
