@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from graphkv.command.compile_flag import graph_mode_for
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import CapacityError, Problem, SpecError
 from graphkv.hf.declare import model_kv
 from graphkv.hf.serving import ServingLoop
 from graphkv.runtime.device import resolve_device
@@ -94,6 +94,19 @@ def _check_model_kv(model_kv: Any, field: str, *, optional: bool = False) -> Non
         raise SpecError(Problem(field=field, value=type(model_kv).__name__,
                                 limit="must be a graphkv ModelKV" + (" or None" if optional else ""),
                                 fix="pass graphkv.hf.model_kv(model) of the model you serve"))
+
+
+def _check_fits(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_model_len: int) -> None:
+    """Refuse, naming the first prompt that does not fit, prompts that with ``max_new_tokens`` exceed the
+    caller's ``limits.max_model_len``."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) + max_new_tokens > max_model_len:
+            raise CapacityError(Problem(
+                field=f"prompts[{i}]", value=f"{len(prompt)} tokens",
+                limit=f"with max_new_tokens={max_new_tokens} needs {len(prompt) + max_new_tokens} positions, more "
+                      f"than limits.max_model_len={max_model_len}",
+                fix=f"raise limits.max_model_len to >= {len(prompt) + max_new_tokens}, or shorten the prompt to <= "
+                    f"{max(max_model_len - max_new_tokens, 0)} tokens, or generate fewer"))
 
 
 def _check_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, cap: int | None) -> None:
@@ -189,6 +202,8 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     if limits is None:
         _check_length(prompts, max_new_tokens, declared.max_position_embeddings)
         limits = default_limits(prompts, max_new_tokens, declared, compile=compile, device_type=where.type)
+    elif isinstance(limits.max_model_len, int):  # named as the caller knows them, before anything is built
+        _check_fits(prompts, max_new_tokens, limits.max_model_len)
     if budget is None and limits.num_blocks_override is None:
         budget = workload_budget(declared, limits)
     loop = ServingLoop(model, limits=limits, budget=budget, device=where, compile=compile, kernels=kernels)

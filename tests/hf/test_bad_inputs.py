@@ -214,3 +214,15 @@ def test_a_config_that_disagrees_with_the_weights_is_named_before_the_first_step
     with pytest.raises(graphkv.PlanError, match=r"^LlamaAttention \(layers.0\).k_proj.out_features=32: the plan "
                                                 r"caches 1 KV heads x head size 16 = 16 per token"):
         generate(model, [[1, 2]], max_new_tokens=2)
+
+
+def test_a_prompt_beyond_the_callers_max_model_len_is_named_before_anything_is_built(llama) -> None:
+    """With limits given, a too-long prompt failed in the engine as "request 1" after the pool and graphs were built;
+    it is prompts[1], against limits.max_model_len, before planning."""
+    limits = Limits(max_model_len=8, max_num_seqs=2, max_num_batched_tokens=16)
+    with pytest.raises(graphkv.CapacityError, match=r"^prompts\[1\]='7 tokens': with max_new_tokens=2 needs 9 "
+                                                    r"positions, more than limits.max_model_len=8; raise "
+                                                    r"limits.max_model_len to >= 9, or shorten the prompt to <= 6"):
+        generate(llama, [[1, 2], [1] * 7], max_new_tokens=2, limits=limits)
+    assert generate(llama, [[1, 2], [1] * 6], max_new_tokens=2, limits=limits)[1] == \
+        generate(llama, [[1] * 6], max_new_tokens=2)[0]
