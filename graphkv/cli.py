@@ -444,15 +444,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         return 0
     except OSError as e:
-        if e.errno not in _OUTPUT_ERRNOS:
+        if e.errno not in _OUTPUT_ERRNOS or e.filename is not None:  # a write to a stream has no file name
             raise
-        # A full disk or a failing device under stdout (`> /dev/full`) or an output file: say so, no traceback;
-        # point stdout at /dev/null so the interpreter's final flush does not fail again.
-        print(f"graphkv: error: writing the output failed: {e.strerror or e}"
-              + (f" ({e.filename})" if e.filename else "") + "; free space or write elsewhere", file=sys.stderr)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        # A full disk or a failing device under stdout (`> /dev/full`) or an open output file: say so, no
+        # traceback. Where stdout itself cannot be flushed, point it at /dev/null so the interpreter's final
+        # flush does not fail again.
+        print(f"graphkv: error: writing the output failed: {e.strerror or e}; free space or write elsewhere",
+              file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
         return EXIT_ERROR
 
 

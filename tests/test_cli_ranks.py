@@ -8,7 +8,7 @@ import pytest
 
 from graphkv.cli import main
 from graphkv.errors import SpecError
-from graphkv.presets import preset_model
+from graphkv.presets import load_preset_config, preset_model
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -107,20 +107,39 @@ def test_emit_vllm_keeps_a_page_count_the_user_fixed(capsys: pytest.CaptureFixtu
     assert "--kv-cache-memory-bytes" not in out
 
 
-def test_an_uneven_pp_partition_charges_each_stage_its_layers_weights(capsys: pytest.CaptureFixture[str]) -> None:
-    """qwen3-next-80b-a3b (162649725440 B) at --tp 4 --pp 2 --pp-partition 4,44: every rank was charged half of its
-    tensor-parallel share (18.93 GiB), so stage 1 — 44 of the 48 layers, about 34.7 GiB of weights — was given a
-    KV pool that does not fit beside them. Each stage is charged its layers' share: ranks 0-3 hold 4/48 of 40.66 GB,
-    ranks 4-7 44/48, so stage 1's KV budget is smaller by the difference (within the two stages' graph reserves)."""
+def test_an_uneven_pp_partition_charges_each_stage_its_layers_weights(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path) -> None:
+    """llama-3.1-8b's checkpoint (16060522496 B, 32 layers, vocab 128256 x hidden 4096 in bf16: 1050673152 B for the
+    embedding and as much for the untied head) at --pp 2 --pp-partition 1,31: every rank was charged half (8.03 GB),
+    so stage 1 (31 layers and the head, 14.57 GB) was given a KV pool that does not fit beside its weights. Stage 0
+    holds 1/32 of the layers' 13959176192 B and the embedding, stage 1 31/32 and the head."""
+    config = {**load_preset_config("llama-3.1-8b"), "vocab_size": 128256, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16060522496}}))
+    code, out, _ = run(capsys, "plan", "--hf-config", str(tmp_path), "--gpu", "H100", "--pp", "2",
+                       "--pp-partition", "1,31", "--json")
+    assert code == 0
+    data = json.loads(out)
+    embedding, body = 128256 * 4096 * 2, 16060522496 - 2 * 128256 * 4096 * 2
+    stage0, stage1 = -(-body // 32) + embedding, -(-body * 31 // 32) + embedding
+    assert (stage0, stage1) == (1486897408, 14573625088)
+    assert data["budget"]["weights_bytes"] == stage0
+    ranks = {r["rank"]: r["budget_bytes"] for r in data["consensus"]["ranks"]}
+    assert abs((ranks[0] - ranks[1]) - (stage1 - stage0)) < 1 << 30, (ranks, stage1 - stage0)
+
+
+def test_a_partition_of_a_config_without_vocab_charges_at_least_the_even_split(capsys: pytest.CaptureFixture[str]) \
+        -> None:
+    """The presets keep no vocab_size, so where the embeddings sit is unknown: a stage is charged its layers' share of
+    its tensor-parallel share, but at least the even split (qwen3-next-80b-a3b, 162649725440 B, --tp 4 --pp 2
+    --pp-partition 4,44: stage 0 half of 40662431360 B, stage 1 44/48 of it), never less than before."""
     code, out, _ = run(capsys, "plan", "--preset", "qwen3-next-80b-a3b", "--gpu", "H100", "--tp", "4", "--pp", "2",
                        "--pp-partition", "4,44", "--json")
     assert code == 0
     data = json.loads(out)
     per_tp = -(-162649725440 // 4)
-    stage0, stage1 = -(-per_tp * 4 // 48), -(-per_tp * 44 // 48)
-    assert data["budget"]["weights_bytes"] == stage0 == 3388535947
-    ranks = {r["rank"]: r for r in data["consensus"]["ranks"]}
-    assert {ranks[r]["budget_bytes"] for r in range(4)} == {ranks[0]["budget_bytes"]}
-    assert {ranks[r]["budget_bytes"] for r in range(4, 8)} == {ranks[4]["budget_bytes"]}
-    gap = ranks[0]["budget_bytes"] - ranks[4]["budget_bytes"]
-    assert abs(gap - (stage1 - stage0)) < 1 << 30, (gap, stage1 - stage0)
+    assert data["budget"]["weights_bytes"] == -(-162649725440 // 8) == 20331215680
+    ranks = {r["rank"]: r["budget_bytes"] for r in data["consensus"]["ranks"]}
+    assert {ranks[r] for r in range(4)} == {ranks[0]} and {ranks[r] for r in range(4, 8)} == {ranks[4]}
+    stage1 = -(-per_tp * 44 // 48)
+    assert abs((ranks[0] - ranks[4]) - (stage1 - 20331215680)) < 1 << 30

@@ -1154,8 +1154,8 @@ CLI_CASES = [
             fixed=("demo", "--kv-memory", "2MiB", "--device", "cpu", "--requests", "2", "--new-tokens", "2")),
     # 2,863,311,530 pages were planned and emitted silently: page ids are int32 in the block tables
     CliCase("plan-more-pages-than-int32", ("plan", "--preset", "gpt-oss-20b", "--kv-memory", "1024TiB"),
-            ("--kv-memory='1024TiB'", "gives 2863311530 pages of 393216 bytes, more than 2147483647 (page ids are int32",
-             "lower --kv-memory to <= 767.99 TiB")),
+            ("--kv-memory='1024TiB'", "gives 2863311530 pages of 393216 bytes, more than 2147483648 (page ids are int32",
+             "lower --kv-memory to <= 768.00 TiB")),
     # the demo plans its own pool: --kv-memory (even '1XiB') was never read
     CliCase("bench-memory-kv-memory-the-demo-ignores", ("bench", "memory", "--model", "demo", "--kv-memory", "4MiB",
                                                         "--device", "cpu", "--no-progress"),

@@ -20,6 +20,7 @@ from graphkv.plan import Plan, compile_plan
 from graphkv.plan.gpu_fit import compile_for_gpu
 from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import DEFAULT_UTILIZATION, KNOWN_GPUS, MAX_BYTES, Budget, format_bytes, parse_bytes
+from graphkv.spec.dtypes import parse_dtype
 from graphkv.spec.gpu_room import FLAG_WORDS, GpuRoom, does_not_fit
 from graphkv.spec.limits import Limits
 
@@ -60,18 +61,52 @@ def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
     return value
 
 
+def _embedding_bytes(config: Any) -> tuple[int, bool] | None:
+    """``(vocab_size x hidden_size x the weights' itemsize, tied)`` of a config.json (or its
+    ``text_config``): the bytes of the input embedding, which an untied output head repeats; ``None``
+    when the config does not say (graphkv's presets keep only what the cache needs)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab, hidden = text.get("vocab_size", config.get("vocab_size")), text.get("hidden_size", config.get("hidden_size"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (vocab, hidden)):
+        return None
+    try:
+        itemsize = parse_dtype(text.get("dtype") or text.get("torch_dtype") or config.get("dtype")
+                               or config.get("torch_dtype") or "bfloat16").itemsize
+    except GraphkvError:
+        itemsize = 2
+    return vocab * hidden * itemsize, bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+
+
+def _stage_weights(source: ModelSource, tp: int, pp: int, stage: tuple[int, tuple[int, ...]],
+                   split: str) -> tuple[int, str]:
+    """The weights one rank of stage ``stage[0]`` of ``--pp-partition`` ``stage[1]`` holds: its layers' share
+    of the layers' weights, and the embedding on the first stage and the output head on the last (vLLM puts
+    them there; with tied embeddings the last stage loads its own copy)."""
+    assert source.weights is not None
+    rank, counts = stage
+    layers, num_layers, total = counts[rank], sum(counts), source.weights.total_bytes
+    edges = _embedding_bytes(source.config)
+    if edges is None:  # no vocabulary known: at least the even split, which covers a stage of average length
+        share = max(-(-source.weights.per_rank(tp) * layers // num_layers), source.weights.per_rank(tp * pp))
+        return share, (f"{source.weights.source}, {total} B{split} x {layers}/{num_layers} layers, at least 1/{pp} "
+                       "(this stage of --pp-partition; the config has no vocab_size to place the embeddings by)")
+    embedding, tied = edges
+    body = max(total - embedding * (1 if tied else 2), 0)
+    held = -(-body * layers // num_layers) + embedding * ((rank == 0) + (rank == len(counts) - 1))
+    where = " + the embedding" * (rank == 0) + " + the output head" * (rank == len(counts) - 1)
+    return -(-held // tp), (f"{source.weights.source}, {total} B: {layers}/{num_layers} of the layers' {body} B"
+                            f"{where} ({embedding} B each){split} (this stage of --pp-partition)")
+
+
 def _weights(flags: BudgetFlags, source: ModelSource, tp: int, pp: int,
-             stage_layers: tuple[int, int] | None = None) -> tuple[int, str]:
+             stage: tuple[int, tuple[int, ...]] | None = None) -> tuple[int, str]:
     if flags.weights_memory is not None:
         return _size("--weights-memory", flags.weights_memory, allow_zero=True), "--weights-memory"
     if source.weights is None:
         return 0, "unknown — 0 B assumed: no safetensors metadata for this model; give --weights-memory SIZE"
     split = f" / tp {tp}" if tp > 1 else ""
-    if pp > 1 and stage_layers is not None:  # --pp-partition: a stage holds its layers' share
-        layers, total = stage_layers
-        per_tp = source.weights.per_rank(tp)
-        return -(-per_tp * layers // total), (f"{source.weights.source}, {source.weights.total_bytes} B{split} x "
-                                              f"{layers}/{total} layers (this stage of --pp-partition)")
+    if pp > 1 and stage is not None:  # --pp-partition: a stage holds its own layers
+        return _stage_weights(source, tp, pp, stage, split)
     per_rank = source.weights.per_rank(tp * pp)
     if pp > 1:  # embeddings and the head sit on the first / last stage; an even split is within a few percent
         split += f" / pp {pp}, split evenly over the stages"
@@ -88,7 +123,7 @@ def _two_pages_bytes(source: ModelSource, limits: Limits) -> int:
 
 
 def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int, pp: int,
-                stage_layers: tuple[int, int] | None) -> tuple[Budget, dict[str, str]]:
+                stage: tuple[int, tuple[int, ...]] | None) -> tuple[Budget, dict[str, str]]:
     assert flags.gpu is not None
     gpu = KNOWN_GPUS.get(flags.gpu.strip().lower())
     if gpu is None:
@@ -96,7 +131,7 @@ def _gpu_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, tp: int
         raise SpecError(Problem(field="--gpu", value=flags.gpu, limit=f"is not a known GPU; known: {known}",
                                 fix="pick one of those or give the KV pool size directly with --kv-memory SIZE"))
     utilization = DEFAULT_UTILIZATION if flags.utilization is None else flags.utilization
-    weights, weights_from = _weights(flags, source, tp, pp, stage_layers)
+    weights, weights_from = _weights(flags, source, tp, pp, stage)
     activations = 0 if flags.activation_memory is None else _size("--activation-memory", flags.activation_memory,
                                                                   allow_zero=True)
     reserve = 0 if flags.graph_reserve is None else _size("--graph-reserve", flags.graph_reserve)
@@ -160,10 +195,11 @@ def _json(budget: Budget | None, source: str, notes: dict[str, str] | None) -> d
 
 
 def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: int, pp: int = 1,
-                     stage_layers: tuple[int, int] | None = None) -> PlannedBudget:
+                     stage: tuple[int, tuple[int, ...]] | None = None) -> PlannedBudget:
     """Build the budget the flags describe and compile ``source.model`` (one rank of ``tp x pp``) within it.
-    ``stage_layers``: ``(layers in the rank's stage, the model's layers)`` when ``--pp-partition`` cuts the
-    stages unevenly: with ``--gpu``, the rank holds that share of the weights (else ``1 / pp``)."""
+    ``stage``: ``(the rank's stage, --pp-partition's layer counts)`` when the partition is given: with ``--gpu``
+    the rank holds its stage's layers and, on the first / last stage, the embedding / output head (else
+    ``1 / pp`` of the weights, vLLM's even split)."""
     if flags.gpu is None:
         for flag, value in (("--utilization", flags.utilization), ("--weights-memory", flags.weights_memory),
                             ("--activation-memory", flags.activation_memory), ("--graph-reserve", flags.graph_reserve)):
@@ -173,7 +209,7 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
     graph_pool = GraphPoolModel.from_file(flags.graph_calibration, field="--graph-calibration") \
         if flags.graph_calibration is not None else None
     if flags.gpu is not None:
-        budget, notes = _gpu_budget(flags, source, limits, tp, pp, stage_layers)
+        budget, notes = _gpu_budget(flags, source, limits, tp, pp, stage)
         if graph_pool is None and flags.graph_reserve is None:
             graph_pool, said = _shipped_graph_pool(flags.gpu, source)
             notes["graph_reserve"] += said

@@ -53,12 +53,14 @@ def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | Non
         raise SpecError(Problem(field="--pp", value=pp, limit=f"is more than the model's {layers} layers (every stage "
                                                               "holds at least one)", fix=f"use --pp <= {layers}"))
     if tp * pp * layers > MAX_RANK_LAYERS:
+        stages = MAX_RANK_LAYERS // (tp * layers)
+        fewer = (f"plan at most {stages} stages at --tp {tp}" if stages >= 1
+                 else f"plan with --tp <= {max(1, MAX_RANK_LAYERS // layers)} and --pp 1")
         raise SpecError(Problem(field="--pp" if pp > 1 else "--tp", value=pp if pp > 1 else tp,
                                 limit=f"--tp {tp} x --pp {pp} = {tp * pp} ranks of a {layers}-layer model: every rank's "
                                       f"plan and their agreement are simulated here, {tp * pp * layers} rank-layers, "
                                       f"more than {MAX_RANK_LAYERS} (minutes of work)",
-                                fix=f"plan at most {max(1, MAX_RANK_LAYERS // (tp * layers))} stages at --tp {tp}, or run "
-                                    "graphkv.distributed.compile_consensus on the ranks themselves"))
+                                fix=f"{fewer}, or run graphkv.distributed.compile_consensus on the ranks themselves"))
     if partition is None:
         return
     typed, stages, total = ",".join(map(str, partition)), len(partition), sum(partition)
@@ -86,26 +88,24 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
     """Plan every rank of ``tp x pp`` with the budget ``flags`` describe, then agree (see the module docstring).
 
     ``source`` was read for the same ``tp``: its ``model`` is tensor-parallel rank 0."""
-    whole_layers = model_layer_count(source.whole)
     counts = tuple(partition) if partition is not None else None
 
-    def stage_layers(rank: int) -> tuple[int, int] | None:
-        """(layers of the rank's stage, the model's layers) for an explicit ``--pp-partition``: its stages'
-        weights differ by their layer counts; vLLM's default split is even to a layer."""
-        return None if counts is None else (counts[rank // tp], whole_layers)
+    def stage_of(rank: int) -> tuple[int, tuple[int, ...]] | None:
+        """(the rank's stage, the partition) for an explicit ``--pp-partition``: its stages' weights differ by
+        their layers (vLLM's default split is even to a layer)."""
+        return None if counts is None else (rank // tp, counts)
 
     first_model = source.model.stage(pp, 0, partition)
-    first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp,
-                             stage_layers=stage_layers(0))
-    plans: dict[tuple[object, ...], Plan] = {_same_plan_key(first_model, stage_layers(0)): first.plan}
+    first = plan_with_budget(flags, attrs.evolve(source, model=first_model), limits, tp=tp, pp=pp, stage=stage_of(0))
+    plans: dict[tuple[object, ...], Plan] = {_same_plan_key(first_model, stage_of(0)): first.plan}
 
     def compile_local(rank: int, model: ModelKV) -> Plan:
         # A stage's tensor-parallel ranks hold equal shards (only their rank differs) and get equal budgets:
         # each distinct shard is planned once (deepseek-v3 at --tp 8 --pp 16: 16 plans, not 128).
-        key = _same_plan_key(model, stage_layers(rank))
+        key = _same_plan_key(model, stage_of(rank))
         if key not in plans:
             plans[key] = plan_with_budget(flags, attrs.evolve(source, model=model), limits, tp=tp, pp=pp,
-                                          stage_layers=key[-1]).plan  # type: ignore[arg-type]
+                                          stage=stage_of(rank)).plan
         return plans[key]
 
     consensus = simulate_consensus(source.whole, limits, tp_size=tp, pp_size=pp, partition=partition,
@@ -113,10 +113,10 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
     return RankedPlans(consensus=consensus, planned=first)
 
 
-def _same_plan_key(model: ModelKV, stage_layers: tuple[int, int] | None) -> tuple[object, ...]:
+def _same_plan_key(model: ModelKV, stage: tuple[int, tuple[int, ...]] | None) -> tuple[object, ...]:
     """What a rank's plan depends on: its shard's layers and fields but its tensor-parallel rank, its stage's
     bounds, and its share of the weights. Ranks with equal keys get equal plans."""
     stage = model.pipeline
     bounds = None if stage is None else (stage.size, stage.rank, stage.start_layer, stage.end_layer, stage.partition)
     return (model.name, model.layers, model.max_position_embeddings, model.tensor_parallel_size, model.hidden_size,
-            model.cacheless, model.notes, bounds, stage_layers)
+            model.cacheless, model.notes, bounds, stage)

@@ -93,13 +93,15 @@ def _difference(a: Fingerprint, b: Fingerprint) -> tuple[str, str, str] | None:
 def _mismatch(reports: Sequence[RankReport], key: Callable[[RankReport], Fingerprint], what: str) -> list[Problem]:
     """Compare every report to the first of ``reports``; one problem naming the first differing field."""
     first = reports[0]
-    differences: dict[int, tuple[str, str, str] | None] = {}  # by fingerprint object: ranks often share one
+    # by fingerprint object (ranks of a simulation share one), each kept alive here: a key that builds a new
+    # tuple per call would otherwise free it, and the next rank's tuple could reuse its id
+    differences: dict[int, tuple[Fingerprint, tuple[str, str, str] | None]] = {}
 
     def difference(r: RankReport) -> tuple[str, str, str] | None:
         theirs = key(r)
         if id(theirs) not in differences:
-            differences[id(theirs)] = _difference(key(first), theirs)
-        return differences[id(theirs)]
+            differences[id(theirs)] = (theirs, _difference(key(first), theirs))
+        return differences[id(theirs)][1]
 
     for r in reports[1:]:
         diff = difference(r)

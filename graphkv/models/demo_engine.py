@@ -111,8 +111,11 @@ class DemoEngine:
     :class:`~graphkv.models.paged_tiny_hybrid.PagedTinyHybrid` does); :meth:`add` refuses a prompt
     with an id outside ``[0, vocab_size)`` — negative ids always — before it is queued. ``step`` must hold
     no live request (:class:`SpecError` otherwise): the engine hands out every page but the null page.
-    A step whose forward raises (out of memory, an interrupt) is undone — its pages freed, its newly
-    admitted requests queued again — so :meth:`run` can be called again to go on."""
+    A step whose forward (or the sampling of its logits) raises — out of memory, an interrupt — is undone:
+    its pages back on the free list as they were, its newly admitted requests queued again, so :meth:`run` can
+    be called again to go on. A state (Mamba) layer that updated a request's state in place before the error
+    has advanced it (see :meth:`~graphkv.runtime.step.Step.run`): on a hybrid model, finish such requests
+    rather than go on."""
 
     def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
                  logits_per_request: bool = False, vocab_size: int | None = None, overlap: bool = True) -> None:
@@ -265,14 +268,24 @@ class DemoEngine:
                 offset += n
                 ends.append(offset - 1)
             rows = list(range(len(chunks))) if self.logits_per_request else ends
-            if self.record:
-                self._record(chunks, logits, rows)
             sampling = [(i, run) for i, (run, n) in enumerate(chunks) if run.computed + n == len(run.tokens)]
+            num_records = len(self.records)
+            try:  # reading the step's logits (out of memory, an interrupt) fails as the forward would have
+                if self.record:
+                    self._record(chunks, logits, rows)
+                if sampling:  # requests whose query reached the end of their tokens
+                    index, runs = zip(*sampling)
+                    self._sampled = self._sampler.sample(logits, [rows[i] for i in index], list(runs))
+            except BaseException:
+                del self.records[num_records:]
+                undo = getattr(self.step_api, "undo", None)  # the Step ran the step: take it back as well
+                if callable(undo):
+                    undo()
+                self._unschedule(chunks, grown, num_admitted)
+                self.stats.seconds += time.perf_counter() - start
+                raise
             for run, n in chunks:
                 run.computed += n
-            if sampling:  # requests whose query reached the end of their tokens
-                index, runs = zip(*sampling)
-                self._sampled = self._sampler.sample(logits, [rows[i] for i in index], list(runs))
             self.stats.tokens += len(ids)
             if not self.overlap and self._sampled is not None:
                 sampled, self._sampled = self._sampled, None
@@ -436,7 +449,7 @@ class DemoEngine:
     def _ungrow(self, run: _Running, pages: tuple[tuple[int, ...], ...]) -> None:
         """Take back what :meth:`_grow` just gave ``run`` (``pages``, its return value), onto the free
         list as it was."""
-        for g, ids in enumerate(pages):
+        for g, ids in reversed(list(enumerate(pages))):  # _grow took group 0's first: give them back last
             if ids:
                 del run.pages[g][-len(ids):]
                 self._free.extend(reversed(ids))

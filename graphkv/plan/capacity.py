@@ -64,11 +64,26 @@ class PageCounter:
                    or (g.spec.is_ssm and self.mamba_cache_mode is MambaCacheMode.ALL) for g in self.groups)
 
 
-MAX_PAGES = (1 << 31) - 1  # page ids live in int32 block tables and slot mappings
+INT32_IDS = 1 << 31  # ids 0 .. 2**31 - 1: page ids and kernel-block ids live in int32 tables and slot mappings
 
 
-def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block: int) -> tuple[int, str]:
-    """``num_blocks`` and the reason: the override exactly, else ``budget // pool_bytes_per_block``."""
+def max_pages(kernel_blocks_per_page: int = 1) -> int:
+    """The most pages a pool may have: its largest kernel-block id, ``num_blocks x kernel_blocks_per_page - 1``,
+    must fit int32 (the device block tables hold kernel-block ids).
+
+    >>> max_pages(), max_pages(4)
+    (2147483648, 536870912)
+    """
+    return INT32_IDS // max(kernel_blocks_per_page, 1)
+
+
+def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block: int, *,
+                    kernel_blocks_per_page: int = 1) -> tuple[int, str]:
+    """``num_blocks`` and the reason: the override exactly, else ``budget // pool_bytes_per_block``;
+    at most :func:`max_pages` of ``kernel_blocks_per_page`` (the largest over the groups)."""
+    limit = max_pages(kernel_blocks_per_page)
+    ids = "page ids are int32 in the block tables" if kernel_blocks_per_page <= 1 else (
+        f"kernel-block ids, {kernel_blocks_per_page} per page, are int32 in the block tables")
     if limits.num_blocks_override is not None:
         n = limits.num_blocks_override
         if n * pool_bytes_per_block > MAX_BYTES:  # the cap on a typed budget (parse_bytes) holds for pages too
@@ -77,10 +92,9 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
                 limit=f"needs {n} x {pool_bytes_per_block} = {format_bytes(n * pool_bytes_per_block)}, more than "
                       f"{format_bytes(MAX_BYTES)}, more memory than any one machine has",
                 fix=f"lower num_blocks_override to <= {MAX_BYTES // pool_bytes_per_block}"))
-        if n > MAX_PAGES:
-            raise CapacityError(Problem(field="num_blocks_override", value=n,
-                                        limit=f"is more than {MAX_PAGES} pages (page ids are int32 in the block tables)",
-                                        fix=f"lower num_blocks_override to <= {MAX_PAGES}"))
+        if n > limit:
+            raise CapacityError(Problem(field="num_blocks_override", value=n, limit=f"is more than {limit} pages ({ids})",
+                                        fix=f"lower num_blocks_override to <= {limit}"))
         if budget is not None and n * pool_bytes_per_block > budget.kv_pool_bytes():
             raise CapacityError(Problem(
                 field="num_blocks_override", value=n,
@@ -99,12 +113,11 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
             limit=f"holds {n} page(s) of {pool_bytes_per_block} bytes across all slots; at least 2 are needed "
                   f"(page 0 is the null page)",
             fix=f"raise the KV budget to >= {format_bytes(2 * pool_bytes_per_block, rounding='up')}"))
-    if n > MAX_PAGES:
+    if n > limit:
         raise CapacityError(Problem(
             field="budget", value=format_bytes(kv),
-            limit=f"gives {n} pages of {pool_bytes_per_block} bytes, more than {MAX_PAGES} (page ids are int32 in the "
-                  "block tables, as in vLLM)",
-            fix=f"lower the KV budget to <= {format_bytes(MAX_PAGES * pool_bytes_per_block, rounding='down')}"))
+            limit=f"gives {n} pages of {pool_bytes_per_block} bytes, more than {limit} ({ids}, as in vLLM)",
+            fix=f"lower the KV budget to <= {format_bytes(limit * pool_bytes_per_block, rounding='down')}"))
     return n, f"{format_bytes(kv)} budget // {pool_bytes_per_block} bytes per page index"
 
 

@@ -165,7 +165,10 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
     slot_pages = grouping.slot_page_bytes
     pool_bytes_per_block = sum(slot_pages)
 
-    num_blocks, blocks_reason = plan_num_blocks(budget, limits, pool_bytes_per_block)
+    # the device tables hold kernel-block ids (page x blocks per page + k): those must fit int32
+    kernel_blocks_per_page = max((d.block_size // k for d, k in zip(grouping.groups, kernel_sizes)), default=1)
+    num_blocks, blocks_reason = plan_num_blocks(budget, limits, pool_bytes_per_block,
+                                                kernel_blocks_per_page=kernel_blocks_per_page)
     from_override = limits.num_blocks_override is not None
     usable = num_blocks - 1
     counter = PageCounter.for_limits(grouping.groups, limits)

@@ -96,8 +96,9 @@ def test_bad_arguments_are_one_line_errors(prompts_arg, max_new, field) -> None:
 
 
 def test_a_prompt_longer_than_max_model_len_is_refused() -> None:
-    """A prompt plus max_new_tokens beyond limits.max_model_len is a CapacityError naming the request."""
-    with pytest.raises(CapacityError, match=r"request 0.*max_model_len=96"):
+    """A prompt plus max_new_tokens beyond limits.max_model_len is a CapacityError naming the prompt and the limit."""
+    with pytest.raises(CapacityError, match=r"^prompts\[0\]='90 tokens': with max_new_tokens=8 needs 98 positions, "
+                                            r"more than limits.max_model_len=96"):
         generate(tiny_model("llama"), [[1] * 90], max_new_tokens=8, limits=LIMITS)
 
 

@@ -138,16 +138,18 @@ def test_a_forward_that_raises_in_an_overlapped_step_loses_no_token_and_no_page(
     assert sorted(engine._free) == list(range(1, engine.plan.num_blocks))
 
 
+@pytest.mark.parametrize("pattern", ["AAA", "MAMA"])  # one KV group; an attention and a state group (pages of two)
 @pytest.mark.parametrize("failing_call", [1, 3, 4])
-def test_a_forward_that_raises_in_a_scheduled_step_loses_no_page_and_no_request(failing_call: int) -> None:
+def test_a_forward_that_raises_in_a_scheduled_step_loses_no_page_and_no_request(failing_call: int, pattern: str) -> None:
     """The synchronous loop's forward raises once, in a step that admits requests and hands out pages: the first
     (r0 and r1 admitted), the third or the fourth (the arrivals). The engine kept the pages it had handed out and the admitted
     requests as running, so run() failed for good ("0 page(s) held"); now the step is undone — its pages back on the
     free list as they were, its admitted requests at the head of the queue, the pages promised as before — and
-    running on gives the uninterrupted loop's tokens, with every page free at the end."""
-    sync_engine, _ = _engine("AAA", overlap=False)
+    running on gives the uninterrupted loop's tokens, with every page free at the end. (The forward raises before it
+    runs, so no state layer has advanced a request's state.)"""
+    sync_engine, _ = _engine(pattern, overlap=False)
     _serve(sync_engine, _requests())
-    engine, _ = _engine("AAA", overlap=False)
+    engine, _ = _engine(pattern, overlap=False)
     forward, schedule, calls, snapshot = engine.forward, engine._schedule, [0], {}
 
     def state() -> dict:
@@ -166,14 +168,53 @@ def test_a_forward_that_raises_in_a_scheduled_step_loses_no_page_and_no_request(
         return forward(*args, **kwargs)
 
     engine._schedule, engine.forward = scheduling, flaky
+    requests = _fail(engine, state, snapshot)
+    if failing_call == 1:
+        assert snapshot["running"] == {} and snapshot["waiting"] == ["r0", "r1"]
+    _go_on(engine, sync_engine, requests)
+
+
+def _fail(engine, state, snapshot) -> list[DemoRequest]:
+    """Serve until the planted error; the engine is as it was before the failing step (``snapshot``)."""
     requests = _requests()
     with pytest.raises(RuntimeError, match="out of memory"):
         _serve(engine, requests)
     assert state() == snapshot
-    if failing_call == 1:
-        assert snapshot["running"] == {} and snapshot["waiting"] == ["r0", "r1"]
-    known = engine._waiting_ids | set(engine._running)  # the arrivals added before the failure
+    return requests
+
+
+def _go_on(engine, sync_engine, requests) -> None:
+    """Run on (the arrivals not added before the failure), then compare with the uninterrupted loop."""
+    known = engine._waiting_ids | set(engine._running)
     engine.run(arrivals={s: [r for r in rs if r.req_id not in known]
                          for s, rs in {2: requests[2:4], 5: requests[4:]}.items() if s >= engine.stats.steps})
     assert engine.finished == sync_engine.finished
     assert sorted(engine._free) == list(range(1, engine.plan.num_blocks)) and engine._promised == 0
+
+
+def test_a_sampling_that_raises_undoes_the_step_and_its_schedule() -> None:
+    """The forward ran but sampling its logits raised (e.g. out of memory reading them): the Step had advanced while the
+    engine had not, and a retry ran the same tokens again. The Step is taken back with the schedule: the state is as
+    before the step (the step's rows and written tokens too), and running on gives the uninterrupted loop's tokens."""
+    sync_engine, _ = _engine("MAMA", overlap=False)
+    _serve(sync_engine, _requests())
+    engine, _ = _engine("MAMA", overlap=False)
+    schedule, sample, calls, snapshot = engine._schedule, engine._sampler.sample, [0], {}
+
+    def state() -> dict:
+        return dict(free=list(engine._free), promised=engine._promised, waiting=[r.req_id for r in engine._waiting],
+                    running={k: (list(map(list, r.pages)), r.computed) for k, r in engine._running.items()},
+                    active=engine.step_api.active_requests, written=engine.step_api.ownership.written.tolist())
+
+    def scheduling():
+        snapshot.update(state())
+        return schedule()
+
+    def failing_sample(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("out of memory")
+        return sample(*args, **kwargs)
+
+    engine._schedule, engine._sampler.sample = scheduling, failing_sample
+    _go_on(engine, sync_engine, _fail(engine, state, snapshot))

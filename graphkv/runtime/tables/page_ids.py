@@ -53,7 +53,7 @@ def _not_integers(field: str, values: Sequence[Any], what: str) -> SpecError:
     bad = _offender(values)
     if isinstance(bad, (int, np.integer)) and not is_bool(bad):  # an integer, but beyond int64
         return SpecError(Problem(field=field, value=bad, limit=f"{what} must fit int64 (-2**63 <= v < 2**63)",
-                                 fix=f"pass {what} of the model's range"))
+                                 fix=f"pass {what} below 2**63 (an id or length this large is no real one)"))
     return SpecError(Problem(field=field, value=bad,
                              limit=f"{what} must be integers (not bool, float, str or None)",
                              fix=f"pass {what} as Python or numpy ints"))
