@@ -285,7 +285,7 @@ def test_append_beyond_capacity_names_row_group_pages_and_fix():
 
 @pytest.mark.parametrize("ids,text", [([64], "num_blocks=64"), ([-1], "num_blocks=64"), ([True], "integers"),
                                       ([2.0], "integers"), (["3"], "integers"), ([None], "integers"),
-                                      ([2**70], "integers"), (np.array([1.0]), "integer array")])
+                                      ([2**70], "page ids must fit int64"), (np.array([1.0]), "integer array")])
 def test_bad_page_ids_are_spec_errors_that_change_nothing(ids, text):
     """Page ids outside the pool, bools, floats, strings, None and huge ints raise SpecError naming the group."""
     tables = BlockTables(widths_plan())
