@@ -143,3 +143,21 @@ def test_a_partition_of_a_config_without_vocab_charges_at_least_the_even_split(c
     assert {ranks[r] for r in range(4)} == {ranks[0]} and {ranks[r] for r in range(4, 8)} == {ranks[4]}
     stage1 = -(-per_tp * 44 // 48)
     assert abs((ranks[0] - ranks[4]) - (stage1 - 20331215680)) < 1 << 30
+
+
+def test_each_distinct_shard_is_planned_once(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """A stage's tensor-parallel ranks hold equal shards: deepseek-v3 at --tp 8 --pp 16 plans 16 ranks' budgets, not
+    128 (the key once compared each stage's pipeline record, which holds the rank's own shard, so nothing matched);
+    an uneven --pp-partition of 2 stages plans 2."""
+    import graphkv.command.ranks as ranks
+
+    calls = []
+    plan_with_budget = ranks.plan_with_budget
+    monkeypatch.setattr(ranks, "plan_with_budget", lambda *a, **k: calls.append(k.get("stage")) or
+                        plan_with_budget(*a, **k))
+    assert run(capsys, "plan", "--preset", "deepseek-v3", "--tp", "8", "--pp", "16", "--gpu", "H200")[0] == 0
+    assert len(calls) == 16
+    calls.clear()
+    assert run(capsys, "plan", "--preset", "qwen3-next-80b-a3b", "--gpu", "H100", "--tp", "4", "--pp", "2",
+               "--pp-partition", "4,44")[0] == 0
+    assert calls == [(0, (4, 44)), (1, (4, 44))]

@@ -116,7 +116,7 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
 def _same_plan_key(model: ModelKV, stage: tuple[int, tuple[int, ...]] | None) -> tuple[object, ...]:
     """What a rank's plan depends on: its shard's layers and fields but its tensor-parallel rank, its stage's
     bounds, and its share of the weights. Ranks with equal keys get equal plans."""
-    stage = model.pipeline
-    bounds = None if stage is None else (stage.size, stage.rank, stage.start_layer, stage.end_layer, stage.partition)
+    pipe = model.pipeline  # compared by its bounds: its own ``model`` is the shard, whose rank differs
+    bounds = None if pipe is None else (pipe.size, pipe.rank, pipe.start_layer, pipe.end_layer, pipe.partition)
     return (model.name, model.layers, model.max_position_embeddings, model.tensor_parallel_size, model.hidden_size,
             model.cacheless, model.notes, bounds, stage)

@@ -81,11 +81,14 @@ def _check_prompts(prompts: Any, max_new_tokens: Any, vocab_size: int | None) ->
     return [ids.tolist() for ids in arrays], new_tokens
 
 
-def _check_limits(limits: Any) -> None:
-    """Refuse anything but :class:`Limits`, naming the argument."""
-    if not isinstance(limits, Limits):
-        raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be graphkv.Limits",
-                                fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or default_limits(...)"))
+def _check_limits(limits: Any, *, optional: bool = False) -> None:
+    """Refuse anything but :class:`Limits` (or ``None`` when ``optional``), naming the argument."""
+    if not isinstance(limits, Limits) and not (optional and limits is None):
+        raise SpecError(Problem(field="limits", value=type(limits).__name__,
+                                limit="must be graphkv.Limits" + (" or None" if optional else ""),
+                                fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or "
+                                    + ("leave it unset for " if optional else "")
+                                    + "default_limits(prompts, max_new_tokens)"))
 
 
 def _check_model_kv(model_kv: Any, field: str, *, optional: bool = False) -> None:
@@ -192,10 +195,7 @@ def generate_with_stats(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     prompts, max_new_tokens = _check_prompts(prompts, max_new_tokens, vocab_size_of(model))
     stop = stop_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None),
                           "model.generation_config.eos_token_id")
-    if limits is not None and not isinstance(limits, Limits):
-        raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be graphkv.Limits or None",
-                                fix="pass graphkv.Limits(max_model_len=..., max_num_seqs=...), or leave it unset for "
-                                    "default_limits(prompts, max_new_tokens)"))
+    _check_limits(limits, optional=True)
     start = time.perf_counter()
     declared = model_kv(model)
     where = resolve_device(device if device is not None else next(model.parameters()).device)  # the loop's device

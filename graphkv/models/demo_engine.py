@@ -257,29 +257,25 @@ class DemoEngine:
                 self.stats.seconds += time.perf_counter() - start
                 return
             ids = [t for run, n in chunks for t in run.tokens[run.computed:run.computed + n]]
-            try:
-                logits = self.step_api.run(self.forward, batch, input_ids=ids)
-            except BaseException:  # the Step undid itself: undo the schedule too, so run() can go on
-                self._unschedule(chunks, grown, num_admitted)
-                self.stats.seconds += time.perf_counter() - start
-                raise
             ends, offset = [], 0
             for run, n in chunks:
                 offset += n
                 ends.append(offset - 1)
             rows = list(range(len(chunks))) if self.logits_per_request else ends
             sampling = [(i, run) for i, (run, n) in enumerate(chunks) if run.computed + n == len(run.tokens)]
-            num_records = len(self.records)
-            try:  # reading the step's logits (out of memory, an interrupt) fails as the forward would have
+            num_records, ran = len(self.records), False
+            try:
+                logits = self.step_api.run(self.forward, batch, input_ids=ids)  # undoes itself when it raises
+                ran = True
                 if self.record:
                     self._record(chunks, logits, rows)
                 if sampling:  # requests whose query reached the end of their tokens
                     index, runs = zip(*sampling)
                     self._sampled = self._sampler.sample(logits, [rows[i] for i in index], list(runs))
-            except BaseException:
+            except BaseException:  # out of memory, an interrupt: undo the step, so run() can go on
                 del self.records[num_records:]
-                undo = getattr(self.step_api, "undo", None)  # the Step ran the step: take it back as well
-                if callable(undo):
+                undo = getattr(self.step_api, "undo", None)
+                if ran and callable(undo):  # the Step ran it: reading its logits failed
                     undo()
                 self._unschedule(chunks, grown, num_admitted)
                 self.stats.seconds += time.perf_counter() - start
