@@ -16,9 +16,12 @@ in its own process, and for the decode steps in which every request decodes prin
 - ``device ms``: the device's own time between consecutive timed steps (CUDA events recorded on the serving stream
   after each step's launch, unprofiled): a step's kernels plus any idle gap, without the profiler's overhead, to
   check ``kernel us`` and ``wall ms`` against each other;
-- then, per mode, the ``--top`` kernels by device time per step (name, launches and microseconds per step, share of
-  the step's kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the
-  fused elementwise kernels, the sampler).
+- then, per mode, the step's kernels by kind (:func:`kernel_kinds`: matmuls, Inductor's fused kernels, graphkv's
+  decode attention and K/V write, flex attention, the rest), each with its launches, microseconds per step and per
+  launch: a kind of many launches of 2-3 us each is bound by launches, a kind near the bandwidth limit by bytes;
+- and the ``--top`` kernels by device time per step (name, launches and microseconds per step, share of the step's
+  kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the fused
+  elementwise kernels, the sampler).
 
 ``fused-1tok`` is ``fused`` as it was before one trace served every step size: the step's sizes only marked
 dynamic, so a 1-token step (batch-1 decode) gets a second trace whose pieces Inductor compiles for exactly one token.
@@ -61,6 +64,36 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[
     ranked = sorted(by_name.items(), key=lambda item: (-item[1][1], item[0]))[:top]
     return [{"name": name, "launches_per_step": n / steps, "us_per_step": us / steps, "share": us / total}
             for name, (n, us) in ranked]
+
+
+# (kind, name fragments) in the order a kernel's name is matched; the first match wins.
+KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("graphkv decode attention", ("_paged_decode",)),
+    ("graphkv K/V write", ("reshape_and_cache",)),
+    ("flex attention", ("flex", "triton_tem_")),
+    ("inductor fused", ("triton_poi_", "triton_red_", "triton_per_", "triton_")),
+    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "sm90_", "sm80_")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a device kernel by its name (:data:`KERNEL_KINDS`; ``"other"`` for none of them)."""
+    lowered = name.lower()
+    return next((kind for kind, fragments in KERNEL_KINDS if any(f in lowered for f in fragments)), "other")
+
+
+def kernel_kinds(kernels: list[tuple[str, float]], steps: int) -> list[dict[str, Any]]:
+    """The kernels of ``steps`` steps summed by :func:`kernel_kind`: each kind's launches and microseconds per step,
+    microseconds per launch and share of all kernels' time, largest first (ties by kind)."""
+    total = sum(us for _, us in kernels) or 1.0
+    by_kind: dict[str, list[float]] = {}
+    for name, us in kernels:
+        entry = by_kind.setdefault(kernel_kind(name), [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ranked = sorted(by_kind.items(), key=lambda item: (-item[1][1], item[0]))
+    return [{"kind": kind, "launches_per_step": n / steps, "us_per_step": us / steps, "us_per_launch": us / n,
+             "share": us / total} for kind, (n, us) in ranked]
 
 
 def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str,
@@ -150,6 +183,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
                                    if len(events) > 1 else None),
             "overlapped_steps": engine.stats.overlapped,
             "top": top_kernels([(e.name, e.device_time_total) for e in kernels], steps, top),
+            "kinds": kernel_kinds([(e.name, e.device_time_total) for e in kernels], steps),
             "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
 
 
@@ -188,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}")
     print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
           f"{'device ms':>9} {'build s':>8}  graphs")
-    failed, tops = 0, {}
+    failed, tops, kinds = 0, {}, {}
     for mode in modes:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -203,7 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
               f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {device_ms:>9} "
               f"{r['build_s']:>8.1f}  {r['graphs'][:80]}")
-        tops[mode] = r["top"]
+        tops[mode], kinds[mode] = r["top"], r.get("kinds", [])
+    for mode, rows in kinds.items():
+        if rows:
+            print(f"\n{mode}: kernels by kind, per step")
+            for k in rows:
+                print(f"  {k['us_per_step']:>9.1f} us  {100 * k['share']:>5.1f}%  {k['launches_per_step']:>6.1f} x  "
+                      f"{k['us_per_launch']:>6.2f} us each  {k['kind']}")
     for mode, rows in tops.items():
         if rows:
             print(f"\n{mode}: top {len(rows)} kernels by device time per step")

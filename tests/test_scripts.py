@@ -176,6 +176,34 @@ def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:
     assert top_kernels([], steps=3, top=8) == []
 
 
+def test_decode_profile_sums_kernels_by_kind() -> None:
+    """Kernel names as an H100 profile shows them fall into their kinds (cuBLAS's nvjet / sm90 gemms are matmuls,
+    Inductor's triton_poi / triton_red / triton_per kernels are fused, graphkv's decode and K/V-write kernels and flex
+    templates their own, a copy kernel 'other'); over 2 steps the kinds sum launches and microseconds per step, with
+    microseconds per launch, largest first."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from decode_profile_gpu import kernel_kind, kernel_kinds
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert [kernel_kind(n) for n in (
+        "nvjet_tst_128x64_64x8_1x2_h_bz_TNT", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64",
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16>", "triton_poi_fused_add_mul_0", "triton_red_fused_mean_pow_1",
+        "triton_per_fused__to_copy_add_mean_2", "_paged_decode_split_kernel", "_paged_decode_combine_kernel",
+        "_reshape_and_cache_kernel", "triton_tem_fused_flex_attention_0", "void at::native::elementwise_kernel<128>",
+    )] == ["matmul", "matmul", "matmul", "inductor fused", "inductor fused", "inductor fused",
+           "graphkv decode attention", "graphkv decode attention", "graphkv K/V write", "flex attention", "other"]
+    rows = kernel_kinds([("nvjet_a", 30.0), ("triton_poi_fused_0", 2.0), ("triton_red_fused_1", 3.0), ("nvjet_b", 10.0),
+                         ("_paged_decode_split_kernel", 5.0)], steps=2)
+    assert rows == [
+        {"kind": "matmul", "launches_per_step": 1.0, "us_per_step": 20.0, "us_per_launch": 20.0, "share": 40 / 50},
+        {"kind": "graphkv decode attention", "launches_per_step": 0.5, "us_per_step": 2.5, "us_per_launch": 5.0,
+         "share": 5 / 50},
+        {"kind": "inductor fused", "launches_per_step": 1.0, "us_per_step": 2.5, "us_per_launch": 2.5,
+         "share": 5 / 50}]
+    assert kernel_kinds([], steps=3) == []
+
+
 GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 

@@ -12,26 +12,96 @@ outside, as they must for PIECEWISE capture.
 
 The pieces' example inputs come from propagating the traced forward's own fake inputs (each
 placeholder's ``example_value``) through the split module: the splitting ops run their
-registered fake implementations. Pieces of the same structure (a model's middle layers) hit
-Inductor's graph cache after the first, so compile time grows with the number of distinct
-pieces, not with depth.
+registered fake implementations. Pieces of the same structure (a model's middle layers: the same
+ops on arguments of the same shapes, strides and dtypes, only the weights differ) share one
+compiled callable (:func:`piece_key`): Inductor compiles each distinct piece once and the others
+skip even its trace and cache lookup, so compile time grows with the number of distinct pieces,
+not with depth.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import attrs
 import torch
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.runtime.capture.split import SplitResult
 
-__all__ = ["compile_pieces", "has_ops"]
+__all__ = ["CompiledPieces", "compile_pieces", "has_ops", "piece_key"]
 
 
 def has_ops(module: torch.fx.GraphModule) -> bool:
     """Whether a piece computes anything (a call): a piece that only passes values on is left as traced."""
     return any(node.op in ("call_function", "call_method", "call_module") for node in module.graph.nodes)
+
+
+def _value_key(value: Any) -> Any:
+    """What a compiled piece may assume of one argument: a tensor's shape, strides, storage offset,
+    dtype and device (symbolic sizes by their expressions), a symbolic int's expression, another
+    value itself (it is baked into the compiled code)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(str(d) for d in value.shape), tuple(str(d) for d in value.stride()),
+                str(value.storage_offset()), value.dtype, value.device.type, value.requires_grad)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", type(value).__name__, str(value))
+    return ("value", type(value).__name__, repr(value))
+
+
+def piece_key(module: torch.fx.GraphModule, args: Any) -> tuple[Any, ...]:
+    """A piece's structure on ``args``: every node's op, target and arguments (other nodes by their
+    position, so names do not matter), each placeholder's argument by :func:`_value_key`, and each
+    attribute or submodule a node reads by identity. Two pieces with equal keys compute the same function of their
+    arguments, so one compiled callable serves both (a model's middle layers differ only in the
+    weight tensors they are given; a piece that holds its weights as attributes or submodules shares with
+    no other)."""
+    position = {node: i for i, node in enumerate(module.graph.nodes)}
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return ("node", position[a])
+        if isinstance(a, (tuple, list)):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(v)) for k, v in a.items()))
+        if isinstance(a, slice):
+            return ("slice", arg(a.start), arg(a.stop), arg(a.step))
+        return _value_key(a)
+
+    placeholders = iter(args)
+    key: list[Any] = []
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            key.append(("placeholder", _value_key(next(placeholders, None))))
+        elif node.op in ("get_attr", "call_module"):  # a constant or a module of this piece: the same object only
+            key.append((node.op, id(_attribute(module, node.target)), arg(node.args), arg(node.kwargs)))
+        else:  # the function itself (a bound method with its object), or a method's name
+            key.append((node.op, _hashable(node.target), arg(node.args), arg(node.kwargs)))
+    return tuple(key)
+
+
+def _hashable(target: Any) -> Any:
+    try:
+        hash(target)
+    except TypeError:
+        return ("id", id(target))
+    return target
+
+
+def _attribute(module: torch.nn.Module, target: str) -> Any:
+    for name in target.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
+@attrs.frozen
+class CompiledPieces:
+    """:func:`compile_pieces`' result: ``callables`` by piece name, and ``num_compiles``, the
+    Inductor compiles made (distinct pieces; the rest share one of those)."""
+
+    callables: dict[str, Callable[..., Any]]
+    num_compiles: int
 
 
 def _fake_inputs(gm: torch.fx.GraphModule) -> tuple[list[Any], Any]:
@@ -49,29 +119,52 @@ def _fake_inputs(gm: torch.fx.GraphModule) -> tuple[list[Any], Any]:
     return fakes, mode
 
 
-def compile_pieces(split: SplitResult, gm: torch.fx.GraphModule) -> dict[str, Callable[..., Any]]:
+def _traced_args(module: torch.fx.GraphModule) -> list[Any] | None:
+    """A piece's arguments as the trace saw them (each placeholder's ``example_value``, which the split
+    copies from the traced forward), or ``None`` where one is missing."""
+    args = [node.meta.get("example_value", _MISSING) for node in module.graph.nodes if node.op == "placeholder"]
+    return None if any(a is _MISSING for a in args) else args
+
+
+_MISSING = object()
+
+
+def compile_pieces(split: SplitResult, gm: torch.fx.GraphModule) -> CompiledPieces:
     """Every graph piece of ``split`` (the split of ``gm``, a Dynamo-traced forward) that computes
-    something, compiled by Inductor on the arguments it receives when ``gm``'s fake inputs run
-    through the split module; by piece name. The compiled callables take the piece's arguments
-    positionally (tensors and ints) and return what the piece returns. Host only; compiles
-    (seconds per distinct piece), so call it once per trace, outside any capture."""
+    something, compiled by Inductor on the arguments the trace gave it, by piece name; pieces of equal
+    :func:`piece_key` share the callable compiled for the first of them. The arguments are read from
+    the pieces' placeholders (their traced example values); where one lacks them, ``gm``'s fake inputs
+    run through the split module to find them. The compiled callables take the piece's arguments
+    positionally (tensors and ints) and return what the piece returns. Host only; compiles (seconds per
+    distinct piece), so call it once per trace, outside any capture."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._inductor.compile_fx import compile_fx
 
     wanted = {p.name: p.module for p in split.graph_pieces if has_ops(p.module)}
     compiled: dict[str, Callable[..., Any]] = {}
+    by_key: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def compile_piece(name: str, args: Any) -> None:
+        key = piece_key(wanted[name], args)
+        if key not in by_key:
+            by_key[key] = compile_fx(wanted[name], list(args))
+        compiled[name] = by_key[key]
 
     class _Compiling(torch.fx.Interpreter):
         def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
             out = super().call_module(target, args, kwargs)
             if target in wanted and target not in compiled:
-                compiled[target] = compile_fx(wanted[target], list(args))
+                compile_piece(target, args)
             return out
 
-    from torch._dispatch.python import enable_python_dispatcher
-
     fakes, mode = _fake_inputs(gm)
+    traced = {name: _traced_args(module) for name, module in wanted.items()}
     with mode, enable_python_dispatcher():  # symbolic sizes through Python meta kernels, as Dynamo runs them
-        _Compiling(split.module).run(*fakes)
+        if all(args is not None for args in traced.values()):
+            for name, args in traced.items():  # no need to run the pieces on fake tensors (seconds for 16 layers)
+                compile_piece(name, args)
+        else:
+            _Compiling(split.module).run(*fakes)
     missing = sorted(set(wanted) - set(compiled))
     assert not missing, f"graph pieces never called by the split module: {missing}"
-    return compiled
+    return CompiledPieces(callables=compiled, num_compiles=len(by_key))

@@ -306,7 +306,8 @@ class PiecewiseBackend:
 
     ``splits`` keeps one :class:`SplitResult` per compiled graph (several after recompiles or
     graph breaks), with the runners installed on ``split.module``; ``runners`` lists them and
-    ``num_fused`` counts the pieces compiled by Inductor.
+    ``num_fused`` counts the pieces compiled by Inductor and ``num_compiles`` the Inductor compiles they took
+    (pieces of the same structure share one, :func:`~graphkv.runtime.capture.fuse.piece_key`).
     ``fuse``: compile each graph piece with Inductor first (:mod:`graphkv.runtime.capture.fuse`:
     its elementwise ops and reductions fused, a few kernels around the matmuls); the runners then
     capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
@@ -320,14 +321,16 @@ class PiecewiseBackend:
         self.splits: list[SplitResult] = []
         self.runners: list[torch.nn.Module] = []
         self.num_fused = 0  # graph pieces compiled by Inductor (``fuse``), over every split
+        self.num_compiles = 0  # Inductor compiles those took (one per distinct piece)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         split = split_at_attention(gm, self.splitting_ops)
         compiled: dict[str, Callable[..., Any]] = {}
         if self.fuse:
-
-            compiled = compile_pieces(split, gm)
+            pieces = compile_pieces(split, gm)
+            compiled = pieces.callables
             self.num_fused += len(compiled)
+            self.num_compiles += pieces.num_compiles
         for piece in split.graph_pieces:
             module = _CallableModule(compiled[piece.name]) if piece.name in compiled else piece.module
             if self.capture_fn is PiecewiseRunner:
