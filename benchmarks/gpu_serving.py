@@ -161,7 +161,8 @@ class GraphkvServer:
     def __init__(self, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> None:
         start = time.perf_counter()
         self.loop = serving_loop_for(model, prompts, args.new_tokens, step_tokens=args.step_tokens,
-                                     compile=COMPILE_BY_NAME[args.compile])
+                                     compile=COMPILE_BY_NAME[args.compile],
+                                     merge_projections=args.merge_projections)
         self.build_seconds = time.perf_counter() - start  # plan + pool + capture
         self.prompts, self.new_tokens, self.device, self.runs = prompts, args.new_tokens, args.device, 0
 
@@ -427,6 +428,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="a subset of %(default)s")
     parser.add_argument("--compile", choices=tuple(COMPILE_BY_NAME), default="auto",
                         help="graphkv: ServingLoop's compile (auto: attention regions on a GPU, eager on a CPU)")
+    parser.add_argument("--merge-projections", action="store_true",
+                        help="graphkv: each q/k/v and gate/up group as one matmul (with --compile piecewise or fused)")
     parser.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -435,6 +438,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.device, args.contenders = ("cuda" if args.gpu else "cpu"), tuple(args.contenders.split(","))
     unknown = sorted(set(args.contenders) - set(CONTENDERS))
     problems = [f"--contenders names {unknown}; pick from {','.join(CONTENDERS)}"] if unknown else []
+    if args.merge_projections and args.compile not in ("piecewise", "fused"):
+        problems.append(f"--merge-projections needs --compile piecewise or fused, not --compile {args.compile}; "
+                        f"pass --compile fused")
     if args.new_tokens < 2:
         problems.append(f"--new-tokens={args.new_tokens}: needs >= 2 (a decode step to time); pass 2 or more")
     if not 1 <= args.min_prompt <= args.max_prompt:

@@ -28,6 +28,10 @@ dynamic, so a 1-token step (batch-1 decode) gets a second trace whose pieces Ind
 Run it beside ``fused`` at ``--batch 1`` to see what the single generic trace costs the batch-1 decode step, if
 anything (it saves a second compile of every piece at set-up).
 
+``fused-merged`` is ``fused`` with ``merge_projections=True`` (:mod:`graphkv.hf.projections`): each layer's q / k / v
+and gate / up projections run as one matmul, 3 launches fewer per layer. Run it beside ``fused`` to see whether the
+merge pays on the device before it becomes the default.
+
 A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
 attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
 count, the wall only) for this script's test.
@@ -48,8 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                          prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
-MODES = ("attention", "model", "piecewise", "fused", "fused-1tok")
+MODES = ("attention", "model", "piecewise", "fused", "fused-1tok", "fused-merged")
 SPECIALIZED_ONE_TOKEN = "fused-1tok"  # "fused" with the forward's 1-token trace of before (see the docstring)
+MERGED = "fused-merged"  # "fused" with merged q/k/v and gate/up projections (see the docstring)
 
 
 def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[dict[str, Any]]:
@@ -120,9 +125,9 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
     start = time.perf_counter()
-    compile_name = "fused" if mode == SPECIALIZED_ONE_TOKEN else mode
+    compile_name = "fused" if mode in (SPECIALIZED_ONE_TOKEN, MERGED) else mode
     loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[compile_name],
-                            kernels="auto" if device == "cuda" else "triton")
+                            kernels="auto" if device == "cuda" else "triton", merge_projections=mode == MERGED)
     build_s = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     prof = profile(activities=activities)

@@ -14,11 +14,12 @@
 #                     qwen3 / qwen3_next, the engine's overlap): the capture path graphkv drives itself
 #   2 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
 #   3 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
-#                     fused vs fused-1tok (the 1-token trace of before, 16 layers), and the top kernels by device time
+#                     fused vs fused-merged (q/k/v and gate/up as one matmul each) vs fused-1tok (the 1-token trace
+#                     of before), 16 layers, and the kernels by kind and the top kernels by device time
 #   4 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
 #   5 hf-tests-fused  graphkv.hf's CUDA tests with GRAPHKV_GPU_COMPILE=fused (the GPU default under "fused": what
 #                     making it the default needs)
-#   6 profile-b32     the same profile at batch 32
+#   6 profile-b32     the same profile at batch 32 (fused vs fused-merged)
 #   7 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
 #   8 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
 #                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
@@ -58,10 +59,10 @@ Q_OUT=$(printf '%q' "$OUT")
 STEPS=(
   "capture-cuda|200|python -m pytest -q -x -p no:cacheprovider tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py && python -m pytest -q -x -p no:cacheprovider tests/hf/test_hf_piecewise.py -k cuda"
   "serving-fused|240|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
-  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-1tok"
+  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-merged,fused-1tok"
   "demo-hf-fused|200|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
   "hf-tests-fused|240|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider tests/hf -k cuda"
-  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes attention,fused"
+  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes fused,fused-merged"
   "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
   "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
 )

@@ -89,17 +89,29 @@ def test_gpu_serving_cpu_mode_reports_every_contender_and_batch(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_gpu_serving_runs_graphkv_fused_and_its_tokens_equal_generates(tmp_path: Path) -> None:
-    """``--compile fused`` (the pieces between attention calls compiled by Inductor) at batch 2 on the CPU mode: graphkv
-    serves and its tokens equal generate's for both requests."""
+    """``--compile fused`` (the pieces between attention calls compiled by Inductor) with ``--merge-projections``
+    (q/k/v and gate/up as one matmul each) at batch 2 on the CPU mode: graphkv serves and its tokens equal generate's
+    for both requests."""
     import json  # appended to this file: its header stays as it was
 
     out = tmp_path / "gpu_serving.json"
     done = subprocess.run([sys.executable, str(GPU_SERVING), "--repeats", "1", "--new-tokens", "3", "--max-prompt",
-                           "12", "--batches", "2", "--contenders", "graphkv,generate", "--compile", "fused", "--out",
-                           str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+                           "12", "--batches", "2", "--contenders", "graphkv,generate", "--compile", "fused",
+                           "--merge-projections", "--out", str(out)], capture_output=True, text=True, timeout=900,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["graphkv"]["equal_to_generate"] == 2 and set(row["graphkv"]["vs"]) == {"generate"}
+
+
+def test_gpu_serving_refuses_merged_projections_without_a_split_forward() -> None:
+    """``--merge-projections`` under ``--compile auto`` (projections run eagerly) stops at once with exit code 2,
+    naming both flags and the fix."""
+    done = subprocess.run([sys.executable, str(GPU_SERVING), "--merge-projections"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert "--merge-projections needs --compile piecewise or fused, not --compile auto; pass --compile fused" \
+        in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu would run the full workload")
@@ -146,20 +158,22 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     assert row.split()[6] == "n/a"  # no CUDA events on a CPU
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert bad.returncode == 2 and "--modes: ['graph'] not among attention, model, piecewise, fused, fused-1tok" \
-        in bad.stderr
+    assert bad.returncode == 2
+    assert "--modes: ['graph'] not among attention, model, piecewise, fused, fused-1tok, fused-merged" in bad.stderr
 
 
 @pytest.mark.slow
 def test_decode_profile_compares_fused_with_its_one_token_trace_of_before() -> None:
     """'fused-1tok' serves batch 1 as 'fused' did before one trace served every step size: a second trace for the
-    1-token steps (2 traces, against 'fused''s 1), so the batch-1 decode step of both can be measured side by side."""
+    1-token steps (2 traces, against 'fused''s 1), so the batch-1 decode step of both can be measured side by side;
+    'fused-merged' (merged projections) serves it with one trace."""
     done = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--layers", "1", "--batch", "1",
-                           "--context", "8", "--steps", "2", "--modes", "fused,fused-1tok"], capture_output=True,
+                           "--context", "8", "--steps", "2", "--modes", "fused,fused-1tok,fused-merged"], capture_output=True,
                           text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("fused")}
     assert "  1 trace(s); " in rows["fused"] and "  2 trace(s); " in rows["fused-1tok"]
+    assert "  1 trace(s); " in rows["fused-merged"]  # merged projections: the same single trace
 
 
 def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:

@@ -18,6 +18,8 @@ import torch
 from graphkv.command.compile_flag import check_compile, default_compile
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
+from graphkv.hf.projections import MergedGroup, ProjectionSlice
+from graphkv.hf.projections import merge_projections as merge_projections_of
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import paged_step_context
@@ -89,14 +91,18 @@ class PagedModel(torch.nn.Module):
     attends through graphkv's split-KV paged decode kernel (:mod:`graphkv.kernels.paged_attention`), reading the
     block tables directly, so no flex mask is built for it (its split partials go to a workspace allocated here,
     one per attention geometry) — or ``"flex"`` (every step through flex and its mask); default: the kernel on
-    the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. The model's weights are used in place (no
-    copy) and the model is not changed. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
+    the GPU path (CUDA, or ``kernels="triton"``), flex elsewhere. ``merge_projections`` (with ``"piecewise"`` /
+    ``"fused"`` only): each layer's q / k / v projections, and each gated MLP's gate / up projections, run as one
+    matmul (:mod:`graphkv.hf.projections`): their weights are laid out end to end once, the model's parameters
+    becoming views of them (same values; one group is copied at a time, and no memory is held beyond the model's
+    own once the old tensors are freed). Otherwise the model's weights are used in
+    place (no copy) and the model is not changed. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners and ``num_fused``), else ``None``.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
                  compile: bool | str | None = None, kernels: str = "auto",  # noqa: A002 - the torch verb
-                 decode_attention: str | None = None) -> None:
+                 decode_attention: str | None = None, merge_projections: bool = False) -> None:
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -111,6 +117,15 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if check_compile(compile) is None:
             compile = default_compile(pool.device.type)
+        if not isinstance(merge_projections, bool):
+            raise SpecError(Problem(field="merge_projections", value=repr(merge_projections), limit="must be a bool",
+                                    fix="True to run each q/k/v and gate/up group as one matmul, else False"))
+        if merge_projections and compile not in ("piecewise", "fused"):
+            raise SpecError(Problem(field="merge_projections", value=True,
+                                    limit=f"needs the forward traced and split (compile='piecewise' or 'fused'), "
+                                          f"not compile={compile!r}: run eagerly, each projection of a group would "
+                                          f"compute the group's whole matmul",
+                                    fix="pass compile='fused' (or 'piecewise'), or merge_projections=False"))
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -153,6 +168,12 @@ class PagedModel(torch.nn.Module):
                                     limit=f"has no cache layer for the model's layers {unplanned}",
                                     fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
+        model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one), before any change
+        self.merged: tuple[MergedGroup, ...] = (merge_projections_of(model, exclude=tuple(replace))
+                                                if merge_projections else ())
+        for group in self.merged:  # the view's projections: the group's one matmul, then their own columns
+            for i, linear in enumerate(group.linears):
+                replace[linear] = lambda twin, group=group, i=i: ProjectionSlice(group, i)
         register()
         # transformers' default MoE loop picks the experts a step hits on the host (a sync no CUDA
         # graph can hold); its batched_mm implementation routes on the device.
@@ -174,7 +195,6 @@ class PagedModel(torch.nn.Module):
                               if compile != "model" else None)
             self._call = (torch.compile(fresh) if self.piecewise is None
                           else torch.compile(fresh, backend=self.piecewise))
-        model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one)
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"

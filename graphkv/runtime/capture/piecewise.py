@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import attrs
 import torch
 
+from graphkv.runtime.capture.dedupe import dedupe_linears
 from graphkv.runtime.capture.fuse import compile_pieces
 from graphkv.runtime.capture.split import SPLITTING_OPS, Piece, SplitResult, op_name, split_at_attention
 from graphkv.runtime.capture.staging import StagingArena
@@ -307,7 +308,9 @@ class PiecewiseBackend:
     ``splits`` keeps one :class:`SplitResult` per compiled graph (several after recompiles or
     graph breaks), with the runners installed on ``split.module``; ``runners`` lists them and
     ``num_fused`` counts the pieces compiled by Inductor and ``num_compiles`` the Inductor compiles they took
-    (pieces of the same structure share one, :func:`~graphkv.runtime.capture.fuse.piece_key`).
+    (pieces of the same structure share one, :func:`~graphkv.runtime.capture.fuse.piece_key`). Before the split, a
+    matmul repeated with the same arguments is kept once (:func:`~graphkv.runtime.capture.dedupe.dedupe_linears`:
+    merged projections' groups, :mod:`graphkv.hf.projections`); ``num_deduped`` counts those removed.
     ``fuse``: compile each graph piece with Inductor first (:mod:`graphkv.runtime.capture.fuse`:
     its elementwise ops and reductions fused, a few kernels around the matmuls); the runners then
     capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
@@ -322,8 +325,10 @@ class PiecewiseBackend:
         self.runners: list[torch.nn.Module] = []
         self.num_fused = 0  # graph pieces compiled by Inductor (``fuse``), over every split
         self.num_compiles = 0  # Inductor compiles those took (one per distinct piece)
+        self.num_deduped = 0  # repeated matmuls kept once (dedupe_linears), over every trace
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
         split = split_at_attention(gm, self.splitting_ops)
         compiled: dict[str, Callable[..., Any]] = {}
         if self.fuse:

@@ -1,0 +1,132 @@
+"""Merged projections: a layer's q / k / v weights (and an MLP's gate / up weights) in one tensor, one matmul each.
+
+Why: a decode step at a small batch is a chain of matrix-vector products, each one kernel launch. A Qwen3 layer runs
+seven (q, k, v, o, gate, up, down); q, k and v read the same input, as do gate and up, so engines serve them as one
+matmul over the weights laid end to end (vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``): three
+launches fewer per layer, and larger matmuls that reach more of the memory bandwidth.
+
+:func:`merge_projections` lays each group's weights (and biases) out end to end in one tensor and makes every
+``nn.Linear`` of the group a view of its rows: the model computes exactly what it did (its parameters hold the same
+values, in eager mode too) and holds no extra memory once the separate tensors are freed. :class:`ProjectionSlice`
+replaces each projection in graphkv's view of the model (:func:`graphkv.hf.view.paged_view`): the whole group's
+matmul, then its own columns. The group's slices compute the same matmul of the same input, which
+:func:`~graphkv.runtime.capture.split.dedupe_linears` keeps once when the forward is traced, so a compiled forward
+runs one matmul per group; run eagerly, each slice would run the whole matmul, so :class:`~graphkv.hf.model.PagedModel`
+merges only under a split forward (``compile="piecewise"`` / ``"fused"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import attrs
+import torch
+
+__all__ = ["GROUPS", "MergedGroup", "ProjectionSlice", "merge_projections"]
+
+GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""The projection groups merged, by child name: attention's query / key / value and a gated MLP's gate / up."""
+
+
+@attrs.frozen(eq=False)
+class MergedGroup:
+    """One merged group: the module holding it (``parent``), its projections' names, the weight ``[sum of
+    out_features, in_features]`` and bias (``None`` when the projections have none) the projections are views of,
+    and each projection's rows ``(start, stop)``."""
+
+    parent: torch.nn.Module
+    names: tuple[str, ...]
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
+    rows: tuple[tuple[int, int], ...]
+
+    @property
+    def linears(self) -> tuple[torch.nn.Linear, ...]:
+        """The group's projections, in :attr:`names` order."""
+        return tuple(self.parent._modules[name] for name in self.names)  # type: ignore[misc]
+
+
+class ProjectionSlice(torch.nn.Module):
+    """One projection of a :class:`MergedGroup`: the group's matmul of the input, then this projection's columns
+    (``[..., start:stop]``, a view). Holds the group's tensors without registering them (they are the model's
+    parameters, which the view already holds through the model's own modules)."""
+
+    def __init__(self, group: MergedGroup, index: int) -> None:
+        super().__init__()
+        self.__dict__["group"] = group  # not a submodule: the view's state_dict keeps the model's keys
+        self.start, self.stop = group.rows[index]
+        linear = group.linears[index]
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T (+ bias)`` of the whole group, this projection's columns."""
+        group = self.group
+        return torch.nn.functional.linear(x, group.weight, group.bias)[..., self.start:self.stop]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rows={self.start}:{self.stop}"
+
+
+def _mergeable(linears: list[Any]) -> bool:
+    """Plain ``nn.Linear`` s (not quantized or parallel subclasses) of one input width, dtype and device, with a
+    bias each or none, whose weights are rows ``[out, in]`` of their own (contiguous)."""
+    if not all(type(m) is torch.nn.Linear for m in linears):
+        return False
+    first = linears[0].weight
+    return (all(m.in_features == linears[0].in_features and m.weight.dtype == first.dtype
+                and m.weight.device == first.device and m.weight.is_contiguous() for m in linears)
+            and len({m.bias is None for m in linears}) == 1
+            and all(m.bias is None or m.bias.is_contiguous() for m in linears))
+
+
+def _laid_out(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The one tensor ``tensors`` already are consecutive rows of (a second merge of the same model), else ``None``."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for t in tensors:
+        if t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
+@torch.no_grad()
+def _merge(tensors: list[torch.Tensor]) -> torch.nn.Parameter:
+    """One parameter whose consecutive rows hold ``tensors``; each tensor becomes a view of its rows (its values
+    unchanged; its old storage freed when nothing else holds it)."""
+    merged = _laid_out(tensors)
+    if merged is None:
+        merged = torch.cat([t.detach() for t in tensors])
+        start = 0
+        for t in tensors:
+            t.data = merged[start:start + t.shape[0]]
+            start += t.shape[0]
+    return torch.nn.Parameter(merged, requires_grad=False)
+
+
+def merge_projections(model: torch.nn.Module, *,
+                      exclude: Iterable[torch.nn.Module] = ()) -> tuple[MergedGroup, ...]:
+    """Lay out every :data:`GROUPS` group of ``model`` (a module with all of a group's children, each a plain
+    ``nn.Linear`` of one input width, dtype and device, a bias each or none) end to end: one weight (and bias) per
+    group, of which the group's projections' parameters become row views (their values unchanged, their old tensors
+    freed once nothing else holds them). Groups inside an ``exclude`` module (a recurrent mixer graphkv runs
+    eagerly, where each slice would run the whole matmul) are left alone. A model merged before is found laid out
+    and not copied again. Returns the groups, in module order. ``model`` computes what it computed before."""
+    skipped = {id(m) for root in exclude for m in root.modules()}
+    groups = []
+    for parent in model.modules():
+        if id(parent) in skipped:
+            continue
+        for names in GROUPS:
+            linears = [parent._modules.get(name) for name in names]
+            if not _mergeable(linears):
+                continue
+            weight = _merge([m.weight for m in linears])
+            bias = None if linears[0].bias is None else _merge([m.bias for m in linears])
+            bounds, start = [], 0
+            for m in linears:
+                bounds.append((start, start + m.out_features))
+                start += m.out_features
+            groups.append(MergedGroup(parent=parent, names=names, weight=weight, bias=bias, rows=tuple(bounds)))
+    return tuple(groups)
