@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import attrs
 import torch
 
-__all__ = ["GROUPS", "MergedGroup", "ProjectionSlice", "merge_projections"]
+__all__ = ["GROUPS", "MergedGroup", "ProjectionSlice", "merge_projections", "needs_copy"]
 
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """The projection groups merged, by child name: attention's query / key / value and a gated MLP's gate / up."""
@@ -105,6 +105,24 @@ def _merge(tensors: list[torch.Tensor]) -> torch.nn.Parameter:
     return torch.nn.Parameter(merged, requires_grad=False)
 
 
+def _groups(model: torch.nn.Module, exclude: Iterable[torch.nn.Module]) -> list[tuple[torch.nn.Module, tuple[str, ...]]]:
+    """``(parent, names)`` of every mergeable group of ``model`` outside ``exclude``, in module order."""
+    skipped = {id(m) for root in exclude for m in root.modules()}
+    return [(parent, names) for parent in model.modules() if id(parent) not in skipped for names in GROUPS
+            if _mergeable([parent._modules.get(name) for name in names])]
+
+
+def needs_copy(model: torch.nn.Module, *, exclude: Iterable[torch.nn.Module] = ()) -> bool:
+    """Whether :func:`merge_projections` would copy any weight of ``model`` (a group not laid out yet), which moves
+    the weights that CUDA graphs captured over the model before read where they were."""
+    for parent, names in _groups(model, exclude):
+        linears = [parent._modules[name] for name in names]
+        tensors = [[m.weight for m in linears]] + ([[m.bias for m in linears]] if linears[0].bias is not None else [])
+        if any(_laid_out(ts) is None for ts in tensors):
+            return True
+    return False
+
+
 def merge_projections(model: torch.nn.Module, *,
                       exclude: Iterable[torch.nn.Module] = ()) -> tuple[MergedGroup, ...]:
     """Lay out every :data:`GROUPS` group of ``model`` (a module with all of a group's children, each a plain
@@ -113,20 +131,14 @@ def merge_projections(model: torch.nn.Module, *,
     freed once nothing else holds them). Groups inside an ``exclude`` module (a recurrent mixer graphkv runs
     eagerly, where each slice would run the whole matmul) are left alone. A model merged before is found laid out
     and not copied again. Returns the groups, in module order. ``model`` computes what it computed before."""
-    skipped = {id(m) for root in exclude for m in root.modules()}
     groups = []
-    for parent in model.modules():
-        if id(parent) in skipped:
-            continue
-        for names in GROUPS:
-            linears = [parent._modules.get(name) for name in names]
-            if not _mergeable(linears):
-                continue
-            weight = _merge([m.weight for m in linears])
-            bias = None if linears[0].bias is None else _merge([m.bias for m in linears])
-            bounds, start = [], 0
-            for m in linears:
-                bounds.append((start, start + m.out_features))
-                start += m.out_features
-            groups.append(MergedGroup(parent=parent, names=names, weight=weight, bias=bias, rows=tuple(bounds)))
+    for parent, names in _groups(model, exclude):
+        linears = [parent._modules[name] for name in names]
+        weight = _merge([m.weight for m in linears])
+        bias = None if linears[0].bias is None else _merge([m.bias for m in linears])
+        bounds, start = [], 0
+        for m in linears:
+            bounds.append((start, start + m.out_features))
+            start += m.out_features
+        groups.append(MergedGroup(parent=parent, names=names, weight=weight, bias=bias, rows=tuple(bounds)))
     return tuple(groups)

@@ -110,3 +110,20 @@ def test_merged_projections_run_one_matmul_per_group_and_serve_generates_tokens(
     engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
     assert [engine.finished[i] for i in range(len(batch))] == expected
     assert [generate_alone(model, p) for p in batch] == expected
+
+
+def test_a_model_served_unmerged_is_not_merged_later_but_a_merged_one_serves_again():
+    """A model an unmerged PagedModel wraps (its CUDA graphs would read the weights where they are) is refused a
+    later merge, naming the fix; a model merged first serves unmerged and merged loops again, its weights staying
+    where the first merge put them."""
+    served = tiny_model("llama")
+    loop = ServingLoop(served, limits=LIMITS, budget=workload_budget(model_kv(served), LIMITS), capture_graphs=False)
+    with pytest.raises(SpecError, match="already served by a PagedModel .* pass merge_projections=True to the first"):
+        PagedModel(served, loop.pool, compile="fused", merge_projections=True)
+    merged = tiny_model("llama")
+    first = ServingLoop(merged, limits=LIMITS, budget=workload_budget(model_kv(merged), LIMITS), compile="fused",
+                        capture_graphs=False, merge_projections=True)
+    addresses = [p.data_ptr() for p in merged.parameters()]
+    PagedModel(merged, first.pool, compile="fused")
+    again = PagedModel(merged, first.pool, compile="piecewise", merge_projections=True)
+    assert len(again.merged) == 4 and [p.data_ptr() for p in merged.parameters()] == addresses
