@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graphkv.hf decode steps on {where}: qwen3-like, {args.layers} layers, batch {args.batch}, context "
           f"{args.context}, {args.steps} profiled steps; copy bandwidth {bandwidth / 1e9:,.0f} GB/s; torch "
           f"{torch.__version__}")
-    print(f"{'mode':<10} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
+    print(f"{'mode':<12} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
           f"{'device ms':>9} {'build s':>8}  graphs")
     failed, tops, kinds = 0, {}, {}
     for mode in modes:
@@ -234,12 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         if done.returncode != 0:
             failed += 1
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:200]
-            print(f"{mode:<10} FAILED: {tail}")
+            print(f"{mode:<12} FAILED: {tail}")
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         wall, sync_wall, device_ms = ("n/a" if r[k] is None else f"{r[k]:.3f}" for k in (
             "wall_ms_per_step", "sync_wall_ms_per_step", "device_ms_per_step"))
-        print(f"{mode:<10} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
+        print(f"{mode:<12} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
               f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {device_ms:>9} "
               f"{r['build_s']:>8.1f}  {r['graphs'][:80]}")
         tops[mode], kinds[mode] = r["top"], r.get("kinds", [])

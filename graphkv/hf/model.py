@@ -18,14 +18,13 @@ import torch
 from graphkv.command.compile_flag import check_compile, default_compile
 from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
-from graphkv.hf.projections import MergedGroup, ProjectionSlice
-from graphkv.hf.projections import merge_projections as merge_projections_of
-from graphkv.hf.projections import needs_copy
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import paged_step_context
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
+from graphkv.hf.projections import MergedGroup, ProjectionSlice, needs_copy
+from graphkv.hf.projections import merge_projections as merge_projections_of
 from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
 from graphkv.runtime.capture.piecewise import PiecewiseBackend, piecewise_backend
@@ -170,11 +169,14 @@ class PagedModel(torch.nn.Module):
                                     fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one), before any change
-        if merge_projections and model.__dict__.get(_SERVED) and needs_copy(model, exclude=tuple(replace)):
+        served = model.__dict__.get(_SERVED, frozenset())
+        if (merge_projections and needs_copy(model, exclude=tuple(replace))
+                and any(p.data_ptr() in served for p in model.parameters())):
             raise SpecError(Problem(
                 field="merge_projections", value=True,
                 limit="this model is already served by a PagedModel (a ServingLoop) without merged projections, "
-                      "whose CUDA graphs read its q/k/v and gate/up weights where they are; merging moves them",
+                      "whose CUDA graphs (if it captured any) read its q/k/v and gate/up weights where they are; "
+                      "merging moves them",
                 fix="pass merge_projections=True to the first ServingLoop / PagedModel over this model (later ones "
                     "may then merge or not), or load the model anew"))
         self.merged: tuple[MergedGroup, ...] = (merge_projections_of(model, exclude=tuple(replace))
@@ -188,7 +190,9 @@ class PagedModel(torch.nn.Module):
         self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
                                experts_implementation="batched_mm" if gpu_path(self.kernels, pool.device) else None)
         self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
-        model.__dict__[_SERVED] = True  # its weights may now be read by CUDA graphs where they are
+        # the weights' addresses, which CUDA graphs captured over this model may now read (a copy of the model has
+        # its own, and may merge)
+        model.__dict__[_SERVED] = served | {p.data_ptr() for p in model.parameters()}
         # The whole forward compiled as a fresh copy of its code: torch.compile keeps its entries and the
         # recompile limit (8) per code object, and every transformers model shares its forward's (decorated)
         # code, so a process's fourth PagedModel would otherwise run uncompiled, its PIECEWISE keys uncaptured.
@@ -276,7 +280,7 @@ class PagedModel(torch.nn.Module):
         return out.logits[0]
 
 
-_SERVED = "_graphkv_served"  # set on a model a PagedModel wraps: merging its projections later would move them
+_SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addresses, which a later merge would move
 
 
 def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:

@@ -28,7 +28,7 @@ GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_pr
 """The projection groups merged, by child name: attention's query / key / value and a gated MLP's gate / up."""
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(kw_only=True, eq=False)
 class MergedGroup:
     """One merged group: the module holding it (``parent``), its projections' names, the weight ``[sum of
     out_features, in_features]`` and bias (``None`` when the projections have none) the projections are views of,
@@ -48,8 +48,10 @@ class MergedGroup:
 
 class ProjectionSlice(torch.nn.Module):
     """One projection of a :class:`MergedGroup`: the group's matmul of the input, then this projection's columns
-    (``[..., start:stop]``, a view). Holds the group's tensors without registering them (they are the model's
-    parameters, which the view already holds through the model's own modules)."""
+    (``[..., start:stop]``, a view). Holds the group's tensors without registering them (the model's parameters
+    are views of them, which the view already holds through the model's own modules). Moving or casting the model
+    afterwards (``model.to(...)``) gives its parameters new tensors that the group's no longer back: build the
+    paged model after the model is where and what it will be served as."""
 
     def __init__(self, group: MergedGroup, index: int) -> None:
         super().__init__()
@@ -67,16 +69,25 @@ class ProjectionSlice(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rows={self.start}:{self.stop}"
 
 
+def _plain(tensor: Any) -> bool:
+    """A plain parameter over a plain, contiguous tensor (not a quantized or distributed tensor subclass)."""
+    return (type(tensor) is torch.nn.Parameter and type(tensor.data) is torch.Tensor  # noqa: E721 - exact types
+            and tensor.is_contiguous())
+
+
 def _mergeable(linears: list[Any]) -> bool:
-    """Plain ``nn.Linear`` s (not quantized or parallel subclasses) of one input width, dtype and device, with a
-    bias each or none, whose weights are rows ``[out, in]`` of their own (contiguous)."""
-    if not all(type(m) is torch.nn.Linear for m in linears):
+    """Plain ``nn.Linear`` s (not quantized or parallel subclasses, no hooks or patched ``forward`` a slice would
+    skip) of one input width, over plain contiguous weights of one dtype and device, with a bias each (of that dtype
+    and device) or none, no parameter appearing twice."""
+    if not all(type(m) is torch.nn.Linear for m in linears):  # noqa: E721 - subclasses compute something else
         return False
     first = linears[0].weight
-    return (all(m.in_features == linears[0].in_features and m.weight.dtype == first.dtype
-                and m.weight.device == first.device and m.weight.is_contiguous() for m in linears)
+    params = [p for m in linears for p in (m.weight, m.bias) if p is not None]
+    return (all(m.in_features == linears[0].in_features and not m._forward_hooks and not m._forward_pre_hooks
+                and "forward" not in m.__dict__ for m in linears)
+            and all(_plain(p) and p.dtype == first.dtype and p.device == first.device for p in params)
             and len({m.bias is None for m in linears}) == 1
-            and all(m.bias is None or m.bias.is_contiguous() for m in linears))
+            and len({id(p) for p in params}) == len(params))
 
 
 def _laid_out(tensors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -105,11 +116,23 @@ def _merge(tensors: list[torch.Tensor]) -> torch.nn.Parameter:
     return torch.nn.Parameter(merged, requires_grad=False)
 
 
-def _groups(model: torch.nn.Module, exclude: Iterable[torch.nn.Module]) -> list[tuple[torch.nn.Module, tuple[str, ...]]]:
-    """``(parent, names)`` of every mergeable group of ``model`` outside ``exclude``, in module order."""
+def _groups(model: torch.nn.Module,
+            exclude: Iterable[torch.nn.Module]) -> list[tuple[torch.nn.Module, tuple[str, ...]]]:
+    """``(parent, names)`` of every mergeable group of ``model`` outside ``exclude``, in module order. A group sharing
+    a projection or a parameter with another module's group (tied weights) is left alone: one tensor cannot be rows
+    of two groups."""
     skipped = {id(m) for root in exclude for m in root.modules()}
-    return [(parent, names) for parent in model.modules() if id(parent) not in skipped for names in GROUPS
-            if _mergeable([parent._modules.get(name) for name in names])]
+    found = [(parent, names) for parent in model.modules() if id(parent) not in skipped for names in GROUPS
+             if _mergeable([parent._modules.get(name) for name in names])]
+    owners: dict[int, int] = {}  # id of a projection or parameter -> how many groups hold it
+    for parent, names in found:
+        for name in names:
+            linear = parent._modules[name]
+            for key in {id(linear)} | {id(p) for p in (linear.weight, linear.bias) if p is not None}:
+                owners[key] = owners.get(key, 0) + 1
+    return [(parent, names) for parent, names in found
+            if all(owners[id(parent._modules[name])] == 1 and owners[id(parent._modules[name].weight)] == 1
+                   for name in names)]
 
 
 def needs_copy(model: torch.nn.Module, *, exclude: Iterable[torch.nn.Module] = ()) -> bool:

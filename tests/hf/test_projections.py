@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -64,6 +66,32 @@ def test_biases_merge_with_their_weights_and_odd_groups_are_left_alone():
     assert [(g.parent, g.names) for g in merged] == [(layers[1].self_attn, ("q_proj", "k_proj", "v_proj"))]
 
 
+class _Subclass(torch.Tensor):
+    """A tensor subclass (as a quantized weight would be): a merge would cast it to a plain tensor."""
+
+
+@torch.no_grad()
+def test_tied_weights_and_shared_projections_are_left_alone():
+    """A group in which one parameter serves two projections (v tied to k), and two groups sharing one projection
+    module, are not merged (one tensor cannot be rows of two places); the other groups are, and the model computes
+    what it did. A projection with a forward hook, or a weight over a tensor subclass, is left alone too."""
+    model = tiny_model("llama")
+    layers = model.model.layers
+    layers[0].self_attn.v_proj.weight = layers[0].self_attn.k_proj.weight
+    layers[1].mlp.gate_proj = layers[0].mlp.gate_proj
+    ids = torch.tensor([prompts((9,))[0]])
+    before = model(ids).logits
+    groups = merge_projections(model)
+    assert [(g.parent, g.names) for g in groups] == [(layers[1].self_attn, ("q_proj", "k_proj", "v_proj"))]
+    assert torch.equal(model(ids).logits, before)
+    hooked = tiny_model("llama")  # a hook a slice would skip, a weight of another tensor class: left alone
+    hooked.model.layers[0].self_attn.q_proj.register_forward_hook(lambda module, args, out: None)
+    hooked.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(
+        hooked.model.layers[1].mlp.up_proj.weight.detach().clone().as_subclass(_Subclass))
+    assert [g.parent for g in merge_projections(hooked)] == [hooked.model.layers[0].mlp,
+                                                              hooked.model.layers[1].self_attn]
+
+
 def test_paged_model_merges_only_a_split_forward():
     """merge_projections=True with a compile mode that runs the projections eagerly (each slice would compute the
     whole group's matmul) is refused, naming the field and the modes that take it; so is a non-bool; the model's
@@ -114,8 +142,8 @@ def test_merged_projections_run_one_matmul_per_group_and_serve_generates_tokens(
 
 def test_a_model_served_unmerged_is_not_merged_later_but_a_merged_one_serves_again():
     """A model an unmerged PagedModel wraps (its CUDA graphs would read the weights where they are) is refused a
-    later merge, naming the fix; a model merged first serves unmerged and merged loops again, its weights staying
-    where the first merge put them."""
+    later merge, naming the fix, but a deep copy of it (weights of its own) merges; a model merged first serves
+    unmerged and merged loops again, its weights staying where the first merge put them."""
     served = tiny_model("llama")
     loop = ServingLoop(served, limits=LIMITS, budget=workload_budget(model_kv(served), LIMITS), capture_graphs=False)
     with pytest.raises(SpecError, match="already served by a PagedModel .* pass merge_projections=True to the first"):
@@ -127,3 +155,5 @@ def test_a_model_served_unmerged_is_not_merged_later_but_a_merged_one_serves_aga
     PagedModel(merged, first.pool, compile="fused")
     again = PagedModel(merged, first.pool, compile="piecewise", merge_projections=True)
     assert len(again.merged) == 4 and [p.data_ptr() for p in merged.parameters()] == addresses
+    copied = copy.deepcopy(served)  # its own weights, which no graph has read: it may merge
+    assert len(PagedModel(copied, loop.pool, compile="fused", merge_projections=True).merged) == 4

@@ -4,7 +4,8 @@ A model served with merged projections (:mod:`graphkv.hf.projections`) calls ``l
 q, k and v, each call then taking its own columns; the three calls are the same function of the same values.
 :func:`dedupe_linears` keeps the first of such calls and points the others' users at it, so the forward runs one
 matmul per group. Matmuls are pure (no state, no randomness), so the forward computes exactly what it computed; a
-call is merged only with one that no possible write into a tensor separates it from.
+call is merged only with one that no possible write into a tensor, and no switch of autocast or grad mode,
+separates it from.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ LINEAR_TARGETS: tuple[Any, ...] = (torch._C._nn.linear, torch.nn.functional.line
 
 
 def _key(node: torch.fx.Node) -> tuple[Any, ...] | None:
-    """The call's target and arguments (other nodes by identity); ``None`` when an argument is unhashable."""
-    key = (node.target, node.args, tuple(sorted(node.kwargs.items())))
+    """The call's target, arguments (other nodes by identity) and traced result dtype; ``None`` when an argument
+    is unhashable."""
+    value = node.meta.get("example_value")
+    key = (node.target, node.args, tuple(sorted(node.kwargs.items())), getattr(value, "dtype", None))
     try:
         hash(key)
     except TypeError:
@@ -32,9 +35,14 @@ def _key(node: torch.fx.Node) -> tuple[Any, ...] | None:
     return key
 
 
-def _may_mutate(node: torch.fx.Node) -> bool:
-    """Whether ``node`` may write into a tensor: an in-place method (``add_``), item assignment, an ``out=``
-    argument, an op whose schema writes an argument (a custom op such as ``graphkv::attention``), any module call."""
+_MODE_SWITCHES = ("autocast", "grad_enabled", "set_grad", "_enter", "_exit", "inference_mode")
+
+
+def _ends_region(node: torch.fx.Node) -> bool:
+    """Whether a matmul after ``node`` may compute something else than the same call before it: ``node`` may write
+    into a tensor (an in-place method such as ``add_``, item assignment, an ``out=`` argument, an op whose schema
+    writes an argument such as ``graphkv::attention``, a module call, a higher-order op such as a user Triton
+    kernel) or switches a mode the matmul runs under (autocast, grad mode)."""
     if node.op == "call_module":
         return True
     if node.op == "call_method":
@@ -42,24 +50,26 @@ def _may_mutate(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target is operator.setitem or "out" in node.kwargs:
+    if target is operator.setitem or "out" in node.kwargs or isinstance(target, torch._ops.HigherOrderOperator):
         return True
     if isinstance(target, torch._ops.OpOverloadPacket):
         return any(getattr(target, name)._schema.is_mutable for name in target.overloads())
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable
-    return getattr(target, "__name__", "").endswith("_")
+    name = getattr(target, "__name__", "") or ""
+    where = f"{getattr(target, '__module__', '') or ''}.{name}".lower()
+    return name.endswith("_") or any(switch in where for switch in _MODE_SWITCHES)
 
 
 def dedupe_linears(gm: torch.fx.GraphModule) -> int:
     """Keep the first of every set of :data:`LINEAR_TARGETS` calls with the same target and arguments in ``gm``
     (changed in place and recompiled when any is removed); the others' users read the first. A call after a node
-    that may write into a tensor (:func:`_may_mutate`) is not merged with one before it. Returns how many calls
-    were removed."""
+    that may write into a tensor or switch autocast or grad mode (:func:`_ends_region`) is not merged with one
+    before it, nor are calls whose traced results differ in dtype. Returns how many calls were removed."""
     first: dict[tuple[Any, ...], torch.fx.Node] = {}
     removed = 0
     for node in list(gm.graph.nodes):
-        if _may_mutate(node):
+        if _ends_region(node):
             first.clear()
             continue
         if node.op != "call_function" or node.target not in LINEAR_TARGETS:

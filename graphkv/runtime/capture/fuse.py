@@ -21,15 +21,19 @@ not with depth.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Mapping
 
 import attrs
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from graphkv.errors import CaptureError, Problem
 from graphkv.runtime.capture.split import SplitResult
 
-__all__ = ["CompiledPieces", "compile_pieces", "has_ops", "piece_key"]
+__all__ = ["CompiledPieces", "compile_pieces", "has_ops", "piece_key", "traced_args"]
+
+_MISSING = object()  # no value: a placeholder without an example value, an attribute that is not there
 
 
 def has_ops(module: torch.fx.GraphModule) -> bool:
@@ -38,12 +42,12 @@ def has_ops(module: torch.fx.GraphModule) -> bool:
 
 
 def _value_key(value: Any) -> Any:
-    """What a compiled piece may assume of one argument: a tensor's shape, strides, storage offset,
-    dtype and device (symbolic sizes by their expressions), a symbolic int's expression, another
+    """What a compiled piece may assume of one argument: a tensor's class, shape, strides, storage offset,
+    dtype and device with its index (symbolic sizes by their expressions), a symbolic int's expression, another
     value itself (it is baked into the compiled code)."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(str(d) for d in value.shape), tuple(str(d) for d in value.stride()),
-                str(value.storage_offset()), value.dtype, value.device.type, value.requires_grad)
+        return ("tensor", type(value), tuple(str(d) for d in value.shape), tuple(str(d) for d in value.stride()),
+                str(value.storage_offset()), value.dtype, str(value.device), value.requires_grad)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", type(value).__name__, str(value))
     return ("value", type(value).__name__, repr(value))
@@ -51,8 +55,8 @@ def _value_key(value: Any) -> Any:
 
 def piece_key(module: torch.fx.GraphModule, args: Any) -> tuple[Any, ...]:
     """A piece's structure on ``args``: every node's op, target and arguments (other nodes by their
-    position, so names do not matter), each placeholder's argument by :func:`_value_key`, and each
-    attribute or submodule a node reads by identity. Two pieces with equal keys compute the same function of their
+    position, so names do not matter), each placeholder's argument by :func:`_value_key`, which tensor
+    arguments share storage, and each attribute or submodule a node reads by identity. Two pieces with equal keys compute the same function of their
     arguments, so one compiled callable serves both (a model's middle layers differ only in the
     weight tensors they are given; a piece that holds its weights as attributes or submodules shares with
     no other)."""
@@ -75,13 +79,20 @@ def piece_key(module: torch.fx.GraphModule, args: Any) -> tuple[Any, ...]:
         if node.op == "placeholder":
             key.append(("placeholder", _value_key(next(placeholders, None))))
         elif node.op in ("get_attr", "call_module"):  # a constant or a module of this piece: the same object only
-            key.append((node.op, id(_attribute(module, node.target)), arg(node.args), arg(node.kwargs)))
+            found = _attribute(module, node.target)
+            key.append((node.op, ("missing", node.target) if found is _MISSING else id(found), arg(node.args),
+                        arg(node.kwargs)))
         else:  # the function itself (a bound method with its object), or a method's name
             key.append((node.op, _hashable(node.target), arg(node.args), arg(node.kwargs)))
-    return tuple(key)
+    storages: dict[Any, int] = {}  # which tensor arguments share storage (AOTAutograd compiles for that aliasing)
+    aliases = tuple(storages.setdefault(StorageWeakRef(a.untyped_storage()), i)
+                    for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    return (*key, ("aliases", aliases))
 
 
 def _hashable(target: Any) -> Any:
+    """``target`` itself where it can be a dictionary key (functions, ops and bound methods compare by identity),
+    else its identity."""
     try:
         hash(target)
     except TypeError:
@@ -90,17 +101,20 @@ def _hashable(target: Any) -> Any:
 
 
 def _attribute(module: torch.nn.Module, target: str) -> Any:
+    """The attribute or submodule ``target`` (a dotted path) of ``module`` names; ``_MISSING`` where there is none."""
     for name in target.split("."):
-        module = getattr(module, name, None)
+        module = getattr(module, name, _MISSING)
+        if module is _MISSING:
+            return _MISSING
     return module
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompiledPieces:
-    """:func:`compile_pieces`' result: ``callables`` by piece name, and ``num_compiles``, the
+    """:func:`compile_pieces`' result: ``callables`` by piece name (read-only), and ``num_compiles``, the
     Inductor compiles made (distinct pieces; the rest share one of those)."""
 
-    callables: dict[str, Callable[..., Any]]
+    callables: Mapping[str, Callable[..., Any]] = attrs.field(converter=lambda d: types.MappingProxyType(dict(d)))
     num_compiles: int
 
 
@@ -119,14 +133,12 @@ def _fake_inputs(gm: torch.fx.GraphModule) -> tuple[list[Any], Any]:
     return fakes, mode
 
 
-def _traced_args(module: torch.fx.GraphModule) -> list[Any] | None:
+def traced_args(module: torch.fx.GraphModule) -> list[Any] | None:
     """A piece's arguments as the trace saw them (each placeholder's ``example_value``, which the split
     copies from the traced forward), or ``None`` where one is missing."""
     args = [node.meta.get("example_value", _MISSING) for node in module.graph.nodes if node.op == "placeholder"]
     return None if any(a is _MISSING for a in args) else args
 
-
-_MISSING = object()
 
 
 def compile_pieces(split: SplitResult, gm: torch.fx.GraphModule) -> CompiledPieces:
@@ -158,7 +170,7 @@ def compile_pieces(split: SplitResult, gm: torch.fx.GraphModule) -> CompiledPiec
             return out
 
     fakes, mode = _fake_inputs(gm)
-    traced = {name: _traced_args(module) for name, module in wanted.items()}
+    traced = {name: traced_args(module) for name, module in wanted.items()}
     with mode, enable_python_dispatcher():  # symbolic sizes through Python meta kernels, as Dynamo runs them
         if all(args is not None for args in traced.values()):
             for name, args in traced.items():  # no need to run the pieces on fake tensors (seconds for 16 layers)

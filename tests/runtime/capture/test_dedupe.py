@@ -66,3 +66,35 @@ def test_a_write_between_two_calls_keeps_both():
         assert dedupe_linears(gm) == 0, write
         assert _calls(gm, torch.nn.functional.linear) == 2
         assert torch.equal(gm(torch.ones(3, 4)), expected)
+
+
+class Autocast(torch.nn.Module):
+    """The same matmul outside and inside an autocast region: float32, then bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.nn.functional.linear(x, self.w)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            b = torch.nn.functional.linear(x, self.w)
+        return a, b
+
+
+def test_a_matmul_under_autocast_is_not_merged_with_one_outside():
+    """Traced by Dynamo, linear(x, w) before and inside torch.autocast(bfloat16) are two calls: the backend's
+    dedupe keeps both, and the compiled forward returns float32 and bfloat16 as eager does."""
+    removed = []
+
+    def backend(gm, example_inputs):
+        removed.append(dedupe_linears(gm))
+        return gm
+
+    model = Autocast()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        a, b = torch.compile(model, backend=backend, fullgraph=True)(x)
+    assert removed == [0]
+    assert (a.dtype, b.dtype) == (torch.float32, torch.bfloat16)

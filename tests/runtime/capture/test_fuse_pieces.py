@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from capture_toys import ATTENTION_OP
-from graphkv.runtime.capture.fuse import _traced_args, compile_pieces, piece_key
+from graphkv.runtime.capture.fuse import traced_args, compile_pieces, piece_key
 from graphkv.runtime.capture.piecewise import piecewise_backend, split_at_attention
 
 
@@ -39,7 +39,7 @@ def _traced_split(model: torch.nn.Module, num_tokens: int = 5):
     with torch.no_grad():
         torch.compile(model, backend=backend)(ids)
     (split,) = backend.splits
-    return split, [_traced_args(p.module) for p in split.graph_pieces]
+    return split, [traced_args(p.module) for p in split.graph_pieces]
 
 
 def test_middle_pieces_have_one_key_and_first_and_last_their_own():
@@ -54,7 +54,8 @@ def test_middle_pieces_have_one_key_and_first_and_last_their_own():
 
 def test_a_constant_a_shape_a_dtype_or_strides_make_another_key():
     """A piece that adds 0.5 where the others add 0.25 is another function; so is the same piece on an argument
-    of another shape, dtype or strides. The values of the arguments do not matter."""
+    of another shape, dtype or strides, or with two arguments sharing storage. The values of the arguments do not
+    matter."""
     split, args = _traced_split(LayeredToy(layers=4, odd_layer=2))
     pieces = [p.module for p in split.graph_pieces]
     keys = [piece_key(m, a) for m, a in zip(pieces, args)]
@@ -73,6 +74,10 @@ def test_a_constant_a_shape_a_dtype_or_strides_make_another_key():
     assert key(torch.randn(5, 16, dtype=torch.float64)) != base
     assert key(torch.randn(16, 5).t()) != base
     assert key(torch.randn(5, 17)[:, :16]) != base  # same shape, other strides
+    weight = torch.randn(16, 16)
+    separate = piece_key(middle, [torch.randn(5, 16), 5, weight, torch.randn(16)])
+    aliased = piece_key(middle, [torch.randn(5, 16), 5, weight, weight[0]])  # the bias a view of the weight
+    assert separate == base and aliased != base
 
 
 def test_a_piece_holding_its_weights_shares_with_no_other():
@@ -94,7 +99,7 @@ def test_fused_toy_compiles_each_distinct_piece_once_and_matches_eager(traced, m
     if not traced:
         import graphkv.runtime.capture.fuse as fuse
 
-        monkeypatch.setattr(fuse, "_traced_args", lambda module: None)
+        monkeypatch.setattr(fuse, "traced_args", lambda module: None)
     model = LayeredToy(layers=4).eval()
     backend = piecewise_backend([ATTENTION_OP], fuse=True)
     fn = torch.compile(model, backend=backend)
