@@ -132,7 +132,8 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
                    help="tokens per step (default: %(default)s)")
     g.add_argument("--num-blocks-override", type=count(2), metavar="N",
                    help="exact pool size in pages; replaces the memory budget for every check")
-    g.add_argument("--mamba-cache-mode", type=str.lower, choices=[m.value for m in MambaCacheMode], default=d["mamba_cache_mode"].value,
+    g.add_argument("--mamba-cache-mode", type=str.lower, choices=[m.value for m in MambaCacheMode],
+                   default=d["mamba_cache_mode"].value,
                    help="Mamba states per request: none 1, align 2 (3 for Mamba2), all one per page (default: %(default)s)")
     g.add_argument("--num-speculative-tokens", type=count(0, maximum=1024), default=d["num_speculative_tokens"],
                    metavar="K", help="draft tokens per step (default: %(default)s)")

@@ -57,18 +57,24 @@ SPECIALIZED_ONE_TOKEN = "fused-1tok"  # "fused" with the forward's 1-token trace
 MERGED = "fused-merged"  # "fused" with merged q/k/v and gate/up projections (see the docstring)
 
 
+def _summed(kernels: list[tuple[str, float]], label: Any) -> tuple[list[tuple[str, int, float]], float]:
+    """``(label, launches, device us)`` of ``(name, device us)`` events summed by ``label(name)``, largest time
+    first (ties by label), and the time of them all (1.0 when there is none, a share's denominator)."""
+    by_label: dict[str, list[float]] = {}
+    for name, us in kernels:
+        entry = by_label.setdefault(label(name), [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    ranked = sorted(by_label.items(), key=lambda item: (-item[1][1], item[0]))
+    return [(key, int(n), us) for key, (n, us) in ranked], sum(us for _, us in kernels) or 1.0
+
+
 def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[dict[str, Any]]:
     """The ``top`` kernel names by summed device time, from ``(name, device us)`` events over ``steps`` steps:
     each name's launches and microseconds per step and share of all kernels' time, largest first (ties by name)."""
-    total = sum(us for _, us in kernels) or 1.0
-    by_name: dict[str, list[float]] = {}
-    for name, us in kernels:
-        entry = by_name.setdefault(name, [0, 0.0])
-        entry[0] += 1
-        entry[1] += us
-    ranked = sorted(by_name.items(), key=lambda item: (-item[1][1], item[0]))[:top]
+    ranked, total = _summed(kernels, lambda name: name)
     return [{"name": name, "launches_per_step": n / steps, "us_per_step": us / steps, "share": us / total}
-            for name, (n, us) in ranked]
+            for name, n, us in ranked[:top]]
 
 
 # (kind, name fragments) in the order a kernel's name is matched; the first match wins.
@@ -90,15 +96,9 @@ def kernel_kind(name: str) -> str:
 def kernel_kinds(kernels: list[tuple[str, float]], steps: int) -> list[dict[str, Any]]:
     """The kernels of ``steps`` steps summed by :func:`kernel_kind`: each kind's launches and microseconds per step,
     microseconds per launch and share of all kernels' time, largest first (ties by kind)."""
-    total = sum(us for _, us in kernels) or 1.0
-    by_kind: dict[str, list[float]] = {}
-    for name, us in kernels:
-        entry = by_kind.setdefault(kernel_kind(name), [0, 0.0])
-        entry[0] += 1
-        entry[1] += us
-    ranked = sorted(by_kind.items(), key=lambda item: (-item[1][1], item[0]))
+    ranked, total = _summed(kernels, kernel_kind)
     return [{"kind": kind, "launches_per_step": n / steps, "us_per_step": us / steps, "us_per_launch": us / n,
-             "share": us / total} for kind, (n, us) in ranked]
+             "share": us / total} for kind, n, us in ranked]
 
 
 def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int, device: str,

@@ -97,7 +97,7 @@ class PagedModel(torch.nn.Module):
     becoming views of them (same values; one group is copied at a time, and no memory is held beyond the model's
     own once the old tensors are freed). Otherwise the model's weights are used in
     place (no copy) and the model is not changed. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
-    ``"fused"`` (its splits, runners and ``num_fused``), else ``None``.
+    ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",

@@ -56,10 +56,10 @@ def _value_key(value: Any) -> Any:
 def piece_key(module: torch.fx.GraphModule, args: Any) -> tuple[Any, ...]:
     """A piece's structure on ``args``: every node's op, target and arguments (other nodes by their
     position, so names do not matter), each placeholder's argument by :func:`_value_key`, which tensor
-    arguments share storage, and each attribute or submodule a node reads by identity. Two pieces with equal keys compute the same function of their
-    arguments, so one compiled callable serves both (a model's middle layers differ only in the
-    weight tensors they are given; a piece that holds its weights as attributes or submodules shares with
-    no other)."""
+    arguments share storage, and each attribute or submodule a node reads by identity. Two pieces with
+    equal keys compute the same function of their arguments, so one compiled callable serves both (a
+    model's middle layers differ only in the weight tensors they are given; a piece that holds its
+    weights as attributes or submodules shares with no other)."""
     position = {node: i for i, node in enumerate(module.graph.nodes)}
 
     def arg(a: Any) -> Any:
