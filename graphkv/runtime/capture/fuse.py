@@ -31,7 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from graphkv.errors import CaptureError, Problem
 from graphkv.runtime.capture.split import SplitResult
 
-__all__ = ["CompiledPieces", "compile_pieces", "has_ops", "piece_key", "traced_args"]
+__all__ = ["CompiledPieces", "compile_pieces", "has_ops", "piece_key", "specialize_float_inputs", "traced_args"]
 
 _MISSING = object()  # no value: a placeholder without an example value, an attribute that is not there
 
@@ -131,6 +131,46 @@ def _fake_inputs(gm: torch.fx.GraphModule) -> tuple[list[Any], Any]:
                                    fix="compile the forward with torch.compile(fn, backend=piecewise_backend(..., "
                                        "fuse=True)), or use compile='piecewise'"))
     return fakes, mode
+
+
+def _float_input_symbols(gm: torch.fx.GraphModule) -> list[str]:
+    """The symbols of ``gm``'s float inputs that Dynamo left unspecialised (``torch.compile(dynamic=True)``
+    passes a float attribute, e.g. a norm's ``eps``, as a 0-d tensor read with ``.item()``), in input order."""
+    symbols = []
+    for node in gm.graph.nodes:
+        memo = getattr(node.meta.get("example_value"), "item_memo", None) if node.op == "placeholder" else None
+        name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
+        if name is not None:
+            symbols.append(name)
+    return symbols
+
+
+def specialize_float_inputs(gm: torch.fx.GraphModule) -> None:
+    """Have Dynamo trace ``gm`` again with its unspecialised float inputs as constants (guarded by value, as
+    without ``dynamic=True``), where it has any: Inductor cannot compile a piece whose float crosses into another
+    piece as a Python number, and a piece compiled on its own loses the number Dynamo read it as. Raises Dynamo's
+    restart request (the one its own float pass raises); returns where there is nothing to specialise.
+
+    Raises :class:`~graphkv.errors.CaptureError` where a float input is still there after Dynamo was asked to
+    specialise it (it is also used as a tensor), or where this torch has no such request."""
+    symbols = _float_input_symbols(gm)
+    if not symbols:
+        return
+    try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+        from torch._dynamo.symbolic_convert import TensorifyState
+    except ImportError:  # pragma: no cover - torch without tensorified floats never leaves them unspecialised
+        TensorifyState = None
+    if TensorifyState is None or any(TensorifyState.should_specialize(s) for s in symbols):
+        raise CaptureError(Problem(field="compile", value="fused",
+                                   limit=f"{len(symbols)} float input(s) of the traced forward stay symbolic "
+                                         f"({', '.join(symbols)}): torch.compile(dynamic=True) made them inputs "
+                                         "and Inductor cannot compile the pieces they cross",
+                                   fix="compile without dynamic=True (mark the step's dimensions dynamic with "
+                                       "torch._dynamo.mark_dynamic, as graphkv.hf does), or use fuse=False"))
+    for symbol in symbols:
+        TensorifyState.specialize(symbol)
+    raise TensorifyScalarRestartAnalysis
 
 
 def traced_args(module: torch.fx.GraphModule) -> list[Any] | None:

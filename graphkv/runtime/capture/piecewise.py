@@ -33,7 +33,7 @@ import attrs
 import torch
 
 from graphkv.runtime.capture.dedupe import dedupe_linears
-from graphkv.runtime.capture.fuse import compile_pieces
+from graphkv.runtime.capture.fuse import compile_pieces, specialize_float_inputs
 from graphkv.runtime.capture.split import SPLITTING_OPS, Piece, SplitResult, op_name, split_at_attention
 from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
@@ -328,6 +328,8 @@ class PiecewiseBackend:
         self.num_deduped = 0  # repeated matmuls kept once (dedupe_linears), over every trace
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if self.fuse:
+            specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
         self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
         split = split_at_attention(gm, self.splitting_ops)
         compiled: dict[str, Callable[..., Any]] = {}

@@ -125,3 +125,74 @@ def test_compile_pieces_refuses_a_forward_dynamo_did_not_trace():
     gm = torch.fx.symbolic_trace(LayeredToy(layers=2))
     with pytest.raises(CaptureError, match="compile='piecewise'"):
         compile_pieces(split_at_attention(gm, [ATTENTION_OP]), gm)
+
+
+class ScaledToy(torch.nn.Module):
+    """``layers`` x (linear -> times ``scale`` plus ``eps`` -> attention): float attributes, which
+    ``torch.compile(dynamic=True)`` passes as inputs read with ``.item()``, used in every layer's piece."""
+
+    def __init__(self, layers: int = 3, hidden: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
+        self.scale = 0.5
+        self.eps = 1e-3
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            h = torch.ops.graphkv_test.attention(*(3 * [layer(h) * self.scale + self.eps]))
+        return h
+
+
+@pytest.mark.slow
+def test_fused_dynamic_true_specialises_float_attributes_and_matches_eager():
+    """``dynamic=True`` made the float attributes symbolic inputs whose ``.item()`` crosses from the first piece
+    into the others: Inductor refused the piece and Dynamo fell back to eager (0 compiles). Now the forward is
+    traced again with the floats as constants: one compile for the 3 equal pieces, eager's values at every size,
+    and a changed float is a recompile (its value guarded), not a stale constant."""
+    torch._dynamo.reset()
+    model = ScaledToy().eval()
+    backend = piecewise_backend([ATTENTION_OP], fuse=True)
+    fn = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 7):
+            x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-6)
+        assert (len(backend.splits), backend.num_fused, backend.num_compiles) == (1, 3, 1)
+        model.scale = 0.25
+        torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-6)
+    assert (len(backend.splits), backend.num_compiles) == (2, 2)
+    torch._dynamo.reset()
+
+
+def test_specialize_float_inputs_leaves_a_forward_without_float_inputs_alone():
+    """A traced forward with no float inputs (``split``'s placeholders: the token ids and weights) is not
+    re-traced."""
+    split, _ = _traced_split(LayeredToy(layers=2))
+    from graphkv.runtime.capture.fuse import specialize_float_inputs
+
+    assert specialize_float_inputs(split.module) is None
+
+
+def test_specialize_float_inputs_refuses_a_float_dynamo_kept_after_being_asked():
+    """A float input still symbolic after Dynamo was asked to specialise it (it is also used as a tensor) would
+    restart the trace forever: refused, naming the symbol and ``dynamic=True``'s alternative."""
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    from graphkv.errors import CaptureError
+    from graphkv.runtime.capture.fuse import specialize_float_inputs
+
+    gm = torch.fx.symbolic_trace(ScaledToy(layers=1))
+    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
+    with torch._subclasses.FakeTensorMode(shape_env=shape_env) as mode:
+        scalar = mode.from_tensor(torch.tensor(0.5, dtype=torch.float64))
+    scalar.item_memo = shape_env.create_unbacked_symfloat()
+    (placeholder,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholder.meta["example_value"] = scalar
+    symbol = scalar.item_memo.node._expr.name
+    try:
+        TensorifyState.specialize(symbol)
+        with pytest.raises(CaptureError, match=f"float input.*{symbol}.*mark_dynamic"):
+            specialize_float_inputs(gm)
+    finally:
+        TensorifyState.clear()
