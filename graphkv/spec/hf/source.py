@@ -103,6 +103,13 @@ def resolve_source(config: Any) -> ConfigSource:
         inherited = {k: outer[k] for k in _INHERITED if outer.get(k) is not None and inner.get(k) is None}
         fields = {**inner, **inherited}
         inner_type = _model_type(inner, f"config.{nested_key}.model_type", problems)
+    if outer.get("is_encoder_decoder") is True and nested_key is None:
+        problems.append(Problem(field="config.is_encoder_decoder", value=True,
+                                limit=f"{architecture or model_type or 'this model'} is an encoder-decoder model: its "
+                                      "decoder's cross-attention caches the encoder's output, which graphkv does "
+                                      "not plan (it plans decoder-only models' KV caches)",
+                                fix="plan a decoder-only model, or declare the decoder's self-attention layers with "
+                                    "ModelKV.from_specs"))
     if problems:
         raise SpecError(*problems)
     if architecture is None and model_type is None and inner_type is None:
