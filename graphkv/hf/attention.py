@@ -106,6 +106,18 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         raise CaptureError(Problem(field=f"layer {module.layer_idx}.softcap", value=softcap,
                                    limit="attention-logit soft-capping is not supported by graphkv.hf",
                                    fix="run the model with transformers' eager attention"))
+    window = kwargs.get("sliding_window") or None  # what the module asks for (0 / None: full attention)
+    planned = graphkv.attention[module.layer_idx].window if module.layer_idx in graphkv.attention else window
+    if window != planned:  # the plan's window came from the config; the module's own decides its tokens
+        def told(tokens: int | None) -> str:
+            return f"a {tokens}-token window" if tokens else "full attention"
+
+        raise CaptureError(Problem(field=f"layer {module.layer_idx}.sliding_window", value=window,
+                                   limit=f"the plan gives this layer {told(planned)} (read from model.config), the "
+                                         f"module asks for {told(window)}",
+                                   fix="plan from graphkv.hf.model_kv(model) of this same model; if it does, the "
+                                       "family's window fields are read wrongly: run it with transformers' own "
+                                       "attention"))
     # [T, H, D] views: the write reads K and V through their strides, the region copies the query
     # into its own dense buffer.
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)

@@ -35,6 +35,8 @@ class FamilySupport:
         """The window an attention module of this family slides over (``None``: full attention)."""
         if self.window_from_config:
             return getattr(attention.config, "sliding_window", None)
+        if getattr(attention, "is_sliding", True) is False:  # a full layer that keeps the window (EXAONE 4)
+            return None
         return getattr(attention, "sliding_window", None)
 
 
@@ -51,6 +53,59 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
                   mixers={"Qwen3NextGatedDeltaNet": "gated_delta"}, note="gated delta + gated full attention"),
     FamilySupport(model_type="nemotron_h", attention="NemotronHAttention",
                   mixers={"NemotronHMamba2Mixer": "mamba2"}, note="Mamba2 + attention + MLP blocks"),
+    # Attention-only families whose attention modules call the interface like the ones above (dense, MoE, sliding
+    # and full layers); each is checked by the same continuous-batching test against its own generate.
+    FamilySupport(model_type="apertus", attention="ApertusAttention", window_from_config=True),
+    FamilySupport(model_type="arcee", attention="ArceeAttention", window_from_config=True),
+    FamilySupport(model_type="aria_text", attention="AriaTextAttention", window_from_config=True),
+    FamilySupport(model_type="beam", attention="BeamAttention"),
+    FamilySupport(model_type="bitnet", attention="BitNetAttention", window_from_config=True),
+    FamilySupport(model_type="cohere", attention="CohereAttention", window_from_config=True),
+    FamilySupport(model_type="cohere2", attention="Cohere2Attention"),
+    FamilySupport(model_type="cohere2_moe", attention="Cohere2MoeAttention"),
+    FamilySupport(model_type="ernie4_5", attention="Ernie4_5Attention", window_from_config=True),
+    FamilySupport(model_type="ernie4_5_moe", attention="Ernie4_5_MoeAttention", window_from_config=True),
+    FamilySupport(model_type="exaone4", attention="Exaone4Attention"),
+    FamilySupport(model_type="exaone_moe", attention="ExaoneMoeAttention"),
+    FamilySupport(model_type="flex_olmo", attention="FlexOlmoAttention", window_from_config=True),
+    FamilySupport(model_type="flint", attention="FlintAttention"),
+    FamilySupport(model_type="gemma", attention="GemmaAttention", window_from_config=True),
+    FamilySupport(model_type="gemma4_text", attention="Gemma4TextAttention"),
+    FamilySupport(model_type="glm", attention="GlmAttention", window_from_config=True),
+    FamilySupport(model_type="glm4", attention="Glm4Attention", window_from_config=True),
+    FamilySupport(model_type="glm4_moe", attention="Glm4MoeAttention", window_from_config=True),
+    FamilySupport(model_type="granite", attention="GraniteAttention", window_from_config=True),
+    FamilySupport(model_type="granite_swa", attention="GraniteSWAAttention"),
+    FamilySupport(model_type="granitemoe", attention="GraniteMoeAttention", window_from_config=True),
+    FamilySupport(model_type="granitemoeshared", attention="GraniteMoeSharedAttention", window_from_config=True),
+    FamilySupport(model_type="helium", attention="HeliumAttention", window_from_config=True),
+    FamilySupport(model_type="hunyuan_v1_dense", attention="HunYuanDenseV1Attention", window_from_config=True),
+    FamilySupport(model_type="hunyuan_v1_moe", attention="HunYuanMoEV1Attention", window_from_config=True),
+    FamilySupport(model_type="hy_v3", attention="HYV3Attention", window_from_config=True),
+    FamilySupport(model_type="internlm3", attention="LlamaAttention", window_from_config=True),
+    FamilySupport(model_type="iquestcoder", attention="LlamaAttention", window_from_config=True),
+    FamilySupport(model_type="jais2", attention="Jais2Attention", window_from_config=True),
+    FamilySupport(model_type="kolibri1", attention="Kolibri1Attention"),
+    FamilySupport(model_type="laguna", attention="LagunaAttention"),
+    FamilySupport(model_type="mellum", attention="MellumAttention"),
+    FamilySupport(model_type="minimax_m2", attention="MiniMaxM2Attention", window_from_config=True),
+    FamilySupport(model_type="ministral", attention="MinistralAttention"),
+    FamilySupport(model_type="ministral3", attention="Ministral3Attention", window_from_config=True),
+    FamilySupport(model_type="mixtral", attention="MixtralAttention", window_from_config=True),
+    FamilySupport(model_type="nanochat", attention="NanoChatAttention", window_from_config=True),
+    FamilySupport(model_type="olmo", attention="OlmoAttention", window_from_config=True),
+    FamilySupport(model_type="olmo2", attention="Olmo2Attention", window_from_config=True),
+    FamilySupport(model_type="olmo3", attention="Olmo3Attention"),
+    FamilySupport(model_type="olmoe", attention="OlmoeAttention", window_from_config=True),
+    FamilySupport(model_type="phi", attention="PhiAttention", window_from_config=True),
+    FamilySupport(model_type="phi3", attention="Phi3Attention", window_from_config=True),
+    FamilySupport(model_type="phimoe", attention="PhimoeAttention", window_from_config=True),
+    FamilySupport(model_type="qwen2", attention="Qwen2Attention"),
+    FamilySupport(model_type="qwen3_moe", attention="Qwen3MoeAttention"),
+    FamilySupport(model_type="seed_oss", attention="SeedOssAttention", window_from_config=True),
+    FamilySupport(model_type="smollm3", attention="SmolLM3Attention"),
+    FamilySupport(model_type="solar_open", attention="SolarOpenAttention", window_from_config=True),
+    FamilySupport(model_type="starcoder2", attention="Starcoder2Attention", window_from_config=True),
 )})
 
 
@@ -83,9 +138,8 @@ def family_of(model: Any) -> FamilySupport:
             field="model.config.model_type", value=model_type,
             limit=f"graphkv.hf runs {', '.join(sorted(FAMILIES))}; this family's attention / recurrent modules have "
                   "no paged twin yet",
-            fix=f"plan its cache with `graphkv plan --hf-config` (planning reads {len(PLANNED_FAMILIES)} families), and "
-                "run it with "
-                "transformers' own generate until its modules are supported"))
+            fix=f"plan its cache with `graphkv plan --hf-config` (planning reads {len(PLANNED_FAMILIES)} "
+                "families), and run it with transformers' own generate until its modules are supported"))
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise SpecError(Problem(field="model", value=type(model).__name__,
                                 limit=f"is a {model_type} model without an output head (not a causal LM)",

@@ -5,8 +5,11 @@ classes (``AutoConfig.for_model``) — no download. The tests, ``benchmarks/hf_s
 Every config: vocabulary 128, hidden size 64, 4 query heads of 16 over 2 KV heads, float32, no
 end-of-sequence token (so runs generate every token they are asked for), plus what makes the
 family itself: a 24-token sliding window (Mistral on every layer; Gemma-3 and gpt-oss on some), a
-rotary embedding per layer type, a query scale and output-logit soft-capping (Gemma-3), sinks and 4 experts (gpt-oss),
-gated-delta layers and experts (Qwen3-Next), Mamba2, attention and MLP blocks (Nemotron-H).
+rotary embedding per layer type, a query scale and output-logit soft-capping (Gemma-3), sinks and 4 experts
+(gpt-oss), gated-delta layers and experts (Qwen3-Next), Mamba2, attention and MLP blocks (Nemotron-H); the
+attention-only families (Qwen2, Mixtral, Phi-3, OLMo, Granite, Cohere, GLM, EXAONE, ...) 2 layers, their window
+where they slide, 4 experts where they route. A family newer than the installed transformers has a tiny config
+here but no config class there: :func:`tiny_config` then raises transformers' own error.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import types
 from typing import Any, Mapping
 
-__all__ = ["TINY_CONFIGS", "tiny_config", "tiny_model"]
+__all__ = ["CORE_FAMILIES", "TINY_CONFIGS", "tiny_config", "tiny_model"]
 
 _COMMON: Mapping[str, Any] = types.MappingProxyType(dict(
     vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -34,8 +37,73 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
                        shared_expert_intermediate_size=64),
     "nemotron_h": dict(num_hidden_layers=4, layers_block_type=["mamba", "attention", "mamba", "mlp"],
                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16),
+    # attention-only families: 2 layers, a 24-token window where the family slides (a sliding and a full layer where
+    # it has layer types), 4 experts (2 per token) where it routes
+    "apertus": dict(num_hidden_layers=2),
+    "arcee": dict(num_hidden_layers=2),
+    "aria_text": dict(num_hidden_layers=2, moe_num_experts=4),
+    "beam": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                 num_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1),
+    "bitnet": dict(num_hidden_layers=2),
+    "cohere": dict(num_hidden_layers=2),
+    "cohere2": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "cohere2_moe": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                        num_experts=4),
+    "ernie4_5": dict(num_hidden_layers=2),
+    "ernie4_5_moe": dict(num_hidden_layers=2, num_experts=4, moe_num_experts=4, num_experts_per_tok=2, moe_k=2),
+    "exaone4": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "exaone_moe": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                       num_experts=4, num_experts_per_tok=2),
+    "flex_olmo": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "flint": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                  num_experts=4, num_experts_per_tok=2),
+    "gemma": dict(num_hidden_layers=2),
+    "gemma4_text": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "glm": dict(num_hidden_layers=2),
+    "glm4": dict(num_hidden_layers=2),
+    "glm4_moe": dict(num_hidden_layers=2, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2),
+    "granite": dict(num_hidden_layers=2),
+    "granite_swa": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "granitemoe": dict(num_hidden_layers=2, num_local_experts=4),
+    "granitemoeshared": dict(num_hidden_layers=2, num_local_experts=4),
+    "helium": dict(num_hidden_layers=2),
+    "hunyuan_v1_dense": dict(num_hidden_layers=2),
+    "hunyuan_v1_moe": dict(num_hidden_layers=2),
+    "hy_v3": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "internlm3": dict(num_hidden_layers=2),
+    "iquestcoder": dict(num_hidden_layers=2),
+    "jais2": dict(num_hidden_layers=2),
+    "kolibri1": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                     num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "laguna": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                   num_experts=4, num_experts_per_tok=2),
+    "mellum": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention'],
+                   num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "minimax_m2": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "ministral": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "ministral3": dict(num_hidden_layers=2),
+    "mixtral": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, sliding_window=24),
+    "nanochat": dict(num_hidden_layers=2),
+    "olmo": dict(num_hidden_layers=2),
+    "olmo2": dict(num_hidden_layers=2),
+    "olmo3": dict(num_hidden_layers=2, sliding_window=24, layer_types=['sliding_attention', 'full_attention']),
+    "olmoe": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "phi": dict(num_hidden_layers=2),
+    "phi3": dict(num_hidden_layers=2, sliding_window=24),
+    "phimoe": dict(num_hidden_layers=2, num_local_experts=4),
+    "qwen2": dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=24, max_window_layers=1),
+    "qwen3_moe": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
+    "seed_oss": dict(num_hidden_layers=2),
+    "smollm3": dict(num_hidden_layers=2),
+    "solar_open": dict(num_hidden_layers=2, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2),
+    "starcoder2": dict(num_hidden_layers=2, sliding_window=24),
 })
 """Per family, the fields a tiny config sets on top of the common ones."""
+
+CORE_FAMILIES: tuple[str, ...] = ("gemma3_text", "gpt_oss", "llama", "mistral", "nemotron_h", "qwen3", "qwen3_next")
+"""One family of each structure graphkv.hf serves (full, every layer sliding, sliding and full with a rotary
+embedding per type, sinks and MoE, gated delta, Mamba2): the GPU-path tests and the GPU suite serve these on every
+path; the attention-only families' tiny models are served by the continuous-batching test."""
 
 # gpt-oss applies its sinks only in eager attention (its own default).
 _EAGER = ("gpt_oss",)

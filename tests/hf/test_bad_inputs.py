@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -226,3 +228,27 @@ def test_a_prompt_beyond_the_callers_max_model_len_is_named_before_anything_is_b
         generate(llama, [[1, 2], [1] * 7], max_new_tokens=2, limits=limits)
     assert generate(llama, [[1, 2], [1] * 6], max_new_tokens=2, limits=limits)[1] == \
         generate(llama, [[1] * 6], max_new_tokens=2)[0]
+
+
+@pytest.mark.parametrize(("planned", "asked", "text"), [
+    (None, 24, "the plan gives this layer full attention (read from model.config), the module asks for a 24-token"),
+    (24, None, "the plan gives this layer a 24-token window (read from model.config), the module asks for full"),
+    (24, 32, "the plan gives this layer a 24-token window (read from model.config), the module asks for a 32-token"),
+])
+def test_a_module_asking_for_another_window_than_planned_is_refused(planned, asked, text) -> None:
+    """The plan reads a layer's window from the config; the module passes its own to the attention function. Where
+    they differ (a family's window fields read wrongly) the step is refused naming the layer, not served with the
+    wrong keys; a module asking for window 0 means full attention, as transformers reads it."""
+    from types import SimpleNamespace
+
+    from graphkv.errors import CaptureError
+    from graphkv.hf.attention import paged_attention_forward
+
+    module = SimpleNamespace(layer_idx=3)
+    step = SimpleNamespace(attention={3: SimpleNamespace(window=planned)})
+    q = torch.zeros(1, 4, 2, 16)
+    with pytest.raises(CaptureError, match=re.escape(f"layer 3.sliding_window={asked}: {text}")):
+        paged_attention_forward(module, q, q, q, None, sliding_window=asked, graphkv=step)
+    if planned is None:
+        with pytest.raises(AttributeError):  # window 0 is full attention: past the check, into the (fake) step
+            paged_attention_forward(module, q, q, q, None, sliding_window=0, graphkv=step)
