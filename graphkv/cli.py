@@ -194,7 +194,9 @@ def _add_demo(sub: Any) -> None:
                            "captured too)")
     demo.add_argument("--hf", metavar="MODEL_TYPE", default=None,
                       help="serve a tiny random-weight transformers model of this family instead (llama, qwen3, "
-                           "mistral, gemma3_text, gpt_oss, qwen3_next, nemotron_h); needs the hf extra")
+                           "mistral, gemma3_text, gpt_oss, qwen3_next, nemotron_h, or an attention-only family such "
+                           "as qwen2, qwen3_moe, mixtral, phi3, olmo2, granite, glm4: graphkv.hf.FAMILIES); needs "
+                           "the hf extra")
 
 
 def build_parser() -> argparse.ArgumentParser:
