@@ -106,8 +106,11 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         raise CaptureError(Problem(field=f"layer {module.layer_idx}.softcap", value=softcap,
                                    limit="attention-logit soft-capping is not supported by graphkv.hf",
                                    fix="run the model with transformers' eager attention"))
-    window = kwargs.get("sliding_window") or None  # what the module asks for (0 / None: full attention)
-    planned = graphkv.attention[module.layer_idx].window if module.layer_idx in graphkv.attention else window
+    # What the module asks for (0 / None: full attention); a family that slides through its mask alone (Qwen2-MoE)
+    # passes nothing, and its module's window was checked against the plan at set-up.
+    window = kwargs.get("sliding_window") or None
+    binding = graphkv.attention.get(module.layer_idx)
+    planned = binding.window if binding is not None and "sliding_window" in kwargs else window
     if window != planned:  # the plan's window came from the config; the module's own decides its tokens
         def told(tokens: int | None) -> str:
             return f"a {tokens}-token window" if tokens else "full attention"

@@ -34,10 +34,10 @@ class FamilySupport:
     def sliding_window(self, attention: Any) -> int | None:
         """The window an attention module of this family slides over (``None``: full attention)."""
         if self.window_from_config:
-            return getattr(attention.config, "sliding_window", None)
+            return getattr(attention.config, "sliding_window", None) or None  # 0: no window (Qwen2-MoE)
         if getattr(attention, "is_sliding", True) is False:  # a full layer that keeps the window (EXAONE 4)
             return None
-        return getattr(attention, "sliding_window", None)
+        return getattr(attention, "sliding_window", None) or None
 
 
 FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f for f in (
@@ -53,6 +53,11 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
                   mixers={"Qwen3NextGatedDeltaNet": "gated_delta"}, note="gated delta + gated full attention"),
     FamilySupport(model_type="nemotron_h", attention="NemotronHAttention",
                   mixers={"NemotronHMamba2Mixer": "mamba2"}, note="Mamba2 + attention + MLP blocks"),
+    FamilySupport(model_type="bamba", attention="BambaAttention", mixers={"BambaMixer": "mamba2"},
+                  note="Mamba2 + attention layers"),
+    FamilySupport(model_type="granitemoehybrid", attention="GraniteMoeHybridAttention",
+                  mixers={"GraniteMoeHybridMambaLayer": "mamba2"},
+                  note="Mamba2 + attention layers, MoE (Granite 4.0-H)"),
     # Attention-only families whose attention modules call the interface like the ones above (dense, MoE, sliding
     # and full layers); each is checked by the same continuous-batching test against its own generate.
     FamilySupport(model_type="apertus", attention="ApertusAttention", window_from_config=True),
@@ -101,6 +106,7 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
     FamilySupport(model_type="phi3", attention="Phi3Attention", window_from_config=True),
     FamilySupport(model_type="phimoe", attention="PhimoeAttention", window_from_config=True),
     FamilySupport(model_type="qwen2", attention="Qwen2Attention"),
+    FamilySupport(model_type="qwen2_moe", attention="Qwen2MoeAttention"),
     FamilySupport(model_type="qwen3_moe", attention="Qwen3MoeAttention"),
     FamilySupport(model_type="seed_oss", attention="SeedOssAttention", window_from_config=True),
     FamilySupport(model_type="smollm3", attention="SmolLM3Attention"),

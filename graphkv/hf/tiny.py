@@ -37,6 +37,11 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
                        shared_expert_intermediate_size=64),
     "nemotron_h": dict(num_hidden_layers=4, layers_block_type=["mamba", "attention", "mamba", "mlp"],
                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16),
+    "bamba": dict(num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
+                  mamba_d_state=16, mamba_expand=1, mamba_chunk_size=16),
+    "granitemoehybrid": dict(num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=4,
+                             mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_expand=1, mamba_chunk_size=16,
+                             num_local_experts=4, num_experts_per_tok=2),
     # attention-only families: 2 layers, a 24-token window where the family slides (a sliding and a full layer where
     # it has layer types), 4 experts (2 per token) where it routes
     "apertus": dict(num_hidden_layers=2),
@@ -92,6 +97,8 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "phi3": dict(num_hidden_layers=2, sliding_window=24),
     "phimoe": dict(num_hidden_layers=2, num_local_experts=4),
     "qwen2": dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=24, max_window_layers=1),
+    "qwen2_moe": dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=24, max_window_layers=2,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
     "seed_oss": dict(num_hidden_layers=2),
     "smollm3": dict(num_hidden_layers=2),

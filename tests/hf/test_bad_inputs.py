@@ -238,7 +238,8 @@ def test_a_prompt_beyond_the_callers_max_model_len_is_named_before_anything_is_b
 def test_a_module_asking_for_another_window_than_planned_is_refused(planned, asked, text) -> None:
     """The plan reads a layer's window from the config; the module passes its own to the attention function. Where
     they differ (a family's window fields read wrongly) the step is refused naming the layer, not served with the
-    wrong keys; a module asking for window 0 means full attention, as transformers reads it."""
+    wrong keys; a module asking for window 0 means full attention, as transformers reads it, and one asking for none
+    (its window is in the mask it builds) was checked at set-up."""
     from types import SimpleNamespace
 
     from graphkv.errors import CaptureError
@@ -252,3 +253,5 @@ def test_a_module_asking_for_another_window_than_planned_is_refused(planned, ask
     if planned is None:
         with pytest.raises(AttributeError):  # window 0 is full attention: past the check, into the (fake) step
             paged_attention_forward(module, q, q, q, None, sliding_window=0, graphkv=step)
+    with pytest.raises(AttributeError):  # a family that slides through its mask alone (Qwen2-MoE) passes no window
+        paged_attention_forward(module, q, q, q, None, graphkv=step)

@@ -22,8 +22,8 @@ def test_an_unsupported_family_is_one_line_naming_what_is_missing() -> None:
     with pytest.raises(SpecError) as info:
         generate(AutoModelForCausalLM.from_config(config), [[1, 2]], max_new_tokens=1)
     message = str(info.value)
-    assert message.startswith("model.config.model_type='gpt2': graphkv.hf runs apertus, arcee, aria_text, beam")
-    assert ", qwen3, qwen3_moe, qwen3_next, seed_oss," in message
+    assert message.startswith("model.config.model_type='gpt2': graphkv.hf runs apertus, arcee, aria_text, bamba, beam")
+    assert ", qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, seed_oss," in message
     assert "graphkv plan --hf-config" in message and "\n" not in message
 
 
