@@ -19,8 +19,9 @@ read through flat views built once); a one-token decode step on the GPU path att
 graphkv's split-KV paged decode kernel instead (:mod:`graphkv.kernels.paged_attention`), which
 reads the block tables directly, so no flex mask is built for it. Attention sinks (gpt-oss)
 rescale the flex output by ``sigmoid(lse - sink)``: the softmax with one more logit ``sink`` per
-head, whose value vector is zero (the decode kernel adds it to its softmax's denominator). Attention-logit soft-capping (Gemma-2's ``softcap=``) is refused: no family graphkv.hf runs
-passes it (Gemma-3 soft-caps only its output logits, in its own head). transformers builds no
+head, whose value vector is zero (the decode kernel adds it to its softmax's denominator). Attention-logit
+soft-capping (Gemma-2's ``softcap=``, read from the module at set-up into the layer's binding) is applied by the
+decode kernel and by flex's score modifier, after the scale. transformers builds no
 mask for an implementation name it does not know; graphkv's block masks replace its masks.
 """
 
@@ -61,6 +62,7 @@ class AttentionBinding:
     key: torch.Tensor
     value: torch.Tensor
     window: int | None = None  # the layer's sliding window in tokens (None: full attention)
+    softcap: float | None = None  # the layer's attention-logit soft-cap (Gemma-2; None: none)
     workspace: torch.Tensor | None = None  # the decode kernel's split partials, allocated once (None: flex decodes)
     num_sms: int = DEFAULT_NUM_SMS  # the device's SMs, which the decode kernel's split rule fills
 
@@ -68,7 +70,8 @@ class AttentionBinding:
 @attrs.frozen(kw_only=True, eq=False)
 class PagedStep:
     """What one forward's layers read: the step context (whose flex mask builders the forward
-    rebuilt once for the step), the packing of state-layer tokens (``None`` without state layers), every attention layer's binding and every recurrent mixer
+    rebuilt once for the step), the packing of state-layer tokens (``None`` without state layers), every attention
+    layer's binding and every recurrent mixer
     (:class:`~graphkv.hf.mixers.base.PagedMixer`) by its transformers ``layer_idx``, the model's
     flex regions, the K/V write's kernels and the step's phase (``"decode"`` for a uniform decode
     step, which has its own compiled regions, else ``"mixed"``); ``decode_kernel``: this one-token
@@ -96,20 +99,24 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The attention function transformers calls per layer (``[1, H, T, D]`` query / key / value
     of the step's packed tokens after rotary); returns ``([1, T, Hq, D], None)``. ``scaling``: the
-    module's score scale; ``s_aux``: per-head sink logits ``[Hq]``. Raises :class:`CaptureError`
-    outside a :class:`~graphkv.hf.model.PagedModel` step or for ``softcap``. Capture-safe."""
+    module's score scale; ``s_aux``: per-head sink logits ``[Hq]``; ``softcap``: the module's attention-logit
+    soft-cap, which must be the one the layer was set up with. Raises :class:`CaptureError` outside a
+    :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
+    Capture-safe."""
     if graphkv is None:
         raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
                                    limit="graphkv's paged attention ran without a step (no graphkv= argument)",
                                    fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-    if softcap is not None:
+    binding = graphkv.attention.get(module.layer_idx)
+    if binding is not None and (softcap or None) != binding.softcap:  # read at set-up; applied by the kernels
         raise CaptureError(Problem(field=f"layer {module.layer_idx}.softcap", value=softcap,
-                                   limit="attention-logit soft-capping is not supported by graphkv.hf",
-                                   fix="run the model with transformers' eager attention"))
+                                   limit=f"the module soft-caps its scores at {softcap}, the layer was set up with "
+                                         f"{binding.softcap} (its attn_logit_softcapping)",
+                                   fix="set attn_logit_softcapping on the model before wrapping it in a PagedModel, "
+                                       "or run it with transformers' eager attention"))
     # What the module asks for (0 / None: full attention); a family that slides through its mask alone (Qwen2-MoE)
     # passes nothing, and its module's window was checked against the plan at set-up.
     window = kwargs.get("sliding_window") or None
-    binding = graphkv.attention.get(module.layer_idx)
     planned = binding.window if binding is not None and "sliding_window" in kwargs else window
     if window != planned:  # the plan's window came from the config; the module's own decides its tokens
         def told(tokens: int | None) -> str:
@@ -145,12 +152,13 @@ def attend(step: PagedStep, layer: int, query: torch.Tensor, key: torch.Tensor, 
     if step.decode_kernel:  # one query token per row: split-KV paged decode over the block table, no mask
         return paged_decode_attention(query, binding.cache, ctx.block_tables[binding.group], ctx.seq_lens,
                                       layout=binding.layout, scale=scale, sliding_window=binding.window, sinks=sinks,
-                                      workspace=binding.workspace, num_sms=binding.num_sms)
+                                      softcap=binding.softcap, workspace=binding.workspace, num_sms=binding.num_sms)
     builder = ctx.mask_builders[binding.group]
     if sinks is None:
-        return step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale)
+        return step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale,
+                                   softcap=binding.softcap)
     out, lse = step.regions.attend(query, binding.key, binding.value, builder, phase=step.phase, scale=scale,
-                                   return_lse=True)
+                                   softcap=binding.softcap, return_lse=True)
     keep = torch.sigmoid(lse.float() - sinks.float()[None, :])  # [T, Hq]: e^lse / (e^lse + e^sink)
     return (out.float() * keep[..., None]).to(query.dtype)
 

@@ -157,7 +157,8 @@ class PagedModel(torch.nn.Module):
                     workspace = workspaces[geometry]
                 self.attention[decl.index] = AttentionBinding(
                     name=decl.name, group=group, cache=cache, layout=pool.layout(decl.name), key=key, value=value,
-                    window=getattr(decl.spec, "window", None), workspace=workspace, num_sms=num_sms)
+                    window=getattr(decl.spec, "window", None), softcap=family.softcap(module), workspace=workspace,
+                    num_sms=num_sms)
             else:
                 states = pool.mamba_states(decl.name)
                 replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group,

@@ -39,12 +39,23 @@ class FamilySupport:
             return None
         return getattr(attention, "sliding_window", None) or None
 
+    @staticmethod
+    def softcap(attention: Any) -> float | None:
+        """The attention-logit soft-cap an attention module applies (Gemma-2: ``attn_logit_softcapping``;
+        ``None``: none)."""
+        value = getattr(attention, "attn_logit_softcapping", None)
+        if value is None:
+            value = getattr(getattr(attention, "config", None), "attn_logit_softcapping", None)
+        return float(value) if value else None
+
 
 FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f for f in (
     FamilySupport(model_type="llama", attention="LlamaAttention"),
     FamilySupport(model_type="qwen3", attention="Qwen3Attention"),
     FamilySupport(model_type="mistral", attention="MistralAttention", window_from_config=True,
                   note="sliding window on every layer"),
+    FamilySupport(model_type="gemma2", attention="Gemma2Attention",
+                  note="alternating sliding / full layers, attention-logit soft-capping"),
     FamilySupport(model_type="gemma3_text", attention="Gemma3Attention",
                   note="sliding and full layers, a rotary embedding per layer type"),
     FamilySupport(model_type="gpt_oss", attention="GptOssAttention",
@@ -112,6 +123,7 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
     FamilySupport(model_type="smollm3", attention="SmolLM3Attention"),
     FamilySupport(model_type="solar_open", attention="SolarOpenAttention", window_from_config=True),
     FamilySupport(model_type="starcoder2", attention="Starcoder2Attention", window_from_config=True),
+    FamilySupport(model_type="vaultgemma", attention="VaultGemmaAttention"),
 )})
 
 

@@ -27,6 +27,11 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "llama": dict(num_hidden_layers=2),
     "qwen3": dict(num_hidden_layers=2),
     "mistral": dict(num_hidden_layers=2, sliding_window=24),
+    # Gemma-2: weights drawn 15x wider than transformers' default, so scores reach the 1.5 soft-cap (at the default
+    # they stay near 0, where tanh changes nothing and a missing soft-cap would pass)
+    "gemma2": dict(num_hidden_layers=2, sliding_window=24, layer_types=["sliding_attention", "full_attention"],
+                   attn_logit_softcapping=1.5, final_logit_softcapping=8.0, query_pre_attn_scalar=16,
+                   initializer_range=0.3),
     "gemma3_text": dict(num_hidden_layers=3, sliding_window=24, query_pre_attn_scalar=24, final_logit_softcapping=8.0,
                         layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
     "gpt_oss": dict(num_hidden_layers=2, sliding_window=24, layer_types=["sliding_attention", "full_attention"],
@@ -98,12 +103,16 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "phimoe": dict(num_hidden_layers=2, num_local_experts=4),
     "qwen2": dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=24, max_window_layers=1),
     "qwen2_moe": dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=24, max_window_layers=2,
-                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64),
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_hidden_layers=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2),
     "seed_oss": dict(num_hidden_layers=2),
     "smollm3": dict(num_hidden_layers=2),
     "solar_open": dict(num_hidden_layers=2, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2),
     "starcoder2": dict(num_hidden_layers=2, sliding_window=24),
+    "vaultgemma": dict(num_hidden_layers=2, sliding_window=24, layer_types=["sliding_attention", "full_attention"],
+                       attn_logit_softcapping=1.5, final_logit_softcapping=8.0, query_pre_attn_scalar=16,
+                       initializer_range=0.3),
 })
 """Per family, the fields a tiny config sets on top of the common ones."""
 

@@ -246,7 +246,7 @@ def test_a_module_asking_for_another_window_than_planned_is_refused(planned, ask
     from graphkv.hf.attention import paged_attention_forward
 
     module = SimpleNamespace(layer_idx=3)
-    step = SimpleNamespace(attention={3: SimpleNamespace(window=planned)})
+    step = SimpleNamespace(attention={3: SimpleNamespace(window=planned, softcap=None)})
     q = torch.zeros(1, 4, 2, 16)
     with pytest.raises(CaptureError, match=re.escape(f"layer 3.sliding_window={asked}: {text}")):
         paged_attention_forward(module, q, q, q, None, sliding_window=asked, graphkv=step)
@@ -254,4 +254,22 @@ def test_a_module_asking_for_another_window_than_planned_is_refused(planned, ask
         with pytest.raises(AttributeError):  # window 0 is full attention: past the check, into the (fake) step
             paged_attention_forward(module, q, q, q, None, sliding_window=0, graphkv=step)
     with pytest.raises(AttributeError):  # a family that slides through its mask alone (Qwen2-MoE) passes no window
+        paged_attention_forward(module, q, q, q, None, graphkv=step)
+
+
+def test_a_module_soft_capping_otherwise_than_set_up_is_refused() -> None:
+    """The layer's soft-cap is read from the module at set-up; a module that passes another one (its config changed
+    after) is refused naming both, not attended with the stale cap."""
+    from types import SimpleNamespace
+
+    from graphkv.errors import CaptureError
+    from graphkv.hf.attention import paged_attention_forward
+
+    module = SimpleNamespace(layer_idx=0)
+    step = SimpleNamespace(attention={0: SimpleNamespace(window=None, softcap=50.0)})
+    q = torch.zeros(1, 4, 2, 16)
+    with pytest.raises(CaptureError, match=re.escape("layer 0.softcap=30.0: the module soft-caps its scores at 30.0, "
+                                                     "the layer was set up with 50.0")):
+        paged_attention_forward(module, q, q, q, None, softcap=30.0, graphkv=step)
+    with pytest.raises(CaptureError, match=re.escape("layer 0.softcap=None")):
         paged_attention_forward(module, q, q, q, None, graphkv=step)

@@ -99,10 +99,12 @@ def make_paged_batch(*, query_lens: Sequence[int], seq_lens: Sequence[int], kern
                       num_reqs=num_reqs, kernel_block_size=kernel_block_size)
 
 
-def dense_reference(batch: PagedBatch, *, window: int | None = None, scale: float | None = None) -> torch.Tensor:
+def dense_reference(batch: PagedBatch, *, window: int | None = None, scale: float | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """``[num_tokens_padded, Hq, D]`` float64: per request, gather K/V of positions ``0 ..
     seq_len-1`` through the table (``slot = table[r, x // kbs] * kbs + x % kbs``) and run SDPA
-    with a causal / sliding-window mask; padding rows are zero."""
+    with a causal / sliding-window mask; padding rows are zero. ``softcap``: the scores (after ``scale``)
+    become ``softcap * tanh(score / softcap)`` before the softmax (written out, SDPA has no such option)."""
     kbs = batch.kernel_block_size
     k_all = batch.kv_cache[0].reshape(-1, *batch.kv_cache.shape[-2:]).double()
     v_all = batch.kv_cache[1].reshape(-1, *batch.kv_cache.shape[-2:]).double()
@@ -117,7 +119,14 @@ def dense_reference(batch: PagedBatch, *, window: int | None = None, scale: floa
         allowed = x[None, :] <= p
         if window is not None:
             allowed &= p - x[None, :] < window
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
+        else:
+            group = q.shape[0] // k.shape[0]
+            k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+            scores = q @ k.transpose(1, 2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+            scores = softcap * torch.tanh(scores / softcap)
+            o = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v
         out[qs:qe] = o.transpose(0, 1)
     return out
 

@@ -4,7 +4,7 @@
 *code object*, and guards every entry on the constants the function reads. One compiled
 attention function shared by every layer, group and model therefore recompiled for each new
 mask closure, table width, window and token count until it hit the limit. Here each
-:class:`FlexRegions` owns one region per (mask builder, phase, scale, lse) — the builder fixing the
+:class:`FlexRegions` owns one region per (mask builder, phase, scale, lse, soft-cap) — the builder fixing the
 group's geometry — and each region is compiled from its own copy of the code object
 (:func:`fresh_function`), so regions never share entries, and within a region:
 
@@ -77,8 +77,14 @@ def flex_kernel_options(device_type: str, q_tile_tokens: int, kernel_block_size:
 
 def _region_function(mask_mod: Callable[..., torch.Tensor], q_tile: int, kbs: int, kv_tokens: int,
                      scale: float | None, options: dict[str, int | bool] | None,
-                     return_lse: bool) -> Callable[..., Any]:
-    """The flex call of one region, its constants bound in a closure."""
+                     return_lse: bool, softcap: float | None = None) -> Callable[..., Any]:
+    """The flex call of one region, its constants bound in a closure; ``softcap``: scores (after the scale) become
+    ``softcap * tanh(score / softcap)``."""
+    score_mod = None
+    if softcap is not None:
+        def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                      kv: torch.Tensor) -> torch.Tensor:
+            return softcap * torch.tanh(score / softcap)
 
     def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_num_blocks: torch.Tensor,
                     kv_indices: torch.Tensor, full_kv_num_blocks: torch.Tensor,
@@ -87,10 +93,10 @@ def _region_function(mask_mod: Callable[..., torch.Tensor], q_tile: int, kbs: in
                                         BLOCK_SIZE=(q_tile, kbs), mask_mod=mask_mod,
                                         seq_lengths=(query.shape[2], kv_tokens), compute_q_blocks=False)
         if return_lse:
-            out, aux = flex_attention(query, key, value, block_mask=mask, scale=scale, enable_gqa=True,
-                                      kernel_options=options, return_aux=AuxRequest(lse=True))
+            out, aux = flex_attention(query, key, value, score_mod=score_mod, block_mask=mask, scale=scale,
+                                      enable_gqa=True, kernel_options=options, return_aux=AuxRequest(lse=True))
             return out, aux.lse
-        return flex_attention(query, key, value, block_mask=mask, scale=scale, enable_gqa=True,
+        return flex_attention(query, key, value, score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=True,
                               kernel_options=options)
 
     return flex_region
@@ -109,14 +115,14 @@ class _Region:
 
 class FlexRegions:
     """The flex-attention regions of one model: compiled (``compile=True``) or eager, one per
-    (mask builder, phase, scale, lse), created on first use. Not thread-safe (one model, one
+    (mask builder, phase, scale, lse, soft-cap), created on first use. Not thread-safe (one model, one
     serving thread)."""
 
     def __init__(self, *, compile: bool, name: str = "graphkv_flex") -> None:  # noqa: A002 - the torch verb
         self.compile = compile
         self.name = name
         self._tag = uuid.uuid4().hex[:12]  # names this instance's regions apart (an id() is reused after collection)
-        self._regions: dict[tuple[int, str, float | None, bool], _Region] = {}
+        self._regions: dict[tuple[int, str, float | None, bool, float | None], _Region] = {}
 
     @property
     def num_regions(self) -> int:
@@ -124,14 +130,15 @@ class FlexRegions:
         return len(self._regions)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, builder: FlexMaskBuilder, *,
-               phase: str = "mixed", scale: float | None = None,
+               phase: str = "mixed", scale: float | None = None, softcap: float | None = None,
                return_lse: bool = False) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
         """Flex attention of ``query`` ``[T, Hq, D]`` (the step's packed tokens, padded ones
         included) over a layer's flat K/V views ``key`` / ``value`` ``[1, Hkv, kv_tokens, D]``
         (:func:`~graphkv.runtime.flex.views.paged_kv_views` of its cache, built once) with the mask
         ``builder`` built for this step (``builder.build`` ran for ``num_tokens_padded >= T``).
         Returns ``[T, Hq, D]`` (and, with ``return_lse``, the log-sum-exp ``[T, Hq]`` float32).
-        ``phase``: ``"decode"`` for uniform decode steps, ``"mixed"`` otherwise. Capture-safe."""
+        ``phase``: ``"decode"`` for uniform decode steps, ``"mixed"`` otherwise; ``softcap``: scores (after
+        ``scale``) become ``softcap * tanh(score / softcap)`` (Gemma-2's attention-logit soft-capping). Capture-safe."""
         geometry = builder.geometry
         if key.shape[2] != geometry.kv_tokens:
             raise SpecError(Problem(field="key", value=tuple(key.shape),
@@ -139,7 +146,7 @@ class FlexRegions:
                                           f"{geometry.group_index}, kv_block_stride={geometry.kv_block_stride})",
                                     fix="pass paged_kv_views(pool.kv_cache(layer)) of a layer of the builder's group, "
                                         "from the pool allocated for the builder's plan"))
-        region = self._region(builder, phase, scale, return_lse, query.device.type)
+        region = self._region(builder, phase, scale, return_lse, query.device.type, softcap)
         num_tokens, heads, dim = query.shape
         padded = max(num_tokens, _MIN_QUERY_TOKENS)
         with torch.no_grad():
@@ -156,8 +163,8 @@ class FlexRegions:
         return result[0, :, :num_tokens].transpose(0, 1)
 
     def _region(self, builder: FlexMaskBuilder, phase: str, scale: float | None, return_lse: bool,
-                device_type: str) -> _Region:
-        key = (id(builder), phase, scale, return_lse)
+                device_type: str, softcap: float | None = None) -> _Region:
+        key = (id(builder), phase, scale, return_lse, softcap)
         found = self._regions.get(key)
         if found is not None and found.builder is builder:
             return found
@@ -166,7 +173,8 @@ class FlexRegions:
                                     fix="'decode' for uniform decode steps, 'mixed' otherwise"))
         g = builder.geometry
         fn = _region_function(builder.mask_mod, g.q_tile_tokens, g.kernel_block_size, g.kv_tokens, scale,
-                              flex_kernel_options(device_type, g.q_tile_tokens, g.kernel_block_size), return_lse)
+                              flex_kernel_options(device_type, g.q_tile_tokens, g.kernel_block_size), return_lse,
+                              softcap)
         # torch 2.13's compiled CPU flex returns no log-sum-exp: such a region runs eager flex on a CPU.
         compiled = self.compile and not (return_lse and device_type == "cpu")
         if compiled:

@@ -178,3 +178,25 @@ def test_the_one_call_form_is_refused_compiled_on_cuda_only() -> None:
     _refuse_compiled_views("cpu", True)
     with pytest.raises(SpecError, match="compile through graphkv.runtime.flex.region.FlexRegions"):
         _refuse_compiled_views("cuda", True)
+
+
+@pytest.mark.parametrize("case", ["mixed-prefill-decode", "window-100"])
+def test_regions_soft_cap_the_scores_as_the_reference(case):
+    """A region with ``softcap`` (Gemma-2's attention-logit soft-capping) matches the reference that caps
+    ``scale * q.k`` with ``softcap * tanh(score / softcap)``, and differs from the uncapped result (the scores are
+    scaled up so the cap bites); capped and uncapped regions of one builder are two regions."""
+    from graphkv.runtime.flex.region import FlexRegions
+
+    batch, bpk, window = _batch(case)
+    batch.query.mul_(8.0)  # scores of a few units, well past a 2.0 cap
+    builder = builder_for(batch, bpk=bpk, window=window)
+    builder.build(batch.num_reqs, num_tokens_padded=batch.query.shape[0])
+    key, value = paged_kv_views(batch.kv_cache)
+    regions = FlexRegions(compile=False)
+    capped = regions.attend(batch.query, key, value, builder, scale=SCALE, softcap=2.0)
+    plain = regions.attend(batch.query, key, value, builder, scale=SCALE)
+    assert regions.num_regions == 2
+    n = batch.num_tokens
+    torch.testing.assert_close(capped[:n].double(), dense_reference(batch, window=window, scale=SCALE, softcap=2.0)[:n],
+                               atol=2e-5, rtol=1e-4)
+    assert (capped[:n] - plain[:n]).abs().max() > 0.05
