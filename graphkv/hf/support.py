@@ -124,6 +124,13 @@ FAMILIES: Mapping[str, FamilySupport] = types.MappingProxyType({f.model_type: f 
     FamilySupport(model_type="solar_open", attention="SolarOpenAttention", window_from_config=True),
     FamilySupport(model_type="starcoder2", attention="Starcoder2Attention", window_from_config=True),
     FamilySupport(model_type="vaultgemma", attention="VaultGemmaAttention"),
+    # multi-head (no grouped KV) families: their configs name no KV heads, the planner reads the query heads
+    FamilySupport(model_type="ctrl", attention="MultiHeadAttention", window_from_config=True),
+    FamilySupport(model_type="gpt2", attention="GPT2Attention", window_from_config=True),
+    FamilySupport(model_type="gpt_bigcode", attention="GPTBigCodeAttention", window_from_config=True),
+    FamilySupport(model_type="gpt_neox", attention="GPTNeoXAttention", window_from_config=True),
+    FamilySupport(model_type="opt", attention="OPTAttention", window_from_config=True),
+    FamilySupport(model_type="persimmon", attention="PersimmonAttention", window_from_config=True),
 )})
 
 

@@ -113,6 +113,13 @@ TINY_CONFIGS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "vaultgemma": dict(num_hidden_layers=2, sliding_window=24, layer_types=["sliding_attention", "full_attention"],
                        attn_logit_softcapping=1.5, final_logit_softcapping=8.0, query_pre_attn_scalar=16,
                        initializer_range=0.3),
+    # multi-head families: as many KV heads as query heads (GPTBigCode: multi-query, one)
+    "ctrl": dict(num_hidden_layers=2, num_key_value_heads=None),
+    "gpt2": dict(num_hidden_layers=2, num_key_value_heads=None),
+    "gpt_bigcode": dict(num_hidden_layers=2, num_key_value_heads=1),
+    "gpt_neox": dict(num_hidden_layers=2, num_key_value_heads=None),
+    "opt": dict(num_hidden_layers=2, num_key_value_heads=None),
+    "persimmon": dict(num_hidden_layers=2, num_key_value_heads=None),
 })
 """Per family, the fields a tiny config sets on top of the common ones."""
 

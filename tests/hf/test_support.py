@@ -17,12 +17,13 @@ def test_every_supported_family_has_a_tiny_config() -> None:
 
 
 def test_an_unsupported_family_is_one_line_naming_what_is_missing() -> None:
-    """A GPT-2 model is refused: its model_type, the families that run, and what to do instead."""
-    config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    """A BLOOM model (ALiBi: its position bias is in the mask graphkv's masks replace) is refused: its model_type,
+    the families that run, and what to do instead."""
+    config = AutoConfig.for_model("bloom", n_layer=1, hidden_size=32, n_head=2, vocab_size=64)
     with pytest.raises(SpecError) as info:
         generate(AutoModelForCausalLM.from_config(config), [[1, 2]], max_new_tokens=1)
     message = str(info.value)
-    assert message.startswith("model.config.model_type='gpt2': graphkv.hf runs apertus, arcee, aria_text, bamba, beam")
+    assert message.startswith("model.config.model_type='bloom': graphkv.hf runs apertus, arcee, aria_text, bamba, beam")
     assert ", qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, seed_oss," in message
     assert "graphkv plan --hf-config" in message and "\n" not in message
 
