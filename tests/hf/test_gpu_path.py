@@ -59,7 +59,7 @@ ALL_FAMILIES_ENV = "GRAPHKV_TEST_ALL_FAMILIES"
 @pytest.mark.parametrize("family", sorted(set(TINY_CONFIGS) - set(CORE_FAMILIES)))
 def test_every_other_family_serves_on_the_gpu_path(family: str, device: str) -> None:
     """A family outside the core seven on the GPU path (compile=True, kernels='triton'; CUDA graphs on a GPU):
-    generate's tokens. Opt-in (``GRAPHKV_TEST_ALL_FAMILIES=1``): 62 families take about 35 minutes on a 2-core CPU,
+    generate's tokens. Opt-in (``GRAPHKV_TEST_ALL_FAMILIES=1``): 64 families take about 35 minutes on a 2-core CPU,
     where the continuous-batching test serves each of them on the CPU path; the core families above are served
     on this path in every run."""
     if os.environ.get(ALL_FAMILIES_ENV) != "1":

@@ -13,7 +13,9 @@ import types
 
 from graphkv.hf.mixers.gated_delta import PagedGatedDeltaNet
 from graphkv.hf.mixers.mamba2 import PagedMamba2Mixer
+from graphkv.hf.mixers.short_conv import PagedShortConv
 
-__all__ = ["MIXERS", "PagedGatedDeltaNet", "PagedMamba2Mixer"]
+__all__ = ["MIXERS", "PagedGatedDeltaNet", "PagedMamba2Mixer", "PagedShortConv"]
 
-MIXERS = types.MappingProxyType({"gated_delta": PagedGatedDeltaNet, "mamba2": PagedMamba2Mixer})
+MIXERS = types.MappingProxyType({"gated_delta": PagedGatedDeltaNet, "mamba2": PagedMamba2Mixer,
+                                 "short_conv": PagedShortConv})

@@ -17,7 +17,8 @@ class PagedMixer(torch.nn.Module):
     """A recurrent mixer whose states live in pool state pages.
 
     ``mixer``: the paged view's copy of the transformers mixer (its parameters are the model's);
-    ``states``: the layer's state views from ``KVPool.mamba_states`` (conv, then recurrent);
+    ``states``: the layer's state views from ``KVPool.mamba_states`` (conv, then recurrent; a short
+    convolution's conv state alone);
     ``group``: the layer's KV-cache group (its state page per batch row is
     ``ctx.state_indices[group]``); ``layer``: its transformers ``layer_idx``. Subclasses implement
     :meth:`mix`. Under ``torch.compile`` (a model compiled whole) the step runs as the opaque op
@@ -30,7 +31,8 @@ class PagedMixer(torch.nn.Module):
         super().__init__()
         self.mixer = mixer
         self.name = name
-        self.conv_state, self.ssm_state = states
+        self.conv_state = states[0]
+        self.ssm_state = states[1] if len(states) > 1 else None  # a short convolution keeps one state
         self.group = group
         self.layer = layer
 
