@@ -9,7 +9,7 @@ alone, and the logits of every token of every step equal the model's own full-se
 import pytest
 import torch
 
-from graphkv.hf.tiny import TINY_CONFIGS, tiny_model
+from graphkv.hf.tiny import CORE_FAMILIES, TINY_CONFIGS, tiny_model
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 
 from transformers_types import skip_unless_known
@@ -17,28 +17,33 @@ from hf_harness import (NEW_TOKENS, PROMPT_LENGTHS, RecordingStep, prefill_chunk
                         joined_while_others_decoded, own_logits, prompts, serving_loop)
 
 
-def serve(model, *, compile: bool | str = False):  # noqa: A002 - PagedModel's argument
-    """Serve the workload with logits of every token recorded; returns the engine and its batches."""
+LIGHT_LENGTHS = (5, 40, 70, 3, 33, 9)  # the families outside the core seven: 6 prompts, 4 new tokens each
+LIGHT_NEW_TOKENS = 4
+
+
+def serve(model, *, compile: bool | str = False, lengths=PROMPT_LENGTHS, new_tokens: int = NEW_TOKENS):  # noqa: A002
+    """Serve the workload (``lengths``-token prompts, 4 first, the rest joining at steps 3 and 6) with logits of every
+    token recorded; returns the engine and its batches."""
     loop = serving_loop(model, logits="all", compile=compile)
     step = RecordingStep(loop.step)
     engine = DemoEngine(loop.plan, step, loop.forward, record=True)
-    requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(prompts())]
+    requests = [DemoRequest(req_id=i, prompt=p, max_new_tokens=new_tokens) for i, p in enumerate(prompts(lengths))]
     engine.run(requests[:4], arrivals={3: requests[4:6], 6: requests[6:]})
     return engine, step.batches
 
 
-def check_against_transformers(model, engine, batches) -> None:
+def check_against_transformers(model, engine, batches, *, lengths=PROMPT_LENGTHS, new_tokens: int = NEW_TOKENS) -> None:
     """Tokens equal generate's, every recorded logits row equals the model's own forward."""
-    long_prompt = PROMPT_LENGTHS.index(max(PROMPT_LENGTHS))
-    chunks = prefill_chunks(batches, long_prompt, PROMPT_LENGTHS[long_prompt])
-    assert sum(chunks) == PROMPT_LENGTHS[long_prompt] and len(chunks) >= 3  # 70 tokens under a 32-token budget
+    long_prompt = lengths.index(max(lengths))
+    chunks = prefill_chunks(batches, long_prompt, lengths[long_prompt])
+    assert sum(chunks) == lengths[long_prompt] and len(chunks) >= 3  # 70 tokens under a 32-token budget
     assert joined_while_others_decoded(batches)
-    assert engine.stats.pages_reused > 0 and engine.stats.finished == len(PROMPT_LENGTHS)
+    assert engine.stats.pages_reused > 0 and engine.stats.finished == len(lengths)
     rows = {}
     for req, position, logits in engine.records:
         rows.setdefault(req, []).append((position, logits))
-    for i, prompt in enumerate(prompts()):
-        expected = generate_alone(model, prompt)
+    for i, prompt in enumerate(prompts(lengths)):
+        expected = generate_alone(model, prompt, new_tokens)
         assert engine.finished[i] == expected, f"request {i}"
         reference = own_logits(model, expected[:-1])
         positions = [p for p, _ in rows[i]]
@@ -52,8 +57,10 @@ def test_continuous_batching_equals_generate(model_type: str) -> None:
     """Continuous batching with chunked prefill gives generate's greedy tokens and the model's own logits."""
     skip_unless_known(model_type)  # a family newer than the installed transformers (a GPU machine's own)
     model = tiny_model(model_type)
-    engine, batches = serve(model)
-    check_against_transformers(model, engine, batches)
+    # the core seven (one of each structure) on the whole workload, the others on a lighter one (suite time)
+    workload = {} if model_type in CORE_FAMILIES else {"lengths": LIGHT_LENGTHS, "new_tokens": LIGHT_NEW_TOKENS}
+    engine, batches = serve(model, **workload)
+    check_against_transformers(model, engine, batches, **workload)
 
 
 @pytest.mark.slow
