@@ -41,11 +41,10 @@ class FamilySupport:
 
     @staticmethod
     def softcap(attention: Any) -> float | None:
-        """The attention-logit soft-cap an attention module applies (Gemma-2: ``attn_logit_softcapping``;
-        ``None``: none)."""
+        """The attention-logit soft-cap an attention module applies: its ``attn_logit_softcapping`` attribute
+        (Gemma-2, VaultGemma, Gemma-3), ``None`` without one. A module that passes a cap it does not keep there is
+        refused at its first step (:func:`graphkv.hf.attention.paged_attention_forward`)."""
         value = getattr(attention, "attn_logit_softcapping", None)
-        if value is None:
-            value = getattr(getattr(attention, "config", None), "attn_logit_softcapping", None)
         return float(value) if value else None
 
 
