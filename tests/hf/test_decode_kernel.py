@@ -14,15 +14,17 @@ import torch
 
 from graphkv import SpecError
 from graphkv.hf.tiny import tiny_model
+from graphkv.runtime.capture.keys import GraphKey
+from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.step.context import StepContext
 from graphkv.runtime.step.batch import Batch
 
 from hf_harness import serving_loop
 
 
-def _decode_logits(loop, prompt_lengths, num_decodes: int) -> tuple[list[torch.Tensor], int]:
+def _decode_logits(loop, prompt_lengths, num_decodes: int) -> list[torch.Tensor]:
     """Prefill ``prompt_lengths`` prompts in one step, then ``num_decodes`` decode steps of their greedy
-    tokens: every step's logits, and how many flex masks the decode steps built."""
+    tokens: every step's logits (copied: a replayed step's outputs live until the next replay)."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in prompt_lengths]
     ids = [f"r{i}" for i in range(len(prompts))]
@@ -37,42 +39,66 @@ def _decode_logits(loop, prompt_lengths, num_decodes: int) -> tuple[list[torch.T
         new_pages.append(tuple(per_group))
     batch = Batch(req_ids=tuple(ids), query_lens=tuple(prompt_lengths), seq_lens=tuple(prompt_lengths),
                   new_pages=tuple(new_pages))
-    out = [loop.run(batch, input_ids=[t for p in prompts for t in p])]
+    out = [loop.run(batch, input_ids=[t for p in prompts for t in p]).clone()]
     lens = list(prompt_lengths)
-    builds = 0
-    original = StepContext.build_masks
-
-    def counting(self, num_tokens):
-        nonlocal builds
-        builds += 1
-        return original(self, num_tokens)
-
     for _ in range(num_decodes):
         nxt = out[-1][:len(ids)].argmax(-1).tolist()
         lens = [n + 1 for n in lens]
         batch = Batch(req_ids=tuple(ids), query_lens=(1,) * len(ids), seq_lens=tuple(lens),
                       new_pages=(None,) * len(ids))
+        out.append(loop.run(batch, input_ids=nxt).clone())
+    return out
+
+
+# flex's decode mask builds: a warm-up and a capture (a rehearsal on a CPU) for each of the 3 decode keys, and on a
+# CPU the 4 decode steps (a GPU replays them)
+FLEX_DECODE_BUILDS = {"cpu": 3 * 2 + 4, "cuda": 3 * 2}
+
+
+class DecodeMaskBuilds:
+    """Counts the flex mask builds of decode-shaped forwards while active (``with``): the capture's warm-ups and
+    graphs (a rehearsal's on a CPU) and the decode steps run eagerly. A replayed graph rebuilds its masks on the
+    device without a call, so on a GPU the count is the capture's."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._original = StepContext.build_masks
+
+    def __enter__(self) -> "DecodeMaskBuilds":
+        original = self._original
+
+        def counting(ctx, num_tokens):
+            shape = current_shape()
+            self.count += shape is not None and shape.uniform
+            return original(ctx, num_tokens)
+
         StepContext.build_masks = counting
-        try:
-            out.append(loop.run(batch, input_ids=nxt))
-        finally:
-            StepContext.build_masks = original
-    return out, builds
+        return self
+
+    def __exit__(self, *exc) -> None:
+        StepContext.build_masks = self._original
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "mistral", "gpt_oss"])
 def test_decode_kernel_matches_flex_and_builds_no_mask(family: str, device: str) -> None:
     """Three requests (2, 4 and 26 tokens, one step's 32; the last past the 24-token window) decode 4 steps: the
-    kernel's logits equal flex's to 1e-4 at every step, and its decode steps build no flex mask."""
+    kernel's logits equal flex's to 1e-4 at every step, and its decode forwards build no flex mask (flex's build
+    one per forward: the warm-ups and graphs of its 3 decode keys, and on a CPU the 4 decode steps). With
+    ``compile=False`` on a GPU the flex regions are compiled all the same, so its decode steps are captured."""
     model = tiny_model(family).to(device)
-    logits = {}
+    logits, builds = {}, {}
     for choice in ("kernel", "flex"):
-        loop = serving_loop(model, compile=False, kernels="triton", decode_attention=choice)
-        assert loop.model.decode_attention == choice
-        logits[choice], builds = _decode_logits(loop, (2, 4, 26), num_decodes=4)
-        # the 3 decodes pad to the decode(4) key: still one token per row, so the kernel serves them
-        assert builds == (0 if choice == "kernel" else 4)
+        with DecodeMaskBuilds() as counted:
+            loop = serving_loop(model, compile=False, kernels="triton", decode_attention=choice)
+            assert loop.model.decode_attention == choice
+            assert loop.capture_report.keys == (GraphKey(num_tokens=4, num_reqs=4, uniform=True),
+                                                GraphKey(num_tokens=2, num_reqs=2, uniform=True),
+                                                GraphKey(num_tokens=1, num_reqs=1, uniform=True))
+            # the 3 decodes pad to the decode(4) key: still one token per row, so the kernel serves them
+            logits[choice] = _decode_logits(loop, (2, 4, 26), num_decodes=4)
+        builds[choice] = counted.count
+    assert builds == {"kernel": 0, "flex": FLEX_DECODE_BUILDS[device]}
     for step, (ours, theirs) in enumerate(zip(logits["kernel"], logits["flex"])):
         assert torch.allclose(ours[:3], theirs[:3], atol=1e-4, rtol=1e-4), (family, step)
 
@@ -109,6 +135,15 @@ def test_long_context_decode_splits_and_matches_flex(family: str, device: str) -
         if choice == "kernel":
             workspaces = {b.workspace.shape for b in loop.model.attention.values()}
             assert all(rows > 1 for rows, _, _ in workspaces), workspaces
-        logits[choice], _ = _decode_logits(loop, (2, 300, 600), num_decodes=2)
+        logits[choice] = _decode_logits(loop, (2, 300, 600), num_decodes=2)
     for step, (ours, theirs) in enumerate(zip(logits["kernel"], logits["flex"])):
         assert torch.allclose(ours[:3], theirs[:3], atol=1e-4, rtol=1e-4), (family, step)
+
+
+def test_flex_regions_are_compiled_on_a_gpu_whatever_compile_says() -> None:
+    """compile=False leaves flex eager on a CPU only: on a CUDA device eager flex cannot be captured (H100)."""
+    from graphkv.hf.model import regions_compiled
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert [regions_compiled(c, cpu) for c in (False, True, "model", "fused")] == [False, True, True, True]
+    assert [regions_compiled(c, cuda) for c in (False, True, "model", "fused")] == [True, True, True, True]
