@@ -28,7 +28,12 @@ __all__ = ["DEFAULT_NUM_SMS", "MAX_DECODE_SPLITS", "MIN_SPLIT_TOKENS", "PROGRAMS
 
 DEFAULT_NUM_SMS = 132  # an H100 SXM; pass torch.cuda.get_device_properties(d).multi_processor_count elsewhere
 PROGRAMS_PER_SM = 2  # two resident programs per SM keep enough K/V loads in flight to reach HBM bandwidth
-MIN_SPLIT_TOKENS = 256  # a split below this reads too little K/V to pay for its partial's write and read
+# A split below this reads too little K/V to pay for its partial's write and read: one 64-token tile of K and V
+# (32 KiB in bf16 at head size 128) against a 2 KiB partial. It was 256 until an H100 (2026-11-26) showed short
+# contexts starved of programs: at batch 1 and 512 tokens the rule gave 2 splits, 16 programs on 132 SMs, and the
+# kernel took 11.5 us per layer (the 0.94B model's decode step spent 193 us of 1.6 ms in it), each program
+# reading its 4 tiles one after another.
+MIN_SPLIT_TOKENS = 64
 MAX_DECODE_SPLITS = 128  # bounds the combine kernel's work and the workspace
 
 
@@ -52,7 +57,7 @@ def num_decode_splits(num_seqs: int, *, num_kv_heads: int, table_width_kernel_bl
     >>> num_decode_splits(1, num_kv_heads=8, table_width_kernel_blocks=2048, kernel_block_size=16)  # 32k tokens
     33
     >>> num_decode_splits(1, num_kv_heads=8, table_width_kernel_blocks=32, kernel_block_size=16)  # 512 tokens
-    2
+    8
     >>> num_decode_splits(128, num_kv_heads=8, table_width_kernel_blocks=2048, kernel_block_size=16)
     1
     """

@@ -20,7 +20,7 @@ Two kernels, in the flash-decoding pattern:
 ``num_splits`` comes from :func:`~graphkv.kernels.decode_splits.num_decode_splits`, a pure function
 of the launched batch (a capture key's padded request count), the KV heads, the table width in
 kernel blocks and the SM count: one split when ``num_seqs * num_kv_heads`` programs already give
-every SM two, otherwise enough splits to reach that (132 SMs: 264 programs), with at least 256
+every SM two, otherwise enough splits to reach that (132 SMs: 264 programs), with at least 64
 tokens of a full-width table per split and at most 128 splits (e.g. 8 KV heads, 32k-token table:
 33 splits for 1 request, 2 for 32, 1 from 33 on). The launch configuration is therefore fixed per
 capture key and never tuned at launch.

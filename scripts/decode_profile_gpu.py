@@ -23,10 +23,11 @@ in its own process, and for the decode steps in which every request decodes prin
   kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the fused
   elementwise kernels, the sampler).
 
-``fused-1tok`` is ``fused`` as it was before one trace served every step size: the step's sizes only marked
-dynamic, so a 1-token step (batch-1 decode) gets a second trace whose pieces Inductor compiles for exactly one token.
-Run it beside ``fused`` at ``--batch 1`` to see what the single generic trace costs the batch-1 decode step, if
-anything (it saves a second compile of every piece at set-up).
+``fused-unbacked`` is ``fused`` with the step's sizes unbacked, as graphkv.hf served from 2026-11-26 (sixth session)
+until an H100 showed that one trace costing the decode step: 433 kernels and 1.525 ms at batch 1 against 291 and
+1.359 ms with backed sizes (``fused``: a trace for every step size of 2 tokens or more and one for 1-token steps,
+each piece compiled by Inductor for the sizes it saw). Run it beside ``fused`` at ``--batch 1`` and 32 to see what
+the second trace (a second compile of every piece at set-up) buys the decode step.
 
 ``fused-merged`` is ``fused`` with ``merge_projections=True`` (:mod:`graphkv.hf.projections`): each layer's q / k / v
 and gate / up projections run as one matmul, 3 launches fewer per layer. Run it beside ``fused`` to see whether the
@@ -52,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                          prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
-MODES = ("attention", "model", "piecewise", "fused", "fused-1tok", "fused-merged")
-SPECIALIZED_ONE_TOKEN = "fused-1tok"  # "fused" with the forward's 1-token trace of before (see the docstring)
+MODES = ("attention", "model", "piecewise", "fused", "fused-unbacked", "fused-merged")
+UNBACKED = "fused-unbacked"  # "fused" with the step's sizes unbacked, one trace (see the docstring)
 MERGED = "fused-merged"  # "fused" with merged q/k/v and gate/up projections (see the docstring)
 
 
@@ -112,10 +113,10 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     from graphkv.hf.tiny import tiny_config
     from graphkv.models.demo_engine import DemoRequest
 
-    if mode == SPECIALIZED_ONE_TOKEN:  # the marks of before: dynamic, but 0/1-specialised by Dynamo
+    if mode == UNBACKED:  # the marks of the sixth to eighth sessions (see the docstring)
         import graphkv.hf.model as paged_model
 
-        paged_model._mark_step_dynamic = lambda tensor, dim: torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        paged_model._mark_step_dynamic = torch._dynamo.decorators.mark_unbacked
     torch.manual_seed(0)
     widths = {**GPU_MODEL, "num_hidden_layers": layers} if device == "cuda" else {"num_hidden_layers": layers}
     with torch.device(device):
@@ -125,7 +126,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
     start = time.perf_counter()
-    compile_name = "fused" if mode in (SPECIALIZED_ONE_TOKEN, MERGED) else mode
+    compile_name = "fused" if mode in (UNBACKED, MERGED) else mode
     loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[compile_name],
                             kernels="auto" if device == "cuda" else "triton", merge_projections=mode == MERGED)
     build_s = time.perf_counter() - start

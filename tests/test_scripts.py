@@ -159,21 +159,22 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2
-    assert "--modes: ['graph'] not among attention, model, piecewise, fused, fused-1tok, fused-merged" in bad.stderr
+    assert ("--modes: ['graph'] not among attention, model, piecewise, fused, fused-unbacked, fused-merged"
+            in bad.stderr)
 
 
 @pytest.mark.slow
-def test_decode_profile_compares_fused_with_its_one_token_trace_of_before() -> None:
-    """'fused-1tok' serves batch 1 as 'fused' did before one trace served every step size: a second trace for the
-    1-token steps (2 traces, against 'fused''s 1), so the batch-1 decode step of both can be measured side by side;
-    'fused-merged' (merged projections) serves it with one trace."""
+def test_decode_profile_compares_fused_with_its_single_unbacked_trace() -> None:
+    """'fused' serves batch 1 with two traces (every step size of 2 tokens or more, and 1-token steps), as does
+    'fused-merged' (merged projections); 'fused-unbacked' (the step's sizes unbacked) with one, so the decode step of
+    both can be measured side by side on a GPU."""
     done = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--layers", "1", "--batch", "1",
-                           "--context", "8", "--steps", "2", "--modes", "fused,fused-1tok,fused-merged"], capture_output=True,
-                          text=True, timeout=900, cwd=ROOT)
+                           "--context", "8", "--steps", "2", "--modes", "fused,fused-unbacked,fused-merged"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("fused")}
-    assert "  1 trace(s); " in rows["fused"] and "  2 trace(s); " in rows["fused-1tok"]
-    assert "  1 trace(s); " in rows["fused-merged"]  # merged projections: the same single trace
+    assert "  2 trace(s); " in rows["fused"] and "  1 trace(s); " in rows["fused-unbacked"]
+    assert "  2 trace(s); " in rows["fused-merged"]
 
 
 def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:
@@ -222,14 +223,14 @@ GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
-    """--list prints the eight steps in order with their limits; a bad budget or an unknown flag is one line on
+    """--list prints the ten steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
     subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
-        "capture-cuda", "serving-fused", "profile-b1", "demo-hf-fused", "hf-tests-fused", "profile-b32",
-        "memory-full-depth", "bisect-fused"]
+        "capture-cuda", "decode-kernel-cuda", "serving-fused", "profile-b1", "kernel-sweep", "demo-hf-fused",
+        "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused"]
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),
                        (["--fast"], "unknown argument '--fast'")):

@@ -193,16 +193,17 @@ def test_persistent_workspace_holds_neutral_partials_for_empty_splits(device):
 
 
 def test_split_rule_numbers():
-    """One split when seqs x KV heads reach 2 programs per SM; else enough to fill, >= 256 tokens each, <= 128."""
+    """One split when seqs x KV heads reach 2 programs per SM; else enough to fill, >= 64 tokens each, <= 128."""
     rule = functools.partial(num_decode_splits, kernel_block_size=16)
     assert rule(1, num_kv_heads=8, table_width_kernel_blocks=2048) == 33  # 32k tokens: 264 programs
     assert rule(32, num_kv_heads=8, table_width_kernel_blocks=1024) == 2  # 256 < 264
     assert rule(33, num_kv_heads=8, table_width_kernel_blocks=1024) == 1  # 264 programs fill 132 SMs twice
-    assert rule(1, num_kv_heads=8, table_width_kernel_blocks=32) == 2  # 512 tokens: 256 per split
-    assert rule(4, num_kv_heads=2, table_width_kernel_blocks=15) == 1  # 240 tokens: too short to split
+    assert rule(1, num_kv_heads=8, table_width_kernel_blocks=32) == 8  # 512 tokens: 64 per split (64 programs)
+    assert rule(4, num_kv_heads=2, table_width_kernel_blocks=15) == 3  # 240 tokens: 3 splits of >= 64
+    assert rule(4, num_kv_heads=2, table_width_kernel_blocks=3) == 1  # 48 tokens: too short to split
     assert rule(1, num_kv_heads=1, table_width_kernel_blocks=100_000) == 128  # the cap
     assert rule(1, num_kv_heads=1, table_width_kernel_blocks=2048, num_sms=1) == 2
-    assert num_decode_splits(1, num_kv_heads=8, table_width_kernel_blocks=8, kernel_block_size=64) == 2  # 4 per split
+    assert num_decode_splits(1, num_kv_heads=8, table_width_kernel_blocks=8, kernel_block_size=64) == 8  # 1 per split
     assert num_decode_splits(1, num_kv_heads=8, table_width_kernel_blocks=8, kernel_block_size=512) == 8
 
 
@@ -250,7 +251,7 @@ def test_split_decode_replays_in_a_cuda_graph_after_the_tables_change():
     """Captured once with persistent out and workspace (2 kernels), replayed with new tables and lengths: as fp64."""
     cache, layout, query, table, lens = _raw_batch("blocks_first", "NHD", kbs=16, group=4, kv_heads=2, head_size=128,
                                                    seq_lens=(1000, 97), device="cuda", dtype=torch.bfloat16)
-    assert num_decode_splits(2, num_kv_heads=2, table_width_kernel_blocks=table.shape[1], kernel_block_size=16) == 4
+    assert num_decode_splits(2, num_kv_heads=2, table_width_kernel_blocks=table.shape[1], kernel_block_size=16) == 16
     workspace = decode_workspace(2, num_q_heads=8, num_kv_heads=2, head_size=128, kernel_block_size=16,
                                  table_width_kernel_blocks=table.shape[1], device="cuda")
     out = torch.empty_like(query)
