@@ -303,7 +303,7 @@ def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
     one-token chunk) get a second trace whose pieces Inductor compiles for exactly one token; every other step size
     shares the first trace. From 2026-11-26 (sixth session) these sizes were unbacked, to trace once (set-up 24-26 s
     instead of 29-31 s for the tiny Qwen3 fused on a 2-core CPU), but Inductor knows nothing of an unbacked size: on
-    an H100 the fused 0.94B model's decode step launched 433 kernels and took 1.525 ms at batch 1 (2.157 ms at 32),
+    an H100 the fused 0.94B model's decode step launched 433 kernels and took 1.547 ms at batch 1 (2.157 ms at 32),
     against 291 kernels and 1.359 ms (2.065 ms) with these marks. ``backed_size_oblivious`` (one backed trace
     that is not specialised at 1) still traced twice here: Inductor's compile cache adds a ``size >= 2`` guard."""
     torch._dynamo.maybe_mark_dynamic(tensor, dim)
