@@ -25,9 +25,9 @@ in its own process, and for the decode steps in which every request decodes prin
 
 ``fused-unbacked`` is ``fused`` with the step's sizes unbacked, as graphkv.hf served from 2026-11-26 (sixth session)
 until an H100 showed that one trace costing the decode step: 433 kernels and 1.547 ms at batch 1 (the serving
-benchmark's step) against 291 and 1.359 ms with backed sizes (``fused``: a trace for every step size of 2 tokens or more and one for 1-token steps,
-each piece compiled by Inductor for the sizes it saw). Run it beside ``fused`` at ``--batch 1`` and 32 to see what
-the second trace (a second compile of every piece at set-up) buys the decode step.
+benchmark's step) against 291 and 1.359 ms with backed sizes (``fused``: a trace for every step size of 2 tokens or
+more and one for 1-token steps, each piece compiled by Inductor for the sizes it saw). Run it beside ``fused`` at
+``--batch 1`` and 32 to see what the second trace (a second compile of every piece at set-up) buys the decode step.
 
 ``fused-merged`` is ``fused`` with ``merge_projections=True`` (:mod:`graphkv.hf.projections`): each layer's q / k / v
 and gate / up projections run as one matmul, 3 launches fewer per layer. Run it beside ``fused`` to see whether the

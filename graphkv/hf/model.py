@@ -37,7 +37,7 @@ from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import current_context
 from graphkv.spec.backends import CacheOrder
 
-__all__ = ["LOGITS_MODES", "PagedModel", "regions_compiled"]
+__all__ = ["LOGITS_MODES", "PagedModel"]
 
 LOGITS_MODES = ("last", "all")
 
@@ -71,9 +71,9 @@ class PagedModel(torch.nn.Module):
     (:class:`~graphkv.runtime.flex.region.FlexRegions`: the query's token count dynamic from the first call, no
     recompilation while serving; default: on a CUDA pool; on a CPU each region costs seconds once, then ~0.1-0.4
     ms per call instead of ~15-30 ms eager; on a CUDA pool the regions are compiled whatever ``compile`` says, see
-    :func:`regions_compiled`); ``compile="model"``: compile the model's whole forward (embeddings,
-    norms, MLPs, rotary, the paged attention and the head) as ``torch.compile`` of the module, the step's sizes
-    symbolic from the first call (a CPU spends about a minute compiling a tiny model's few graphs);
+    :func:`~graphkv.runtime.flex.region.region_compiled`); ``compile="model"``: compile the model's whole forward
+    (embeddings, norms, MLPs, rotary, the paged attention and the head) as ``torch.compile`` of the module, the
+    step's sizes symbolic from the first call (a CPU spends about a minute compiling a tiny model's few graphs);
     ``compile="piecewise"``: the whole forward traced once and split at the attention and state-mixer ops
     (:func:`~graphkv.runtime.capture.piecewise.piecewise_backend`), so that ``graphkv.capture`` captures mixed
     steps piece by piece (PIECEWISE keys) besides whole decode steps — the pieces run as traced, not fused by
@@ -135,9 +135,8 @@ class PagedModel(torch.nn.Module):
         workspaces: dict[tuple[int, ...], torch.Tensor] = {}  # one per decode geometry, shared by its layers
         modules = _layer_modules(model, family)
         # One compiled region per group and phase, under compile="model" too: there the attention layers
-        # are opaque ops (graphkv::attention) that run the regions. On a GPU they are compiled under compile=False
-        # too: eager flex there is PyTorch's unfused math path, which cannot be captured in a CUDA graph.
-        self.regions = FlexRegions(compile=regions_compiled(compile, pool.device), name=f"{family.model_type}_flex")
+        # are opaque ops (graphkv::attention) that run the regions (on a GPU compiled under compile=False too).
+        self.regions = FlexRegions(compile=bool(compile), name=f"{family.model_type}_flex")
         self.attention: dict[int, AttentionBinding] = {}
         replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}
         for decl in plan.layers:
@@ -282,16 +281,6 @@ class PagedModel(torch.nn.Module):
             out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                              graphkv=step)
         return out.logits[0]
-
-
-def regions_compiled(compile: bool | str, device: torch.device) -> bool:  # noqa: A002 - the torch verb
-    """Whether a :class:`PagedModel`'s flex regions are compiled: under any ``compile`` but ``False``, and on a CUDA
-    device always. Eager flex attention on a GPU is PyTorch's unfused math path: it materialises every score and
-    copies a host scalar to the device, so a CUDA graph cannot capture it (on an H100, ``compile=False`` with
-    ``decode_attention="flex"`` failed its first decode capture: "Cannot copy between CPU and CUDA tensors during
-    CUDA graph capture"). ``compile=False`` on a GPU therefore leaves the model's own layers eager and compiles only
-    graphkv's attention regions; on a CPU it keeps them eager (seconds of compile saved per region)."""
-    return bool(compile) or device.type == "cuda"
 
 
 _SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addresses, which a later merge would move

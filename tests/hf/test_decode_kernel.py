@@ -55,49 +55,31 @@ def _decode_logits(loop, prompt_lengths, num_decodes: int) -> list[torch.Tensor]
 FLEX_DECODE_BUILDS = {"cpu": 3 * 2 + 4, "cuda": 3 * 2}
 
 
-class DecodeMaskBuilds:
-    """Counts the flex mask builds of decode-shaped forwards while active (``with``): the capture's warm-ups and
-    graphs (a rehearsal's on a CPU) and the decode steps run eagerly. A replayed graph rebuilds its masks on the
-    device without a call, so on a GPU the count is the capture's."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._original = StepContext.build_masks
-
-    def __enter__(self) -> "DecodeMaskBuilds":
-        original = self._original
-
-        def counting(ctx, num_tokens):
-            shape = current_shape()
-            self.count += shape is not None and shape.uniform
-            return original(ctx, num_tokens)
-
-        StepContext.build_masks = counting
-        return self
-
-    def __exit__(self, *exc) -> None:
-        StepContext.build_masks = self._original
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "mistral", "gpt_oss"])
-def test_decode_kernel_matches_flex_and_builds_no_mask(family: str, device: str) -> None:
+def test_decode_kernel_matches_flex_and_builds_no_mask(family: str, device: str, monkeypatch) -> None:
     """Three requests (2, 4 and 26 tokens, one step's 32; the last past the 24-token window) decode 4 steps: the
     kernel's logits equal flex's to 1e-4 at every step, and its decode forwards build no flex mask (flex's build
     one per forward: the warm-ups and graphs of its 3 decode keys, and on a CPU the 4 decode steps). With
     ``compile=False`` on a GPU the flex regions are compiled all the same, so its decode steps are captured."""
     model = tiny_model(family).to(device)
-    logits, builds = {}, {}
+    logits, builds = {}, {"kernel": 0, "flex": 0}
+    build_masks = StepContext.build_masks
+
+    def counting(ctx, num_tokens):  # decode-shaped forwards only; a replayed graph rebuilds its masks without a call
+        shape = current_shape()
+        builds[choice] += shape is not None and shape.uniform
+        return build_masks(ctx, num_tokens)
+
+    monkeypatch.setattr(StepContext, "build_masks", counting)
     for choice in ("kernel", "flex"):
-        with DecodeMaskBuilds() as counted:
-            loop = serving_loop(model, compile=False, kernels="triton", decode_attention=choice)
-            assert loop.model.decode_attention == choice
-            assert loop.capture_report.keys == (GraphKey(num_tokens=4, num_reqs=4, uniform=True),
-                                                GraphKey(num_tokens=2, num_reqs=2, uniform=True),
-                                                GraphKey(num_tokens=1, num_reqs=1, uniform=True))
-            # the 3 decodes pad to the decode(4) key: still one token per row, so the kernel serves them
-            logits[choice] = _decode_logits(loop, (2, 4, 26), num_decodes=4)
-        builds[choice] = counted.count
+        loop = serving_loop(model, compile=False, kernels="triton", decode_attention=choice)
+        assert loop.model.decode_attention == choice
+        assert loop.capture_report.keys == (GraphKey(num_tokens=4, num_reqs=4, uniform=True),
+                                            GraphKey(num_tokens=2, num_reqs=2, uniform=True),
+                                            GraphKey(num_tokens=1, num_reqs=1, uniform=True))
+        # the 3 decodes pad to the decode(4) key: still one token per row, so the kernel serves them
+        logits[choice] = _decode_logits(loop, (2, 4, 26), num_decodes=4)
     assert builds == {"kernel": 0, "flex": FLEX_DECODE_BUILDS[device]}
     for step, (ours, theirs) in enumerate(zip(logits["kernel"], logits["flex"])):
         assert torch.allclose(ours[:3], theirs[:3], atol=1e-4, rtol=1e-4), (family, step)
@@ -143,8 +125,11 @@ def test_long_context_decode_splits_and_matches_flex(family: str, device: str) -
 
 def test_flex_regions_are_compiled_on_a_gpu_whatever_compile_says() -> None:
     """compile=False leaves flex eager on a CPU only: on a CUDA device eager flex cannot be captured (H100)."""
-    from graphkv.hf.model import regions_compiled
+    from graphkv.runtime.flex.region import region_compiled
 
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert [regions_compiled(c, cpu) for c in (False, True, "model", "fused")] == [False, True, True, True]
-    assert [regions_compiled(c, cuda) for c in (False, True, "model", "fused")] == [True, True, True, True]
+    modes = (False, True)
+    assert [region_compiled(c, "cpu", return_lse=False) for c in modes] == [False, True]
+    assert [region_compiled(c, "cuda", return_lse=False) for c in modes] == [True, True]
+    # a CPU's compiled flex returns no log-sum-exp (sinks): eager there; a GPU's does
+    assert [region_compiled(c, "cpu", return_lse=True) for c in modes] == [False, False]
+    assert [region_compiled(c, "cuda", return_lse=True) for c in modes] == [True, True]

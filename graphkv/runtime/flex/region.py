@@ -47,7 +47,7 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 
-__all__ = ["PHASES", "FlexRegions", "flex_kernel_options", "fresh_function"]
+__all__ = ["PHASES", "FlexRegions", "flex_kernel_options", "fresh_function", "region_compiled"]
 
 PHASES = ("decode", "mixed")
 _MIN_QUERY_TOKENS = 2  # a query of one token would be specialized (0/1 specialization) and recompile
@@ -102,6 +102,17 @@ def _region_function(mask_mod: Callable[..., torch.Tensor], q_tile: int, kbs: in
     return flex_region
 
 
+def region_compiled(compile: bool, device_type: str, *, return_lse: bool) -> bool:  # noqa: A002 - the torch verb
+    """Whether a flex region on ``device_type`` is compiled. On CUDA always: eager flex there is PyTorch's unfused
+    math path, which materialises every score and copies a host scalar to the device, so a CUDA graph cannot capture
+    it (on an H100, graphkv.hf with ``compile=False`` and flex decode failed its first decode capture: "Cannot copy
+    between CPU and CUDA tensors during CUDA graph capture"). Elsewhere as ``compile`` asks, except that torch 2.13's
+    compiled CPU flex returns no log-sum-exp: a region that needs it (``return_lse``) runs eager flex on a CPU."""
+    if device_type == "cuda":
+        return True
+    return compile and not (return_lse and device_type == "cpu")
+
+
 class _Region:
     """One compiled (or eager) flex call and the builder whose buffers it reads."""
 
@@ -114,9 +125,9 @@ class _Region:
 
 
 class FlexRegions:
-    """The flex-attention regions of one model: compiled (``compile=True``) or eager, one per
-    (mask builder, phase, scale, lse, soft-cap), created on first use. Not thread-safe (one model, one
-    serving thread)."""
+    """The flex-attention regions of one model: compiled (``compile=True``, and on CUDA always: see
+    :func:`region_compiled`) or eager, one per (mask builder, phase, scale, lse, soft-cap), created on first use. Not
+    thread-safe (one model, one serving thread)."""
 
     def __init__(self, *, compile: bool, name: str = "graphkv_flex") -> None:  # noqa: A002 - the torch verb
         self.compile = compile
@@ -175,8 +186,7 @@ class FlexRegions:
         fn = _region_function(builder.mask_mod, g.q_tile_tokens, g.kernel_block_size, g.kv_tokens, scale,
                               flex_kernel_options(device_type, g.q_tile_tokens, g.kernel_block_size), return_lse,
                               softcap)
-        # torch 2.13's compiled CPU flex returns no log-sum-exp: such a region runs eager flex on a CPU.
-        compiled = self.compile and not (return_lse and device_type == "cpu")
+        compiled = region_compiled(self.compile, device_type, return_lse=return_lse)
         if compiled:
             # unique to this FlexRegions: Dynamo also keys its automatic-dynamic record by the code's name, file and
             # line, so two models' regions of one name would share it (the second compiling dimensions dynamic that
