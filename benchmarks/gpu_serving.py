@@ -162,7 +162,7 @@ class GraphkvServer:
         start = time.perf_counter()
         self.loop = serving_loop_for(model, prompts, args.new_tokens, step_tokens=args.step_tokens,
                                      compile=COMPILE_BY_NAME[args.compile],
-                                     merge_projections=args.merge_projections)
+                                     merge_projections=args.merge_projections, small_matmul=args.small_matmul)
         self.build_seconds = time.perf_counter() - start  # plan + pool + capture
         self.prompts, self.new_tokens, self.device, self.runs = prompts, args.new_tokens, args.device, 0
 
@@ -430,6 +430,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="graphkv: ServingLoop's compile (auto: attention regions on a GPU, eager on a CPU)")
     parser.add_argument("--merge-projections", action="store_true",
                         help="graphkv: each q/k/v and gate/up group as one matmul (with --compile piecewise or fused)")
+    parser.add_argument("--small-matmul", action="store_true",
+                        help="graphkv: steps of at most 8 tokens multiply through graphkv's small-matmul kernel "
+                             "(with --compile piecewise or fused)")
     parser.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -438,9 +441,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.device, args.contenders = ("cuda" if args.gpu else "cpu"), tuple(args.contenders.split(","))
     unknown = sorted(set(args.contenders) - set(CONTENDERS))
     problems = [f"--contenders names {unknown}; pick from {','.join(CONTENDERS)}"] if unknown else []
-    if args.merge_projections and args.compile not in ("piecewise", "fused"):
-        problems.append(f"--merge-projections needs --compile piecewise or fused, not --compile {args.compile}; "
-                        f"pass --compile fused")
+    for flag, on in (("--merge-projections", args.merge_projections), ("--small-matmul", args.small_matmul)):
+        if on and args.compile not in ("piecewise", "fused"):
+            problems.append(f"{flag} needs --compile piecewise or fused, not --compile {args.compile}; "
+                            f"pass --compile fused")
     if args.new_tokens < 2:
         problems.append(f"--new-tokens={args.new_tokens}: needs >= 2 (a decode step to time); pass 2 or more")
     if not 1 <= args.min_prompt <= args.max_prompt:

@@ -31,7 +31,10 @@ more and one for 1-token steps, each piece compiled by Inductor for the sizes it
 
 ``fused-merged`` is ``fused`` with ``merge_projections=True`` (:mod:`graphkv.hf.projections`): each layer's q / k / v
 and gate / up projections run as one matmul, 3 launches fewer per layer. Run it beside ``fused`` to see whether the
-merge pays on the device before it becomes the default.
+merge pays on the device before it becomes the default. ``fused-small`` is ``fused-merged`` with
+``small_matmul=True``: the decode step's matmuls (at most 8 tokens) run graphkv's small-matmul kernel
+(:mod:`graphkv.kernels.small_matmul`) instead of cuBLAS, which read the weights at about 2.0 TB/s (0.7x a copy) in the
+ninth session's profile; ``benchmarks/gpu_linear.py`` compares the two matmul by matmul.
 
 A traced Qwen3 layer launches about 57 kernels per decode step; ``compile="fused"`` compiles the pieces between
 attention calls with Inductor. ``--device cpu`` runs the GPU path on a CPU (Triton interpreted; no device kernels to
@@ -53,9 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                          prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
-MODES = ("attention", "model", "piecewise", "fused", "fused-unbacked", "fused-merged")
+MODES = ("attention", "model", "piecewise", "fused", "fused-unbacked", "fused-merged", "fused-small")
 UNBACKED = "fused-unbacked"  # "fused" with the step's sizes unbacked, one trace (see the docstring)
 MERGED = "fused-merged"  # "fused" with merged q/k/v and gate/up projections (see the docstring)
+SMALL = "fused-small"  # "fused-merged" with graphkv's small-matmul kernel for steps of a few tokens
 
 
 def _summed(kernels: list[tuple[str, float]], label: Any) -> tuple[list[tuple[str, int, float]], float]:
@@ -82,6 +86,7 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int, top: int) -> list[
 KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("graphkv decode attention", ("_paged_decode",)),
     ("graphkv K/V write", ("reshape_and_cache",)),
+    ("graphkv small matmul", ("_small_matmul",)),
     ("flex attention", ("flex", "triton_tem_")),
     ("inductor fused", ("triton_poi_", "triton_red_", "triton_per_", "triton_")),
     ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "sm90_", "sm80_")),
@@ -126,9 +131,10 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
     start = time.perf_counter()
-    compile_name = "fused" if mode in (UNBACKED, MERGED) else mode
+    compile_name = "fused" if mode in (UNBACKED, MERGED, SMALL) else mode
     loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[compile_name],
-                            kernels="auto" if device == "cuda" else "triton", merge_projections=mode == MERGED)
+                            kernels="auto" if device == "cuda" else "triton",
+                            merge_projections=mode in (MERGED, SMALL), small_matmul=mode == SMALL)
     build_s = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     prof = profile(activities=activities)

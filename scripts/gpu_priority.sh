@@ -14,18 +14,21 @@
 #                     qwen3 / qwen3_next, the engine's overlap): the capture path graphkv drives itself
 #   2 decode-kernel-cuda  graphkv.hf's decode kernel against flex on CUDA, flex captured under compile=False (the
 #                     ninth session's H100 failure)
-#   3 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
-#   4 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
+#   3 small-matmul    the small-matmul kernel's tests on CUDA, then benchmarks/gpu_linear.py: the 0.94B model's
+#                     matrices at 1 token (a sweep of tiles, warps and stages) and at 8 (defaults), against cuBLAS
+#   4 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
+#   5 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
 #                     fused vs fused-unbacked (one unbacked trace, the sixth to ninth sessions' marks) vs fused-merged
-#                     (q/k/v and gate/up as one matmul each), 16 layers, the kernels by kind and the top kernels
-#   5 kernel-sweep    the decode kernel's split counts beside SDPA where the split rule changed (1 and 32 requests x
+#                     (q/k/v and gate/up as one matmul each) vs fused-small (merged, and the small-matmul kernel),
+#                     16 layers, the kernels by kind and the top kernels
+#   6 kernel-sweep    the decode kernel's split counts beside SDPA where the split rule changed (1 and 32 requests x
 #                     512 tokens) and at the issue's cells (32 x 4k / 16k, 1 x 16k), NHD and HND
-#   6 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
-#   7 profile-b32     the same profile at batch 32 (fused vs fused-unbacked vs fused-merged)
-#   8 hf-tests-fused  graphkv.hf's CUDA tests with GRAPHKV_GPU_COMPILE=fused (the GPU default under "fused": what
+#   7 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate, mixed steps captured
+#   8 profile-b32     the same profile at batch 32 (fused vs fused-merged vs fused-small)
+#   9 hf-tests-fused  graphkv.hf's CUDA tests with GRAPHKV_GPU_COMPILE=fused (the GPU default under "fused": what
 #                     making it the default needs); each failure on a line
-#   9 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
-#  10 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
+#  10 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
+#  11 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
 #                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
 # (For the script's own test: GPU_PRIORITY_ALLOW_CPU=1 runs it without CUDA; GPU_PRIORITY_STEPS, lines of
@@ -44,7 +47,7 @@ while [ "$#" -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
     --list) LIST=1 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
        exit 2 ;;
   esac
@@ -63,11 +66,12 @@ Q_OUT=$(printf '%q' "$OUT")
 STEPS=(
   "capture-cuda|150|python -m pytest -q -x -p no:cacheprovider tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py && python -m pytest -q -x -p no:cacheprovider tests/hf/test_hf_piecewise.py -k cuda"
   "decode-kernel-cuda|90|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_decode_kernel.py -k cuda"
+  "small-matmul|150|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/ops/test_small_matmul.py -k cuda && python benchmarks/gpu_linear.py --gpu --rows 1 --sweep --matrices qkv o gate_up down head --tile-n 2 4 8 16 --tile-k 256 512 1024 --warps 4 8 --stages 1 3 --repeats 5 --out $Q_OUT/gpu_linear_1.json && python benchmarks/gpu_linear.py --gpu --rows 8 --repeats 5 --out $Q_OUT/gpu_linear_8.json"
   "serving-fused|170|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
-  "profile-b1|200|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-unbacked,fused-merged"
+  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-unbacked,fused-merged,fused-small"
   "kernel-sweep|90|python benchmarks/decode_kernel_sweep.py --gpu --cells 1x512 32x512 32x4096 32x16384 1x16384 --splits 1 2 4 8 16 33 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd --repeats 5 --out $Q_OUT/sweep.json"
   "demo-hf-fused|120|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
-  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes fused,fused-unbacked,fused-merged"
+  "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes fused,fused-merged,fused-small"
   "hf-tests-fused|300|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider -rf --tb=line tests/hf -k cuda"
   "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
   "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"

@@ -159,22 +159,22 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2
-    assert ("--modes: ['graph'] not among attention, model, piecewise, fused, fused-unbacked, fused-merged"
-            in bad.stderr)
+    assert ("--modes: ['graph'] not among attention, model, piecewise, fused, fused-unbacked, fused-merged, "
+            "fused-small" in bad.stderr)
 
 
 @pytest.mark.slow
 def test_decode_profile_compares_fused_with_its_single_unbacked_trace() -> None:
     """'fused' serves batch 1 with two traces (every step size of 2 tokens or more, and 1-token steps), as does
-    'fused-merged' (merged projections); 'fused-unbacked' (the step's sizes unbacked) with one, so the decode step of
-    both can be measured side by side on a GPU."""
+    'fused-small' (merged projections and the small-matmul kernel); 'fused-unbacked' (the step's sizes unbacked) with
+    one, so the decode step of each can be measured side by side on a GPU."""
     done = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--layers", "1", "--batch", "1",
-                           "--context", "8", "--steps", "2", "--modes", "fused,fused-unbacked,fused-merged"],
+                           "--context", "8", "--steps", "2", "--modes", "fused,fused-unbacked,fused-small"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("fused")}
     assert "  2 trace(s); " in rows["fused"] and "  1 trace(s); " in rows["fused-unbacked"]
-    assert "  2 trace(s); " in rows["fused-merged"]
+    assert "  2 trace(s); " in rows["fused-small"]
 
 
 def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:
@@ -206,8 +206,10 @@ def test_decode_profile_sums_kernels_by_kind() -> None:
         "void gemv2T_kernel_val<int, int, __nv_bfloat16>", "triton_poi_fused_add_mul_0", "triton_red_fused_mean_pow_1",
         "triton_per_fused__to_copy_add_mean_2", "_paged_decode_split_kernel", "_paged_decode_combine_kernel",
         "_reshape_and_cache_kernel", "triton_tem_fused_flex_attention_0", "void at::native::elementwise_kernel<128>",
+        "_small_matmul_kernel",
     )] == ["matmul", "matmul", "matmul", "inductor fused", "inductor fused", "inductor fused",
-           "graphkv decode attention", "graphkv decode attention", "graphkv K/V write", "flex attention", "other"]
+           "graphkv decode attention", "graphkv decode attention", "graphkv K/V write", "flex attention", "other",
+           "graphkv small matmul"]
     rows = kernel_kinds([("nvjet_a", 30.0), ("triton_poi_fused_0", 2.0), ("triton_red_fused_1", 3.0), ("nvjet_b", 10.0),
                          ("_paged_decode_split_kernel", 5.0)], steps=2)
     assert rows == [
@@ -223,13 +225,13 @@ GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
-    """--list prints the ten steps in order with their limits; a bad budget or an unknown flag is one line on
+    """--list prints the eleven steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
     subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
-        "capture-cuda", "decode-kernel-cuda", "serving-fused", "profile-b1", "kernel-sweep", "demo-hf-fused",
+        "capture-cuda", "decode-kernel-cuda", "small-matmul", "serving-fused", "profile-b1", "kernel-sweep", "demo-hf-fused",
         "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused"]
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),

@@ -98,13 +98,17 @@ class PagedModel(torch.nn.Module):
     matmul (:mod:`graphkv.hf.projections`): their weights are laid out end to end once, the model's parameters
     becoming views of them (same values; one group is copied at a time, and no memory is held beyond the model's
     own once the old tensors are freed). Otherwise the model's weights are used in
-    place (no copy) and the model is not changed. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
+    place (no copy) and the model is not changed. ``small_matmul`` (with ``"piecewise"`` / ``"fused"`` only): the
+    forward's matmuls of at most 8 tokens (decode steps of small batches) run graphkv's small-matmul kernel
+    (:mod:`graphkv.kernels.small_matmul`) where ``kernels`` resolves to Triton, torch's matmul otherwise
+    (:mod:`graphkv.runtime.ops.small_linear_op`); off by default until an H100 measures it faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
                  compile: bool | str | None = None, kernels: str = "auto",  # noqa: A002 - the torch verb
-                 decode_attention: str | None = None, merge_projections: bool = False) -> None:
+                 decode_attention: str | None = None, merge_projections: bool = False,
+                 small_matmul: bool = False) -> None:
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -128,6 +132,14 @@ class PagedModel(torch.nn.Module):
                                           f"not compile={compile!r}: run eagerly, each projection of a group would "
                                           f"compute the group's whole matmul",
                                     fix="pass compile='fused' (or 'piecewise'), or merge_projections=False"))
+        if not isinstance(small_matmul, bool):
+            raise SpecError(Problem(field="small_matmul", value=repr(small_matmul), limit="must be a bool",
+                                    fix="True to run few-token steps' matmuls through graphkv's kernel, else False"))
+        if small_matmul and compile not in ("piecewise", "fused"):
+            raise SpecError(Problem(field="small_matmul", value=True,
+                                    limit=f"routes the traced forward's matmuls (compile='piecewise' or 'fused'), "
+                                          f"not compile={compile!r}",
+                                    fix="pass compile='fused' (or 'piecewise'), or small_matmul=False"))
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -207,7 +219,8 @@ class PagedModel(torch.nn.Module):
             fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
-            self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused")
+            self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
+                                                small_matmul_kernels=self.kernels if small_matmul else None)
                               if compile != "model" else None)
             self._call = (torch.compile(fresh) if self.piecewise is None
                           else torch.compile(fresh, backend=self.piecewise))

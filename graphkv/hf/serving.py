@@ -42,6 +42,7 @@ class ServingLoop:
     steps; the default on the GPU path), ``"flex"`` (flex attention and its mask for every step).
     ``merge_projections`` (with ``compile="piecewise"`` / ``"fused"``): each q / k / v and gate / up group runs as
     one matmul, its weights laid out end to end in the model (:class:`~graphkv.hf.model.PagedModel`).
+    ``small_matmul`` (same compile modes): steps of at most 8 tokens multiply through graphkv's small-matmul kernel.
 
     Attributes: :attr:`plan`, :attr:`pool`, :attr:`step` (the Step: :class:`Batch` in, buffers
     filled, ownership checked), :attr:`model` (the paged model), :attr:`forward` (the captured
@@ -61,7 +62,7 @@ class ServingLoop:
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
                  kernels: str = "auto", decode_attention: str | None = None,  # noqa: A002
-                 merge_projections: bool = False) -> None:
+                 merge_projections: bool = False, small_matmul: bool = False) -> None:
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
         self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
@@ -74,7 +75,8 @@ class ServingLoop:
         self.pool = allocate(self.plan, self.device)
         self.step = Step(self.plan, self.device, kernels=self.kernels)
         self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels,
-                                decode_attention=decode_attention, merge_projections=merge_projections)
+                                decode_attention=decode_attention, merge_projections=merge_projections,
+                                small_matmul=small_matmul)
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:

@@ -314,23 +314,36 @@ class PiecewiseBackend:
     ``fuse``: compile each graph piece with Inductor first (:mod:`graphkv.runtime.capture.fuse`:
     its elementwise ops and reductions fused, a few kernels around the matmuls); the runners then
     capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
+    ``small_matmul_kernels`` (``"auto"`` / ``"triton"``): every ``linear`` call runs as ``graphkv::small_linear``
+    (:func:`~graphkv.runtime.capture.small_matmuls.route_small_matmuls`; graphkv's small-matmul kernel for steps of a
+    few tokens, where that choice resolves to Triton), counted in ``num_small_matmuls``. Default ``None``: torch's.
     """
 
     def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
-                 fuse: bool = False) -> None:
+                 fuse: bool = False, small_matmul_kernels: str | None = None) -> None:
+        if small_matmul_kernels is not None:  # a bad choice is refused here, not at the first trace
+            from graphkv.runtime.ops.choice import resolve_kernels  # needs Triton, as the kernel does
+
+            resolve_kernels(small_matmul_kernels, "cpu")
         self.splitting_ops = tuple(op_name(op) for op in splitting_ops)
         self.capture_fn = PiecewiseRunner if capture_fn is None else capture_fn
         self.fuse = fuse
+        self.small_matmul_kernels = small_matmul_kernels
         self.splits: list[SplitResult] = []
         self.runners: list[torch.nn.Module] = []
         self.num_fused = 0  # graph pieces compiled by Inductor (``fuse``), over every split
         self.num_compiles = 0  # Inductor compiles those took (one per distinct piece)
         self.num_deduped = 0  # repeated matmuls kept once (dedupe_linears), over every trace
+        self.num_small_matmuls = 0  # linear calls routed through graphkv::small_linear, over every trace
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if self.fuse:
             specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
         self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
+        if self.small_matmul_kernels is not None:  # after dedupe_linears, which merges linear calls, not the op
+            from graphkv.runtime.capture.small_matmuls import route_small_matmuls
+
+            self.num_small_matmuls += route_small_matmuls(gm, self.small_matmul_kernels)
         split = split_at_attention(gm, self.splitting_ops)
         compiled: dict[str, Callable[..., Any]] = {}
         if self.fuse:
@@ -353,7 +366,8 @@ class PiecewiseBackend:
 
 
 def piecewise_backend(splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
-                      fuse: bool = False) -> PiecewiseBackend:
+                      fuse: bool = False, small_matmul_kernels: str | None = None) -> PiecewiseBackend:
     """A ``torch.compile(backend=...)`` that splits at ``splitting_ops`` and captures the pieces
-    between them, each compiled by Inductor first with ``fuse`` (see :class:`PiecewiseBackend`)."""
-    return PiecewiseBackend(splitting_ops, capture_fn, fuse=fuse)
+    between them, each compiled by Inductor first with ``fuse``, its linear calls through graphkv's small-matmul
+    kernel with ``small_matmul_kernels`` (see :class:`PiecewiseBackend`)."""
+    return PiecewiseBackend(splitting_ops, capture_fn, fuse=fuse, small_matmul_kernels=small_matmul_kernels)

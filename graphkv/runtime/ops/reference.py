@@ -14,7 +14,7 @@ import torch
 from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.spec.backends import CacheOrder, KVLayout
 
-__all__ = ["PAD_SLOT_ID", "causal_conv_ref", "expand_pages_ref", "gather_ref", "gated_delta_ref",
+__all__ = ["PAD_SLOT_ID", "causal_conv_ref", "expand_pages_ref", "gather_ref", "gated_delta_ref", "linear_ref",
            "paged_decode_attention_ref", "reshape_and_cache_ref", "slot_mapping_ref", "ssd_ref", "write_pages_ref"]
 
 
@@ -69,6 +69,12 @@ def _kv_index(layout: KVLayout, kv: int, kernel_block: int, offset: int) -> tupl
     if layout.order is CacheOrder.KV_FIRST:
         return (kv, kernel_block, offset)
     return (kernel_block, offset)  # LATENT
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` in float64 on the CPU, each output a sum of exact products (one float64 rounding)."""
+    out = x.cpu().double() @ weight.cpu().double().T
+    return out if bias is None else out + bias.cpu().double()
 
 
 def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor | None, kv_cache: torch.Tensor,

@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from graphkv.kernels import block_tables, paged_attention, reshape_and_cache  # noqa: E402
+from graphkv.kernels import block_tables, paged_attention, reshape_and_cache, small_matmul  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
 pytestmark = pytest.mark.skipif(not os.path.exists(PTXAS), reason=f"no ptxas bundled with Triton at {PTXAS}")
@@ -59,6 +59,15 @@ CASES = {
     "paged_decode_fp32_d16_kbs32": (paged_attention._paged_decode_split_kernel, SPLIT_FP32,
                                     {**DECODE, "KERNEL_BLOCK_SIZE": 32, "HEAD_SIZE": 16, "HAS_WINDOW": True,
                                      "DOT_PRECISION": "ieee", "TILE_N": 128, "TILE_D": 16}),
+    "small_matmul_bf16_1row": (small_matmul._small_matmul_kernel,
+                               {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16"},
+                               {"HAS_BIAS": False, "TILE_M": 1, "TILE_N": 2, "TILE_K": 512}),
+    "small_matmul_fp16_8rows_bias": (small_matmul._small_matmul_kernel,
+                                     {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16"},
+                                     {"HAS_BIAS": True, "TILE_M": 8, "TILE_N": 4, "TILE_K": 256}),
+    "small_matmul_fp32_16rows": (small_matmul._small_matmul_kernel,
+                                 {"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32"},
+                                 {"HAS_BIAS": True, "TILE_M": 16, "TILE_N": 16, "TILE_K": 32}),
     "paged_decode_combine": (paged_attention._paged_decode_combine_kernel, COMBINE,
                              {"HEAD_SIZE": 128, "HAS_SINKS": True, "TILE_SPLITS": 64, "TILE_S": 16, "TILE_D": 128}),
 }
@@ -76,6 +85,7 @@ def interpret_each_kernel() -> None:
     cache = torch.ones(2, 2, 16, 1, 8)
     reshape_and_cache.reshape_and_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), cache, torch.tensor([3]),
                                         layout=layout)
+    small_matmul.small_matmul(torch.ones(2, 8), torch.ones(3, 8))
     for num_splits in (1, 2):  # the split kernel alone, then with the combine kernel
         paged_attention.paged_decode_attention(torch.ones(1, 2, 8), cache, torch.tensor([[1]], dtype=torch.int32),
                                                torch.tensor([5], dtype=torch.int32), layout=layout,

@@ -1,0 +1,171 @@
+"""Small-batch matmul: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` for a few rows, read at memory speed.
+
+Why: a decode step at a small batch multiplies a handful of token rows by every weight matrix of the model, so its
+time is the time to read the weights. On an H100 (ninth session's profile of the 0.94B model at batch 1) cuBLAS read
+them at about 2.0 TB/s, 0.7x of a device copy's rate, in tiles of 64 weight rows by 8 (padded) token rows: 860 us of
+a 1.35 ms step. This kernel gives each program a few weight rows (``TILE_N``) and the whole of ``K``, so an
+``N = 2048`` matrix is read by hundreds of programs at once, each streaming its rows in ``TILE_K`` pieces; the
+token rows are multiplied in float32 registers (no tensor cores: at ``M <= 8`` a matmul is a sum of products).
+
+Launch configuration: :func:`small_matmul_config` (tile sizes from ``M``, ``N``, ``K`` and the SM count; every
+value can be overridden for a sweep, ``benchmarks/gpu_linear.py``). Capture-safe: the launch reads only shapes on
+the host and allocates nothing when ``out`` is given.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import triton
+import triton.language as tl
+
+from graphkv.errors import Problem, SpecError
+from graphkv.kernels.launch import device_kernel
+
+__all__ = ["MAX_SMALL_MATMUL_ROWS", "SmallMatmulConfig", "check_small_matmul", "small_matmul",
+           "small_matmul_config"]
+
+MAX_SMALL_MATMUL_ROWS = 16
+"""The most rows (tokens) :func:`small_matmul` takes; more rows are a real matmul, for cuBLAS."""
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_PRODUCT_FLOATS = 8192  # TILE_M * TILE_N * TILE_K products held per program (64 float32 a thread at 4 warps)
+
+
+@device_kernel
+def _small_matmul_kernel(
+    x_ptr,  # [M, K] (any strides)
+    w_ptr,  # [N, K] (any strides)
+    bias_ptr,  # [N] (unused when HAS_BIAS is False)
+    out_ptr,  # [M, N] (any strides)
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    TILE_K: tl.constexpr,
+):
+    n = (tl.program_id(0) * TILE_N + tl.arange(0, TILE_N)).to(tl.int64)
+    m = tl.arange(0, TILE_M).to(tl.int64)
+    k_base = tl.arange(0, TILE_K).to(tl.int64)
+    in_n = n < N
+    in_m = m < M
+    acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+    for k0 in range(0, K, TILE_K):
+        k = k0 + k_base
+        in_k = k < K
+        w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :] * stride_wk, mask=in_n[:, None] & in_k[None, :],
+                    other=0.0).to(tl.float32)  # [TILE_N, TILE_K]
+        x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk, mask=in_m[:, None] & in_k[None, :],
+                    other=0.0).to(tl.float32)  # [TILE_M, TILE_K]
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + m[:, None] * stride_om + n[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
+             mask=in_m[:, None] & in_n[None, :])
+
+
+@attrs.frozen(kw_only=True)
+class SmallMatmulConfig:
+    """One launch configuration of :func:`small_matmul`: weight rows per program (``tile_n``), the ``K`` piece
+    read per iteration (``tile_k``), warps per program and Triton's software-pipelining depth."""
+
+    tile_n: int
+    tile_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        problems = [Problem(field=name, value=getattr(self, name), limit=f"must be a power of two in {low}..{high}",
+                            fix=f"pass a power of two between {low} and {high}")
+                    for name, low, high in (("tile_n", 1, 256), ("tile_k", 16, 4096), ("num_warps", 1, 16))
+                    if not _power_of_two_in(getattr(self, name), low, high)]
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            problems.append(Problem(field="num_stages", value=self.num_stages, limit="must be an int in 1..8",
+                                    fix="pass 2-4 (Triton's software-pipelining depth)"))
+        if problems:
+            raise SpecError(*problems)
+
+
+def _power_of_two_in(value: object, low: int, high: int) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+            and value & (value - 1) == 0)
+
+
+def small_matmul_config(num_rows: int, out_features: int, in_features: int, *, num_sms: int = 132) -> SmallMatmulConfig:
+    """The default launch of a ``[num_rows, in_features] x [out_features, in_features]^T`` product: the most weight
+    rows per program (up to 16) that still give every SM at least four programs, and a ``K`` piece that keeps
+    ``TILE_M * TILE_N * TILE_K`` at 8,192 float32 products per program (at most 512, at least 16)."""
+    tile_m = triton.next_power_of_2(max(num_rows, 1))
+    tile_n = 16
+    while tile_n > 1 and triton.cdiv(out_features, tile_n) < 4 * num_sms:
+        tile_n //= 2
+    tile_k = _PRODUCT_FLOATS // (tile_m * tile_n)
+    tile_k = max(16, min(512, tile_k, triton.next_power_of_2(max(in_features, 16))))
+    return SmallMatmulConfig(tile_n=tile_n, tile_k=tile_k)
+
+
+def check_small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       out: torch.Tensor | None) -> list[Problem]:
+    """Every problem with :func:`small_matmul`'s arguments (shapes, dtypes, devices), none with values."""
+    problems = []
+    if weight.dim() != 2 or weight.dtype not in _DTYPES:
+        problems.append(Problem(field="weight", value=(tuple(weight.shape), str(weight.dtype)),
+                                limit="must be [out_features, in_features] float16, bfloat16 or float32",
+                                fix="pass the linear layer's weight"))
+        return problems
+    out_features, in_features = weight.shape
+    if x.dim() != 2 or x.shape[1] != in_features or x.shape[0] > MAX_SMALL_MATMUL_ROWS:
+        problems.append(Problem(field="x", value=tuple(x.shape),
+                                limit=f"must be [num_rows <= {MAX_SMALL_MATMUL_ROWS}, {in_features}]",
+                                fix="flatten the leading dimensions, and run larger batches through torch's matmul"))
+    if x.dtype != weight.dtype or x.device != weight.device:
+        problems.append(Problem(field="x.dtype", value=(str(x.dtype), str(x.device)),
+                                limit=f"must be {weight.dtype} on {weight.device}, as the weight",
+                                fix="cast x to the weight's dtype and device"))
+    if bias is not None and (tuple(bias.shape) != (out_features,) or bias.device != weight.device
+                             or not bias.dtype.is_floating_point):
+        problems.append(Problem(field="bias", value=(tuple(bias.shape), str(bias.dtype), str(bias.device)),
+                                limit=f"must be [{out_features}] floating point on {weight.device}",
+                                fix="pass the linear layer's bias, or None"))
+    num_rows = x.shape[0] if x.dim() == 2 else 0
+    if out is not None and (tuple(out.shape) != (num_rows, out_features) or out.device != weight.device
+                            or not out.dtype.is_floating_point):
+        problems.append(Problem(field="out", value=(tuple(out.shape), str(out.dtype), str(out.device)),
+                                limit=f"must be ({num_rows}, {out_features}) floating point on {weight.device}",
+                                fix="allocate out as x.new_empty(x.shape[0], weight.shape[0])"))
+    return problems
+
+
+def small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 out: torch.Tensor | None = None, config: SmallMatmulConfig | None = None,
+                 num_sms: int = 132) -> torch.Tensor:
+    """``x @ weight.T + bias`` (``torch.nn.functional.linear``) for ``x`` of at most
+    :data:`MAX_SMALL_MATMUL_ROWS` rows, accumulated in float32, as one Triton launch of
+    ``ceil(out_features / tile_n)`` programs. ``x`` ``[M, K]`` and ``weight`` ``[N, K]`` may have any strides (a
+    merged projection's rows, a slice of a fused tensor); ``out`` ``[M, N]`` is allocated as ``x``'s dtype unless
+    given. ``config`` overrides :func:`small_matmul_config` of the shapes and ``num_sms``. Raises
+    :class:`~graphkv.errors.SpecError` naming every bad argument. CPU tensors run in Triton's interpreter.
+
+    Example::
+
+        y = small_matmul(hidden[:4], model.lm_head.weight)  # [4, vocab], hidden: [>= 4, hidden_size]
+    """
+    problems = check_small_matmul(x, weight, bias, out)
+    if problems:
+        raise SpecError(*problems)
+    num_rows, in_features = x.shape
+    out_features = weight.shape[0]
+    if out is None:
+        out = x.new_empty(num_rows, out_features)
+    if num_rows == 0 or out_features == 0:
+        return out
+    if in_features == 0:
+        return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    config = config or small_matmul_config(num_rows, out_features, in_features, num_sms=num_sms)
+    _small_matmul_kernel[(triton.cdiv(out_features, config.tile_n),)](
+        x, weight, weight if bias is None else bias, out, num_rows, out_features, in_features,
+        *x.stride(), *weight.stride(), *out.stride(),
+        HAS_BIAS=bias is not None, TILE_M=triton.next_power_of_2(num_rows), TILE_N=config.tile_n,
+        TILE_K=config.tile_k, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out

@@ -1,0 +1,168 @@
+"""The small-matmul kernel (few rows times a weight matrix) against the shared reference, on every device present;
+the ``graphkv::small_linear`` op that picks it per call; the pass that routes a traced forward's linear calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import graphkv.runtime.ops.small_linear_op as small_linear_op
+from graphkv.errors import SpecError
+from graphkv.kernels.small_matmul import SmallMatmulConfig, small_matmul, small_matmul_config
+from graphkv.runtime.capture.piecewise import piecewise_backend
+from graphkv.runtime.capture.small_matmuls import route_small_matmuls
+from graphkv.runtime.ops.reference import linear_ref
+from graphkv.runtime.ops.small_linear_op import SMALL_LINEAR_ROWS, small_linear
+
+EPS = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None = None) -> None:
+    """Each output within one rounding to its dtype of the float64 product, plus float32 accumulation error
+    (``K * 2^-23`` of the sum of the products' magnitudes)."""
+    want = linear_ref(x, weight, bias)
+    magnitude = linear_ref(x.abs(), weight.abs(), None if bias is None else bias.abs())
+    bound = 2 * EPS[out.dtype] * want.abs() + x.shape[1] * 2.0 ** -23 * magnitude + 1e-30
+    error = (out.cpu().double() - want).abs()
+    assert bool((error <= bound).all()), f"largest error {float(error.max()):.3g} over bound at {error.argmax()}"
+
+
+def _operands(rows: int, out_features: int, in_features: int, dtype: torch.dtype, seed: int, device: str):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype).to(device)
+    weight = torch.randn(out_features, in_features, generator=gen).to(dtype).to(device)
+    bias = torch.randn(out_features, generator=gen).to(dtype).to(device)
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,out_features,in_features", [(1, 1, 1), (1, 7, 17), (3, 33, 130), (5, 100, 257),
+                                                           (8, 64, 1000), (16, 19, 48)])
+def test_matches_the_reference_over_awkward_sizes(rows, out_features, in_features, dtype, device):
+    """Rows 1-16, output and input widths that fill no tile, three dtypes, with and without a bias."""
+    x, weight, bias = _operands(rows, out_features, in_features, dtype, seed=rows * out_features, device=device)
+    out = small_matmul(x, weight, bias)
+    assert out.shape == (rows, out_features) and out.dtype == dtype and out.device.type == device
+    assert_matches_reference(out, x, weight, bias)
+    assert_matches_reference(small_matmul(x, weight), x, weight)
+
+
+@pytest.mark.parametrize("config", [SmallMatmulConfig(tile_n=1, tile_k=16), SmallMatmulConfig(tile_n=4, tile_k=64),
+                                    SmallMatmulConfig(tile_n=64, tile_k=512, num_warps=8, num_stages=2)])
+def test_every_tiling_gives_the_same_product(config, device):
+    """Tiles narrower and wider than the output (masked tails in both directions) give the reference's values."""
+    x, weight, bias = _operands(3, 70, 150, torch.float32, seed=7, device=device)
+    assert_matches_reference(small_matmul(x, weight, bias, config=config), x, weight, bias)
+
+
+def test_strided_operands_and_output_are_read_through_their_strides(device):
+    """``x`` every other column of a wider tensor, the weight some rows of a merged weight (a projection's view), the
+    output a column slice of a wider tensor: the kernel writes only its slice."""
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(4, 2 * 40, generator=gen).to(device)
+    merged = torch.randn(3 * 24, 40, generator=gen).to(device)
+    x, weight = wide[:, ::2], merged[24:48]
+    canvas = torch.full((4, 50), 7.0, device=device)
+    out = canvas[:, 10:34]
+    small_matmul(x, weight, out=out)
+    assert_matches_reference(out, x, weight)
+    assert bool((canvas[:, :10] == 7).all()) and bool((canvas[:, 34:] == 7).all())
+
+
+def test_empty_shapes(device):
+    """No rows: an empty output; no input features: the bias (or zeros), as torch's linear gives."""
+    x, weight, bias = _operands(2, 5, 0, torch.float32, seed=1, device=device)
+    assert torch.equal(small_matmul(x, weight, bias).cpu(), bias.cpu().expand(2, 5))
+    assert torch.equal(small_matmul(x, weight).cpu(), torch.zeros(2, 5))
+    assert small_matmul(x[:0], weight).shape == (0, 5)
+
+
+def test_bad_arguments_are_refused_naming_each():
+    """Too many rows, a mismatched width, dtype, bias and output: one error naming every field, value and fix."""
+    x, weight, bias = _operands(17, 6, 8, torch.float32, seed=2, device="cpu")
+    with pytest.raises(SpecError, match=r"x=\(17, 8\).*num_rows <= 16.*torch's matmul"):
+        small_matmul(x, weight)
+    with pytest.raises(SpecError) as error:
+        small_matmul(x[:2, :7].half(), weight, bias[:5], out=torch.empty(2, 5))
+    assert [p.field for p in error.value.problems] == ["x", "x.dtype", "bias", "out"]
+    with pytest.raises(SpecError, match=r"weight=\(\(8,\)"):
+        small_matmul(x[:2], weight[0])
+    with pytest.raises(SpecError) as error:
+        SmallMatmulConfig(tile_n=3, tile_k=8, num_warps=4, num_stages=0)
+    assert [p.field for p in error.value.problems] == ["tile_n", "tile_k", "num_stages"]
+
+
+def test_default_configuration_fills_the_gpu():
+    """The widest tiles (up to 16 weight rows) that still give each SM four programs; K pieces holding 8,192 products
+    per program, 16-512 wide."""
+    assert small_matmul_config(1, 2048, 2048, num_sms=132) == SmallMatmulConfig(tile_n=2, tile_k=512)
+    assert small_matmul_config(1, 12288, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=512)
+    assert small_matmul_config(8, 4096, 2048, num_sms=132) == SmallMatmulConfig(tile_n=4, tile_k=256)
+    assert small_matmul_config(16, 151936, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=32)
+    assert small_matmul_config(1, 7, 17, num_sms=132) == SmallMatmulConfig(tile_n=1, tile_k=32)
+    assert small_matmul_config(3, 96, 64, num_sms=1) == SmallMatmulConfig(tile_n=16, tile_k=64)
+
+
+def test_small_linear_picks_the_kernel_for_few_rows(monkeypatch):
+    """Up to 8 rows with kernels resolving to Triton run the kernel (leading dimensions flattened); 9 rows, or
+    ``kernels="torch"`` / ``"auto"`` on a CPU, run torch's linear, bit for bit."""
+    launched = []
+
+    def counting(x, *args, **kwargs):
+        launched.append(tuple(x.shape))
+        return small_matmul(x, *args, **kwargs)
+
+    monkeypatch.setattr(small_linear_op, "small_matmul", counting)
+    x, weight, bias = _operands(9, 24, 40, torch.float32, seed=5, device="cpu")
+    out = small_linear(x[:8].reshape(2, 4, 40), weight, bias, kernels="triton")
+    assert launched == [(8, 40)] and out.shape == (2, 4, 24)
+    assert_matches_reference(out.reshape(8, 24), x[:8], weight, bias)
+    assert SMALL_LINEAR_ROWS == 8
+    assert torch.equal(small_linear(x, weight, bias, kernels="triton"), torch.nn.functional.linear(x, weight, bias))
+    for kernels in ("torch", "auto"):
+        assert torch.equal(small_linear(x[:2], weight, kernels=kernels), torch.nn.functional.linear(x[:2], weight))
+    assert len(launched) == 1
+    with pytest.raises(SpecError, match="kernels=.cuda."):
+        small_linear(x, weight, kernels="cuda")
+
+
+def test_the_custom_op_passes_torch_checks():
+    """``graphkv::small_linear``'s schema and fake implementation agree with the real one (torch.library.opcheck)."""
+    x, weight, bias = _operands(3, 20, 16, torch.float32, seed=4, device="cpu")
+    torch.library.opcheck(torch.ops.graphkv.small_linear.default, (x, weight, bias, "triton"),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.graphkv.small_linear.default, (x.reshape(1, 3, 16), weight, None, "torch"),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_compiled_forward_routes_its_linears(fuse):
+    """A two-linear toy compiled with the piecewise backend: both calls become the op in each trace; outputs equal
+    eager torch's at 3 rows (the kernel) and at 11 (torch's matmul: exactly, unfused)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.SiLU(), torch.nn.Linear(40, 12, bias=False))
+    backend = piecewise_backend(fuse=fuse, small_matmul_kernels="triton")
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (3, 11):
+            x = torch.randn(rows, 24)
+            want = model(x)
+            got = compiled(x)
+            if rows > SMALL_LINEAR_ROWS and not fuse:  # Inductor's SiLU may round differently from eager's
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert backend.num_small_matmuls == 2
+
+
+def test_routing_leaves_what_it_cannot_run():
+    """A linear whose output needs a gradient (training) is not routed; a bad kernels choice is refused at once."""
+    model = torch.nn.Linear(8, 4)
+    gm = torch.fx.symbolic_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b))
+    for node in gm.graph.nodes:  # symbolic_trace records no example values: give them as Dynamo would
+        node.meta["example_value"] = {"x": torch.empty(2, 8), "w": model.weight, "b": model.bias}.get(
+            node.name, torch.empty(2, 4, requires_grad=True) if node.op == "call_function" else None)
+    assert route_small_matmuls(gm, "triton") == 0
+    with pytest.raises(SpecError, match="kernels=.gpu."):
+        piecewise_backend(small_matmul_kernels="gpu")
