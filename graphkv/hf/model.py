@@ -123,23 +123,12 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if check_compile(compile) is None:
             compile = default_compile(pool.device.type)
-        if not isinstance(merge_projections, bool):
-            raise SpecError(Problem(field="merge_projections", value=repr(merge_projections), limit="must be a bool",
-                                    fix="True to run each q/k/v and gate/up group as one matmul, else False"))
-        if merge_projections and compile not in ("piecewise", "fused"):
-            raise SpecError(Problem(field="merge_projections", value=True,
-                                    limit=f"needs the forward traced and split (compile='piecewise' or 'fused'), "
-                                          f"not compile={compile!r}: run eagerly, each projection of a group would "
-                                          f"compute the group's whole matmul",
-                                    fix="pass compile='fused' (or 'piecewise'), or merge_projections=False"))
-        if not isinstance(small_matmul, bool):
-            raise SpecError(Problem(field="small_matmul", value=repr(small_matmul), limit="must be a bool",
-                                    fix="True to run few-token steps' matmuls through graphkv's kernel, else False"))
-        if small_matmul and compile not in ("piecewise", "fused"):
-            raise SpecError(Problem(field="small_matmul", value=True,
-                                    limit=f"routes the traced forward's matmuls (compile='piecewise' or 'fused'), "
-                                          f"not compile={compile!r}",
-                                    fix="pass compile='fused' (or 'piecewise'), or small_matmul=False"))
+        _check_split_option("merge_projections", merge_projections, compile,
+                            does="True to run each q/k/v and gate/up group as one matmul",
+                            why=": run eagerly, each projection of a group would compute the group's whole matmul")
+        _check_split_option("small_matmul", small_matmul, compile,
+                            does="True to run few-token steps' matmuls through graphkv's kernel",
+                            why=" (it routes the traced forward's matmuls)")
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -315,6 +304,19 @@ DECODE_ATTENTION = ("kernel", "flex")
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""
+
+
+def _check_split_option(field: str, value: object, compile: object, *, does: str, why: str) -> None:  # noqa: A002
+    """Refuse an option of the split forward (``merge_projections``, ``small_matmul``) that is not a bool, or is on
+    under a compile mode that does not trace and split the forward; ``does`` says what True does, ``why`` why it
+    needs the split."""
+    if not isinstance(value, bool):
+        raise SpecError(Problem(field=field, value=repr(value), limit="must be a bool", fix=f"{does}, else False"))
+    if value and compile not in ("piecewise", "fused"):
+        raise SpecError(Problem(field=field, value=True,
+                                limit=f"needs the forward traced and split (compile='piecewise' or 'fused'), not "
+                                      f"compile={compile!r}{why}",
+                                fix=f"pass compile='fused' (or 'piecewise'), or {field}=False"))
 
 
 def _decode_attention(choice: str | None, kernels: str, device: torch.device) -> str:
