@@ -5,7 +5,8 @@ time is the time to read the weights. On an H100 (ninth session's profile of the
 them at about 2.0 TB/s, 0.7x of a device copy's rate, in tiles of 64 weight rows by 8 (padded) token rows: 860 us of
 a 1.35 ms step. This kernel gives each program a few weight rows (``TILE_N``) and the whole of ``K``, so an
 ``N = 2048`` matrix is read by hundreds of programs at once, each streaming its rows in ``TILE_K`` pieces; the
-token rows are multiplied in float32 registers (no tensor cores: at ``M <= 8`` a matmul is a sum of products).
+token rows are multiplied in float32 registers (no tensor cores: at ``M <= 8`` a matmul is a sum of products), the
+partial sums kept per lane across the loop and reduced once.
 
 Launch configuration: :func:`small_matmul_config` (tile sizes from ``M``, ``N``, ``K`` and the SM count; every
 value can be overridden for a sweep, ``benchmarks/gpu_linear.py``). Capture-safe: the launch reads only shapes on
@@ -29,7 +30,7 @@ MAX_SMALL_MATMUL_ROWS = 16
 """The most rows (tokens) :func:`small_matmul` takes; more rows are a real matmul, for cuBLAS."""
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_PRODUCT_FLOATS = 8192  # TILE_M * TILE_N * TILE_K products held per program (64 float32 a thread at 4 warps)
+_PRODUCT_FLOATS = 4096  # TILE_M * TILE_N * TILE_K partial sums held per program (32 float32 a thread at 4 warps)
 
 
 @device_kernel
@@ -45,24 +46,31 @@ def _small_matmul_kernel(
     TILE_N: tl.constexpr,
     TILE_K: tl.constexpr,
 ):
-    n = (tl.program_id(0) * TILE_N + tl.arange(0, TILE_N)).to(tl.int64)
-    m = tl.arange(0, TILE_M).to(tl.int64)
+    # One 2-D tile of TILE_M * TILE_N (token row, weight row) pairs by TILE_K: pair r multiplies token row
+    # r // TILE_N by weight row r % TILE_N. The pairs of one weight row load the same bytes in the same iteration
+    # (the cache serves all but the first), and every operand keeps the one layout its load has: a 3-D product
+    # made Triton move each piece through shared memory, with a barrier, every iteration.
+    r = tl.arange(0, TILE_M * TILE_N)
+    m = (r // TILE_N).to(tl.int64)
+    n = (tl.program_id(0) * TILE_N + r % TILE_N).to(tl.int64)
     k_base = tl.arange(0, TILE_K).to(tl.int64)
-    in_n = n < N
     in_m = m < M
-    acc = tl.zeros((TILE_M, TILE_N), dtype=tl.float32)
+    in_n = n < N
+    w_rows = w_ptr + n[:, None] * stride_wn
+    x_rows = x_ptr + m[:, None] * stride_xm
+    # Products summed elementwise across the loop and reduced over K once at the end: the loop body is loads and
+    # multiply-adds only (a reduction per piece would cost each iteration a cross-warp exchange and a barrier).
+    partial = tl.zeros((TILE_M * TILE_N, TILE_K), dtype=tl.float32)
     for k0 in range(0, K, TILE_K):
         k = k0 + k_base
-        in_k = k < K
-        w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :] * stride_wk, mask=in_n[:, None] & in_k[None, :],
-                    other=0.0).to(tl.float32)  # [TILE_N, TILE_K]
-        x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk, mask=in_m[:, None] & in_k[None, :],
-                    other=0.0).to(tl.float32)  # [TILE_M, TILE_K]
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        in_k = (k < K)[None, :]
+        w = tl.load(w_rows + k[None, :] * stride_wk, mask=in_n[:, None] & in_k, other=0.0)
+        x = tl.load(x_rows + k[None, :] * stride_xk, mask=in_m[:, None] & in_k, other=0.0)
+        partial += x.to(tl.float32) * w.to(tl.float32)
+    acc = tl.sum(partial, axis=1)  # [TILE_M * TILE_N]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + m[:, None] * stride_om + n[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
-             mask=in_m[:, None] & in_n[None, :])
+        acc += tl.load(bias_ptr + n, mask=in_n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=in_m & in_n)
 
 
 @attrs.frozen(kw_only=True)
@@ -95,13 +103,13 @@ def _power_of_two_in(value: object, low: int, high: int) -> bool:
 def small_matmul_config(num_rows: int, out_features: int, in_features: int, *, num_sms: int = 132) -> SmallMatmulConfig:
     """The default launch of a ``[num_rows, in_features] x [out_features, in_features]^T`` product: the most weight
     rows per program (up to 16) that still give every SM at least four programs, and a ``K`` piece that keeps
-    ``TILE_M * TILE_N * TILE_K`` at 8,192 float32 products per program (at most 512, at least 16)."""
+    ``TILE_M * TILE_N * TILE_K`` at 4,096 float32 partial sums per program (at most 1,024, at least 16)."""
     tile_m = triton.next_power_of_2(max(num_rows, 1))
     tile_n = 16
     while tile_n > 1 and triton.cdiv(out_features, tile_n) < 4 * num_sms:
         tile_n //= 2
     tile_k = _PRODUCT_FLOATS // (tile_m * tile_n)
-    tile_k = max(16, min(512, tile_k, triton.next_power_of_2(max(in_features, 16))))
+    tile_k = max(16, min(1024, tile_k, triton.next_power_of_2(max(in_features, 16))))
     return SmallMatmulConfig(tile_n=tile_n, tile_k=tile_k)
 
 

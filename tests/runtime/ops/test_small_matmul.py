@@ -94,12 +94,12 @@ def test_bad_arguments_are_refused_naming_each():
 
 
 def test_default_configuration_fills_the_gpu():
-    """The widest tiles (up to 16 weight rows) that still give each SM four programs; K pieces holding 8,192 products
-    per program, 16-512 wide."""
-    assert small_matmul_config(1, 2048, 2048, num_sms=132) == SmallMatmulConfig(tile_n=2, tile_k=512)
-    assert small_matmul_config(1, 12288, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=512)
-    assert small_matmul_config(8, 4096, 2048, num_sms=132) == SmallMatmulConfig(tile_n=4, tile_k=256)
-    assert small_matmul_config(16, 151936, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=32)
+    """The widest tiles (up to 16 weight rows) that still give each SM four programs; K pieces holding 4,096 partial
+    sums per program, 16-1,024 wide."""
+    assert small_matmul_config(1, 2048, 2048, num_sms=132) == SmallMatmulConfig(tile_n=2, tile_k=1024)
+    assert small_matmul_config(1, 12288, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=256)
+    assert small_matmul_config(8, 4096, 2048, num_sms=132) == SmallMatmulConfig(tile_n=4, tile_k=128)
+    assert small_matmul_config(16, 151936, 2048, num_sms=132) == SmallMatmulConfig(tile_n=16, tile_k=16)
     assert small_matmul_config(1, 7, 17, num_sms=132) == SmallMatmulConfig(tile_n=1, tile_k=32)
     assert small_matmul_config(3, 96, 64, num_sms=1) == SmallMatmulConfig(tile_n=16, tile_k=64)
 
