@@ -14,8 +14,9 @@
 #                     qwen3 / qwen3_next, the engine's overlap): the capture path graphkv drives itself
 #   2 decode-kernel-cuda  graphkv.hf's decode kernel against flex on CUDA, flex captured under compile=False (the
 #                     ninth session's H100 failure)
-#   3 small-matmul    the small-matmul kernel's tests on CUDA, then benchmarks/gpu_linear.py: the 0.94B model's
-#                     matrices at 1 token (a sweep of tiles, warps and stages) and at 8 (defaults), against cuBLAS
+#   3 small-matmul    the small-matmul kernel's tests on CUDA (and a tiny Qwen3 served through it), then
+#                     benchmarks/gpu_linear.py: the 0.94B model's matrices at 1 token (a sweep of tiles and warps)
+#                     and at 8 (defaults), against cuBLAS
 #   4 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
 #   5 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
 #                     fused vs fused-unbacked (one unbacked trace, the sixth to ninth sessions' marks) vs fused-merged
@@ -47,7 +48,7 @@ while [ "$#" -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
     --list) LIST=1 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
        exit 2 ;;
   esac
@@ -66,7 +67,7 @@ Q_OUT=$(printf '%q' "$OUT")
 STEPS=(
   "capture-cuda|150|python -m pytest -q -x -p no:cacheprovider tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py && python -m pytest -q -x -p no:cacheprovider tests/hf/test_hf_piecewise.py -k cuda"
   "decode-kernel-cuda|90|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_decode_kernel.py -k cuda"
-  "small-matmul|150|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/ops/test_small_matmul.py -k cuda && python benchmarks/gpu_linear.py --gpu --rows 1 --sweep --matrices qkv o gate_up down head --tile-n 2 4 8 16 --tile-k 256 512 1024 --warps 4 8 --stages 1 3 --repeats 5 --out $Q_OUT/gpu_linear_1.json && python benchmarks/gpu_linear.py --gpu --rows 8 --repeats 5 --out $Q_OUT/gpu_linear_8.json"
+  "small-matmul|150|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/ops/test_small_matmul.py tests/hf/test_small_matmul_serving.py -k cuda && python benchmarks/gpu_linear.py --gpu --rows 1 --sweep --matrices qkv o gate_up down head --tile-n 2 4 8 16 --tile-k 256 512 1024 --warps 2 4 8 --stages 3 --repeats 5 --out $Q_OUT/gpu_linear_1.json && python benchmarks/gpu_linear.py --gpu --rows 8 --repeats 5 --out $Q_OUT/gpu_linear_8.json"
   "serving-fused|170|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
   "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-unbacked,fused-merged,fused-small"
   "kernel-sweep|90|python benchmarks/decode_kernel_sweep.py --gpu --cells 1x512 32x512 32x4096 32x16384 1x16384 --splits 1 2 4 8 16 33 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd --repeats 5 --out $Q_OUT/sweep.json"
