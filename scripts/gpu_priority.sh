@@ -31,6 +31,7 @@
 #  10 memory-full-depth  llama-3.1-8b captured at 32 layers holds within the shipped calibration (issue 21)
 #  11 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): compile="fused", the default, and
 #                     graphkv after transformers' reduce-overhead generate (the H100's illegal memory access)
+#  12 float32-tokens  the 0.94B model in float32 at batch 1 and 8: graphkv's greedy tokens against generate's
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
 # (For the script's own test: GPU_PRIORITY_ALLOW_CPU=1 runs it without CUDA; GPU_PRIORITY_STEPS, lines of
 # "name|limit seconds|command", replaces the steps.)
@@ -48,7 +49,7 @@ while [ "$#" -gt 0 ]; do
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
     --list) LIST=1 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
        exit 2 ;;
   esac
@@ -76,6 +77,7 @@ STEPS=(
   "hf-tests-fused|300|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider -rf --tb=line tests/hf -k cuda"
   "memory-full-depth|300|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
   "bisect-fused|280|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90"
+  "float32-tokens|200|python benchmarks/gpu_serving.py --gpu --dtype float32 --batches 1,8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --out $Q_OUT/gpu_serving_float32.json"
 )
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
   mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"

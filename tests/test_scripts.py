@@ -225,14 +225,14 @@ GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
-    """--list prints the eleven steps in order with their limits; a bad budget or an unknown flag is one line on
+    """--list prints the twelve steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
     subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
         "capture-cuda", "decode-kernel-cuda", "small-matmul", "serving-fused", "profile-b1", "kernel-sweep", "demo-hf-fused",
-        "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused"]
+        "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens"]
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),
                        (["--fast"], "unknown argument '--fast'")):
