@@ -7,17 +7,26 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_linear import GPU_SHAPES, step_totals  # noqa: E402
+
+
+def _gpu_linear() -> ModuleType:
+    """benchmarks/gpu_linear.py as a module (its folder on sys.path only while it and its siblings import)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_linear
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_linear
 
 
 def test_shapes_are_the_serving_models() -> None:
     """The 0.94B model's projections (16 query heads and 8 KV heads of 128, hidden 2048, MLP 6144, vocab 32,000)."""
-    assert GPU_SHAPES == {"q": (2048, 2048), "k": (1024, 2048), "v": (1024, 2048), "o": (2048, 2048),
+    assert _gpu_linear().GPU_SHAPES == {"q": (2048, 2048), "k": (1024, 2048), "v": (1024, 2048), "o": (2048, 2048),
                           "gate": (6144, 2048), "up": (6144, 2048), "down": (2048, 6144), "qkv": (4096, 2048),
                           "gate_up": (12288, 2048), "head": (32000, 2048)}
 
@@ -29,7 +38,7 @@ def test_step_totals_weigh_layers_and_the_head_once() -> None:
                 "best": {"ms": best_ms}}
 
     rows = [cell(n, 0.01, 0.008, 0.005) for n in ("qkv", "o", "gate_up", "down")] + [cell("head", 0.1, 0.05, 0.04)]
-    assert step_totals(rows, layers=2) == [
+    assert _gpu_linear().step_totals(rows, layers=2) == [
         "decode step, 1 row(s), merged: torch 180.0 us, graphkv 114.0 us (0.633x), sweep's best 80.0 us (0.444x)"]
 
 
