@@ -7,7 +7,7 @@ graph of several calls, interleaved, median of ``--repeats``). The table prints 
 per second, each one's fraction of a measured device-to-device copy's rate, graphkv's time over torch's (< 1 is
 graphkv faster), and the largest difference between the two outputs relative to the output's largest magnitude.
 ``--sweep`` also times every launch configuration of the grid (``--tile-n``, ``--tile-k``, ``--warps``,
-``--stages``) and prints the best per cell; the last lines sum a whole decode step's matmuls (16 layers of
+``--stages``; those whose partial sums would not fit the registers left out) and prints the best per cell; the last lines sum a whole decode step's matmuls (16 layers of
 q/k/v/o/gate/up/down, or of the merged groups, and the head) for torch, graphkv's default and the sweep's best.
 
 It measures; it changes nothing: ``graphkv.hf``'s ``small_matmul=True`` serves through the kernel, and becomes the
@@ -34,7 +34,7 @@ from gpu_serving import GPU_MODEL
 from timing import add_common_arguments, set_up
 
 from graphkv.errors import SpecError
-from graphkv.kernels.small_matmul import SmallMatmulConfig, small_matmul, small_matmul_config
+from graphkv.kernels.small_matmul import MAX_SUMS_PER_THREAD, SmallMatmulConfig, small_matmul, small_matmul_config
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_linear.json"
 MAX_REL_DIFF = 0.02  # bf16 outputs of the same float32-accumulated sums, in another order
@@ -78,7 +78,10 @@ def measure_cell(name: str, shape: tuple[int, int], rows: int, *, device: str, d
     default = small_matmul_config(rows, out_features, in_features, num_sms=num_sms)
     outs = {"torch": torch.empty(rows, out_features, dtype=dtype, device=device)}
     calls: dict[str, Callable[[], Any]] = {"torch": lambda: torch.mm(x, weight.t(), out=outs["torch"])}
-    for config in [default, *[c for c in grid if c != default]]:
+    tile_m = 1 << (rows - 1).bit_length()
+    fits = [c for c in grid if c != default  # a tile whose partial sums would spill is refused by the kernel
+            and tile_m * c.tile_n * c.tile_k <= MAX_SUMS_PER_THREAD * 32 * c.num_warps]
+    for config in [default, *fits]:
         key = "graphkv" if config == default else _config_name(config)
         outs[key] = torch.empty(rows, out_features, dtype=dtype, device=device)
         calls[key] = lambda config=config, key=key: small_matmul(x, weight, out=outs[key], config=config,

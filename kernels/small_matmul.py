@@ -23,7 +23,7 @@ import triton.language as tl
 from graphkv.errors import Problem, SpecError
 from graphkv.kernels.launch import device_kernel
 
-__all__ = ["MAX_SMALL_MATMUL_ROWS", "SmallMatmulConfig", "check_small_matmul", "small_matmul",
+__all__ = ["MAX_SMALL_MATMUL_ROWS", "MAX_SUMS_PER_THREAD", "SmallMatmulConfig", "check_small_matmul", "small_matmul",
            "small_matmul_config"]
 
 MAX_SMALL_MATMUL_ROWS = 16
@@ -31,6 +31,10 @@ MAX_SMALL_MATMUL_ROWS = 16
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _PRODUCT_FLOATS = 4096  # TILE_M * TILE_N * TILE_K partial sums held per program (32 float32 a thread at 4 warps)
+MAX_SUMS_PER_THREAD = 128
+"""The most float32 partial sums a launch may keep per thread (``TILE_M * TILE_N * TILE_K / (32 * num_warps)``):
+beyond it the registers spill (4 x 64 x 512 at 4 warps, 512 a thread, spilled 39 KB) and larger tiles fail to
+compile."""
 
 
 @device_kernel
@@ -40,7 +44,7 @@ def _small_matmul_kernel(
     bias_ptr,  # [N] (unused when HAS_BIAS is False)
     out_ptr,  # [M, N] (any strides)
     M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_b, stride_om, stride_on,
     HAS_BIAS: tl.constexpr,
     TILE_M: tl.constexpr,
     TILE_N: tl.constexpr,
@@ -69,14 +73,15 @@ def _small_matmul_kernel(
         partial += x.to(tl.float32) * w.to(tl.float32)
     acc = tl.sum(partial, axis=1)  # [TILE_M * TILE_N]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=in_n, other=0.0).to(tl.float32)
+        acc += tl.load(bias_ptr + n * stride_b, mask=in_n, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=in_m & in_n)
 
 
 @attrs.frozen(kw_only=True)
 class SmallMatmulConfig:
     """One launch configuration of :func:`small_matmul`: weight rows per program (``tile_n``), the ``K`` piece
-    read per iteration (``tile_k``), warps per program and Triton's software-pipelining depth."""
+    read per iteration (``tile_k``), warps per program, and Triton's software-pipelining depth (passed on; Triton 3.9
+    pipelines none of this loop's loads for sm_90, so today it changes nothing)."""
 
     tile_n: int
     tile_k: int
@@ -171,9 +176,17 @@ def small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if in_features == 0:
         return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
     config = config or small_matmul_config(num_rows, out_features, in_features, num_sms=num_sms)
+    tile_m = triton.next_power_of_2(num_rows)
+    per_thread = tile_m * config.tile_n * config.tile_k // (32 * config.num_warps)
+    if per_thread > MAX_SUMS_PER_THREAD:
+        raise SpecError(Problem(field="config", value=f"tile_n={config.tile_n}, tile_k={config.tile_k}, "
+                                                      f"num_warps={config.num_warps} at {num_rows} rows",
+                                limit=f"{per_thread} partial sums a thread; at most {MAX_SUMS_PER_THREAD} "
+                                      f"(rows rounded up to {tile_m} x tile_n x tile_k / (32 x num_warps))",
+                                fix="pass a smaller tile_n or tile_k, more warps, or config=None for the default"))
     _small_matmul_kernel[(triton.cdiv(out_features, config.tile_n),)](
         x, weight, weight if bias is None else bias, out, num_rows, out_features, in_features,
-        *x.stride(), *weight.stride(), *out.stride(),
-        HAS_BIAS=bias is not None, TILE_M=triton.next_power_of_2(num_rows), TILE_N=config.tile_n,
+        *x.stride(), *weight.stride(), 0 if bias is None else bias.stride(0), *out.stride(),
+        HAS_BIAS=bias is not None, TILE_M=tile_m, TILE_N=config.tile_n,
         TILE_K=config.tile_k, num_warps=config.num_warps, num_stages=config.num_stages)
     return out

@@ -100,8 +100,9 @@ class PagedModel(torch.nn.Module):
     own once the old tensors are freed). Otherwise the model's weights are used in
     place (no copy) and the model is not changed. ``small_matmul`` (with ``"piecewise"`` / ``"fused"`` only): the
     forward's matmuls of at most 8 tokens (decode steps of small batches) run graphkv's small-matmul kernel
-    (:mod:`graphkv.kernels.small_matmul`) where ``kernels`` resolves to Triton, torch's matmul otherwise
-    (:mod:`graphkv.runtime.ops.small_linear_op`); off by default until an H100 measures it faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
+    (:mod:`graphkv.kernels.small_matmul`), larger ones torch's (:mod:`graphkv.runtime.ops.small_linear_op`), where
+    ``kernels`` resolves to Triton; with torch's kernels nothing is routed. Off by default until an H100 measures it
+    faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
     """
 
@@ -209,7 +210,8 @@ class PagedModel(torch.nn.Module):
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
-                                                small_matmul_kernels=self.kernels if small_matmul else None)
+                                                small_matmul_kernels=("triton" if small_matmul
+                                                                      and self.kernels == "triton" else None))
                               if compile != "model" else None)
             self._call = (torch.compile(fresh) if self.piecewise is None
                           else torch.compile(fresh, backend=self.piecewise))

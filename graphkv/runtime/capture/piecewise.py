@@ -316,7 +316,8 @@ class PiecewiseBackend:
     capture and replay the compiled pieces. Default: the pieces run as traced, op by op.
     ``small_matmul_kernels`` (``"auto"`` / ``"triton"``): every ``linear`` call runs as ``graphkv::small_linear``
     (:func:`~graphkv.runtime.capture.small_matmuls.route_small_matmuls`; graphkv's small-matmul kernel for steps of a
-    few tokens, where that choice resolves to Triton), counted in ``num_small_matmuls``. Default ``None``: torch's.
+    few tokens, where that choice resolves to Triton), counted in ``num_small_matmuls``. Default ``None`` (and
+    ``"torch"``): torch's matmuls, nothing routed.
     """
 
     def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
@@ -340,7 +341,7 @@ class PiecewiseBackend:
         if self.fuse:
             specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
         self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
-        if self.small_matmul_kernels is not None:  # after dedupe_linears, which merges linear calls, not the op
+        if self.small_matmul_kernels in ("auto", "triton"):  # after dedupe_linears (it merges linear calls, not the op)
             from graphkv.runtime.capture.small_matmuls import route_small_matmuls
 
             self.num_small_matmuls += route_small_matmuls(gm, self.small_matmul_kernels)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-import graphkv.runtime.ops.small_linear_op  # noqa: F401 - registers torch.ops.graphkv.small_linear
+from graphkv.runtime.ops.small_linear_op import KERNEL_DTYPES  # and registers torch.ops.graphkv.small_linear
 
 __all__ = ["ROUTED_TARGETS", "route_small_matmuls"]
 
@@ -22,20 +22,26 @@ ROUTED_TARGETS: tuple[Any, ...] = (torch._C._nn.linear, torch.nn.functional.line
 """The calls :func:`route_small_matmuls` replaces: ``linear`` as Dynamo records it and as the aten op."""
 
 
+def _traced(node: Any) -> Any:
+    """The traced value of an FX node: Dynamo's ``example_value``, an aten graph's ``val``; ``None`` for others."""
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
+
+
 def _routable(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a linear call of a floating input and a 2-D floating weight that needs no gradient."""
+    """Whether ``node`` is a linear call whose input, 2-D weight and result share one dtype the kernel takes (not so
+    under autocast, whose casts the op would skip) and whose result needs no gradient."""
     if node.op != "call_function" or node.target not in ROUTED_TARGETS or len(node.args) < 2:
         return False
-    x, weight = (arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else None for arg in node.args[:2])
-    value = node.meta.get("example_value")
-    return all(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in (x, weight, value)) \
-        and weight.dim() == 2 and not value.requires_grad
+    x, weight, value = _traced(node.args[0]), _traced(node.args[1]), _traced(node)
+    return all(isinstance(t, torch.Tensor) for t in (x, weight, value)) and x.dtype in KERNEL_DTYPES \
+        and x.dtype == weight.dtype == value.dtype and weight.dim() == 2 and not value.requires_grad
 
 
 def route_small_matmuls(gm: torch.fx.GraphModule, kernels: str) -> int:
     """Replace every routable ``linear`` call in ``gm`` (changed in place, recompiled when any is) by
     ``torch.ops.graphkv.small_linear(x, weight, bias, kernels)``; calls whose output needs a gradient, or whose
-    input or weight is not a floating tensor, stay. Returns how many were replaced."""
+    input, weight and output are not all one of the kernel's dtypes (float64, autocast's casts), stay. Returns how
+    many were replaced."""
     replaced = 0
     for node in list(gm.graph.nodes):
         if not _routable(node):

@@ -49,7 +49,7 @@ def test_matches_the_reference_over_awkward_sizes(rows, out_features, in_feature
 
 
 @pytest.mark.parametrize("config", [SmallMatmulConfig(tile_n=1, tile_k=16), SmallMatmulConfig(tile_n=4, tile_k=64),
-                                    SmallMatmulConfig(tile_n=64, tile_k=512, num_warps=8, num_stages=2)])
+                                    SmallMatmulConfig(tile_n=64, tile_k=64, num_warps=8, num_stages=2)])
 def test_every_tiling_gives_the_same_product(config, device):
     """Tiles narrower and wider than the output (masked tails in both directions) give the reference's values."""
     x, weight, bias = _operands(3, 70, 150, torch.float32, seed=7, device=device)
@@ -68,6 +68,15 @@ def test_strided_operands_and_output_are_read_through_their_strides(device):
     small_matmul(x, weight, out=out)
     assert_matches_reference(out, x, weight)
     assert bool((canvas[:, :10] == 7).all()) and bool((canvas[:, 34:] == 7).all())
+
+
+def test_a_strided_or_expanded_bias_is_read_through_its_stride(device):
+    """A bias taken as every other element of a wider tensor, and one expanded from a single value (stride 0)."""
+    x, weight, _ = _operands(2, 6, 16, torch.float32, seed=8, device=device)
+    wide = torch.randn(6, 2, generator=torch.Generator().manual_seed(9)).to(device)
+    for bias in (wide[:, 1], wide[:1, 0].expand(6)):
+        assert bias.stride(0) != 1
+        assert_matches_reference(small_matmul(x, weight, bias), x, weight, bias)
 
 
 def test_empty_shapes(device):
@@ -91,6 +100,9 @@ def test_bad_arguments_are_refused_naming_each():
     with pytest.raises(SpecError) as error:
         SmallMatmulConfig(tile_n=3, tile_k=8, num_warps=4, num_stages=0)
     assert [p.field for p in error.value.problems] == ["tile_n", "tile_k", "num_stages"]
+    with pytest.raises(SpecError, match=r"config='tile_n=64, tile_k=512, num_warps=4 at 3 rows': 1024 partial sums "
+                                        r"a thread; at most 128 .*smaller tile_n or tile_k"):
+        small_matmul(x[:3], weight, config=SmallMatmulConfig(tile_n=64, tile_k=512))
 
 
 def test_default_configuration_fills_the_gpu():
@@ -105,8 +117,9 @@ def test_default_configuration_fills_the_gpu():
 
 
 def test_small_linear_picks_the_kernel_for_few_rows(monkeypatch):
-    """Up to 8 rows with kernels resolving to Triton run the kernel (leading dimensions flattened); 9 rows, or
-    ``kernels="torch"`` / ``"auto"`` on a CPU, run torch's linear, bit for bit."""
+    """Up to 8 rows with kernels resolving to Triton run the kernel (leading dimensions flattened); 9 rows,
+    ``kernels="torch"`` / ``"auto"`` on a CPU, float64 or mismatched dtypes run torch's linear, bit for bit (or
+    raising as it does)."""
     launched = []
 
     def counting(x, *args, **kwargs):
@@ -122,6 +135,10 @@ def test_small_linear_picks_the_kernel_for_few_rows(monkeypatch):
     assert torch.equal(small_linear(x, weight, bias, kernels="triton"), torch.nn.functional.linear(x, weight, bias))
     for kernels in ("torch", "auto"):
         assert torch.equal(small_linear(x[:2], weight, kernels=kernels), torch.nn.functional.linear(x[:2], weight))
+    double = x[:2].double(), weight.double(), bias.double()  # a dtype the kernel does not take: torch's, exactly
+    assert torch.equal(small_linear(*double, kernels="triton"), torch.nn.functional.linear(*double))
+    with pytest.raises(RuntimeError):  # mismatched dtypes: torch's own error, as without graphkv
+        small_linear(x[:2], weight.half(), kernels="triton")
     assert len(launched) == 1
     with pytest.raises(SpecError, match="kernels=.cuda."):
         small_linear(x, weight, kernels="cuda")
@@ -137,9 +154,14 @@ def test_the_custom_op_passes_torch_checks():
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_compiled_forward_routes_its_linears(fuse):
-    """A two-linear toy compiled with the piecewise backend: both calls become the op in each trace; outputs equal
-    eager torch's at 3 rows (the kernel) and at 11 (torch's matmul: exactly, unfused)."""
+def test_compiled_forward_routes_its_linears(fuse, monkeypatch):
+    """A two-linear toy compiled with the piecewise backend: both calls become the op; at 3 rows both run the kernel
+    and the output equals eager torch's within float32 rounding; at 11 torch's matmul runs (exactly eager's,
+    unfused)."""
+    launched = []
+    kernel = small_linear_op.small_matmul
+    monkeypatch.setattr(small_linear_op, "small_matmul", lambda x, *a, **k: launched.append(x.shape[0]) or
+                        kernel(x, *a, **k))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.SiLU(), torch.nn.Linear(40, 12, bias=False))
     backend = piecewise_backend(fuse=fuse, small_matmul_kernels="triton")
@@ -153,17 +175,44 @@ def test_compiled_forward_routes_its_linears(fuse):
                 assert torch.equal(got, want)
             else:
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert backend.num_small_matmuls == 2
+    assert backend.num_small_matmuls == 2 and launched == [3, 3]
+
+
+def test_autocast_and_float64_linears_are_not_routed():
+    """Under autocast (the linear casts its operands) and in float64 the pass leaves the linear to torch: the
+    compiled result has eager's dtype and values; a float32 model routes."""
+    model = torch.nn.Linear(16, 8)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for dtype, autocast in ((torch.float32, True), (torch.float64, False), (torch.float32, False)):
+            backend = piecewise_backend(small_matmul_kernels="triton")
+            layer, inputs = model.to(dtype), x.to(dtype)
+            compiled = torch.compile(layer, backend=backend)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                want, got = layer(inputs), compiled(inputs)
+            assert got.dtype == want.dtype and torch.allclose(got.double(), want.double(), rtol=1e-5, atol=1e-5)
+            assert backend.num_small_matmuls == (1 if (dtype, autocast) == (torch.float32, False) else 0)
+            torch._dynamo.reset()
 
 
 def test_routing_leaves_what_it_cannot_run():
-    """A linear whose output needs a gradient (training) is not routed; a bad kernels choice is refused at once."""
+    """A linear whose output needs a gradient (training) is not routed, the same call without one is; so is one of an
+    aten graph (its values under ``val``); a bad kernels choice is refused at once."""
     model = torch.nn.Linear(8, 4)
-    gm = torch.fx.symbolic_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b))
-    for node in gm.graph.nodes:  # symbolic_trace records no example values: give them as Dynamo would
-        node.meta["example_value"] = {"x": torch.empty(2, 8), "w": model.weight, "b": model.bias}.get(
-            node.name, torch.empty(2, 4, requires_grad=True) if node.op == "call_function" else None)
-    assert route_small_matmuls(gm, "triton") == 0
+
+    def traced(needs_grad: bool, key: str = "example_value") -> torch.fx.GraphModule:
+        gm = torch.fx.symbolic_trace(lambda x, w, b: torch.nn.functional.linear(x, w, b))
+        for node in gm.graph.nodes:  # symbolic_trace records no values: give them as Dynamo (or AOT) would
+            node.meta[key] = {"x": torch.empty(2, 8), "w": model.weight.detach(), "b": model.bias.detach()}.get(
+                node.name, torch.empty(2, 4, requires_grad=needs_grad) if node.op == "call_function" else None)
+        return gm
+
+    assert route_small_matmuls(traced(needs_grad=True), "triton") == 0
+    routed = traced(needs_grad=False)
+    assert route_small_matmuls(routed, "triton") == 1
+    assert [n.target for n in routed.graph.nodes if n.op == "call_function"] == [
+        torch.ops.graphkv.small_linear.default]
+    assert route_small_matmuls(traced(needs_grad=False, key="val"), "triton") == 1
     with pytest.raises(SpecError, match="kernels=.gpu."):
         piecewise_backend(small_matmul_kernels="gpu")
 
