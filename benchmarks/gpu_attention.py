@@ -228,12 +228,18 @@ def time_cpu(calls: dict[str, Callable[[], Any]], repeats: int, seed: int) -> Ti
     return Timings(ms={k: v * 1e3 for k, v in seconds.items()}, method={k: "wall" for k in calls}, failed={})
 
 
-def copy_gbps(s: Setup, repeats: int) -> float:
-    """Bytes read + written per second of a device-to-device ``copy_`` of ``s.copy_bytes // 2`` bytes, in GB/s."""
-    src = torch.empty(s.copy_bytes // 2, dtype=torch.uint8, device=s.device)
+def device_copy_gbps(device: str, repeats: int, num_bytes: int) -> float:
+    """Bytes read + written per second of a device-to-device ``copy_`` of ``num_bytes // 2`` bytes on ``device``, in
+    GB/s (timed as :func:`time_gpu` / :func:`time_cpu` time the contenders)."""
+    src = torch.empty(num_bytes // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    timings = (time_gpu if s.device == "cuda" else time_cpu)({"copy": lambda: dst.copy_(src)}, repeats, 0)
-    return s.copy_bytes / (timings.ms["copy"] * 1e-3) / 1e9
+    timings = (time_gpu if device == "cuda" else time_cpu)({"copy": lambda: dst.copy_(src)}, repeats, 0)
+    return num_bytes / (timings.ms["copy"] * 1e-3) / 1e9
+
+
+def copy_gbps(s: Setup, repeats: int) -> float:
+    """:func:`device_copy_gbps` of ``s.copy_bytes`` on the mode's device."""
+    return device_copy_gbps(s.device, repeats, s.copy_bytes)
 
 
 def measure(s: Setup, repeats: int) -> tuple[list[dict[str, Any]], float]:

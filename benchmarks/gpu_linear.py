@@ -7,8 +7,9 @@ graph of several calls, interleaved, median of ``--repeats``). The table prints 
 per second, each one's fraction of a measured device-to-device copy's rate, graphkv's time over torch's (< 1 is
 graphkv faster), and the largest difference between the two outputs relative to the output's largest magnitude.
 ``--sweep`` also times every launch configuration of the grid (``--tile-n``, ``--tile-k``, ``--warps``,
-``--stages``; those whose partial sums would not fit the registers left out) and prints the best per cell; the last lines sum a whole decode step's matmuls (16 layers of
-q/k/v/o/gate/up/down, or of the merged groups, and the head) for torch, graphkv's default and the sweep's best.
+``--stages``; those whose partial sums would not fit the registers left out) and prints the best per cell; the
+last lines sum a whole decode step's matmuls (16 layers of q/k/v/o/gate/up/down, or of the merged groups, and the
+head) for torch, graphkv's default and the sweep's best.
 
 It measures; it changes nothing: ``graphkv.hf``'s ``small_matmul=True`` serves through the kernel, and becomes the
 default only where this table and ``scripts/decode_profile_gpu.py --modes fused-merged,fused-small`` show it faster.
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 import attrs
 import torch
-from gpu_attention import time_cpu, time_gpu
+from gpu_attention import device_copy_gbps, time_cpu, time_gpu
 from gpu_serving import GPU_MODEL
 from timing import add_common_arguments, set_up
 
@@ -55,14 +56,6 @@ GPU_SHAPES, CPU_SHAPES = model_shapes(GPU_MODEL), model_shapes(CPU_MODEL)
 UNMERGED, MERGED = ("q", "k", "v", "o", "gate", "up", "down"), ("qkv", "o", "gate_up", "down")
 
 
-def copy_gbps(device: str, repeats: int, num_bytes: int) -> float:
-    """Bytes read + written per second by a device-to-device copy of ``num_bytes // 2`` bytes, in GB/s."""
-    src = torch.empty(num_bytes // 2, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    timings = (time_gpu if device == "cuda" else time_cpu)({"copy": lambda: dst.copy_(src)}, repeats, 0)
-    return num_bytes / (timings.ms["copy"] * 1e-3) / 1e9
-
-
 def _config_name(config: SmallMatmulConfig) -> str:
     return f"n{config.tile_n}/k{config.tile_k}/w{config.num_warps}/s{config.num_stages}"
 
@@ -78,9 +71,8 @@ def measure_cell(name: str, shape: tuple[int, int], rows: int, *, device: str, d
     default = small_matmul_config(rows, out_features, in_features, num_sms=num_sms)
     outs = {"torch": torch.empty(rows, out_features, dtype=dtype, device=device)}
     calls: dict[str, Callable[[], Any]] = {"torch": lambda: torch.mm(x, weight.t(), out=outs["torch"])}
-    tile_m = 1 << (rows - 1).bit_length()
-    fits = [c for c in grid if c != default  # a tile whose partial sums would spill is refused by the kernel
-            and tile_m * c.tile_n * c.tile_k <= MAX_SUMS_PER_THREAD * 32 * c.num_warps]
+    # a tile whose partial sums would spill is refused by the kernel
+    fits = [c for c in grid if c != default and c.sums_per_thread(rows) <= MAX_SUMS_PER_THREAD]
     for config in [default, *fits]:
         key = "graphkv" if config == default else _config_name(config)
         outs[key] = torch.empty(rows, out_features, dtype=dtype, device=device)
@@ -177,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.gpu:  # the interpreter: prove it runs
         grid = grid[:2]
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if args.gpu else 1
-    copy = copy_gbps(device, args.repeats, 1 << 30 if args.gpu else 1 << 24)
+    copy = device_copy_gbps(device, args.repeats, 1 << 30 if args.gpu else 1 << 24)
     rows = [measure_cell(name, shapes[name], count, device=device, dtype=torch.bfloat16 if args.gpu else torch.float32,
                          grid=grid, repeats=args.repeats, copy=copy, num_sms=num_sms)
             for count in (args.rows or ([1, 8] if args.gpu else [1, 3]))

@@ -21,15 +21,17 @@ import triton
 import triton.language as tl
 
 from graphkv.errors import Problem, SpecError
+from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS
 from graphkv.kernels.launch import device_kernel
 
-__all__ = ["MAX_SMALL_MATMUL_ROWS", "MAX_SUMS_PER_THREAD", "SmallMatmulConfig", "check_small_matmul", "small_matmul",
-           "small_matmul_config"]
+__all__ = ["MAX_SMALL_MATMUL_ROWS", "MAX_SUMS_PER_THREAD", "SMALL_MATMUL_DTYPES", "SmallMatmulConfig",
+           "check_small_matmul", "small_matmul", "small_matmul_config"]
 
 MAX_SMALL_MATMUL_ROWS = 16
 """The most rows (tokens) :func:`small_matmul` takes; more rows are a real matmul, for cuBLAS."""
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SMALL_MATMUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""The dtypes :func:`small_matmul` multiplies (``x`` and the weight one of them, the same)."""
 _PRODUCT_FLOATS = 4096  # TILE_M * TILE_N * TILE_K partial sums held per program (32 float32 a thread at 4 warps)
 MAX_SUMS_PER_THREAD = 128
 """The most float32 partial sums a launch may keep per thread (``TILE_M * TILE_N * TILE_K / (32 * num_warps)``):
@@ -99,13 +101,19 @@ class SmallMatmulConfig:
         if problems:
             raise SpecError(*problems)
 
+    def sums_per_thread(self, num_rows: int) -> int:
+        """Float32 partial sums a thread keeps for ``num_rows`` rows: ``TILE_M * tile_n * tile_k / (32 * num_warps)``,
+        ``TILE_M`` the rows rounded up to a power of two (at most :data:`MAX_SUMS_PER_THREAD` fit)."""
+        return triton.next_power_of_2(max(num_rows, 1)) * self.tile_n * self.tile_k // (32 * self.num_warps)
+
 
 def _power_of_two_in(value: object, low: int, high: int) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
             and value & (value - 1) == 0)
 
 
-def small_matmul_config(num_rows: int, out_features: int, in_features: int, *, num_sms: int = 132) -> SmallMatmulConfig:
+def small_matmul_config(num_rows: int, out_features: int, in_features: int, *,
+                        num_sms: int = DEFAULT_NUM_SMS) -> SmallMatmulConfig:
     """The default launch of a ``[num_rows, in_features] x [out_features, in_features]^T`` product: the most weight
     rows per program (up to 16) that still give every SM at least four programs, and a ``K`` piece that keeps
     ``TILE_M * TILE_N * TILE_K`` at 4,096 float32 partial sums per program (at most 1,024, at least 16)."""
@@ -122,7 +130,7 @@ def check_small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                        out: torch.Tensor | None) -> list[Problem]:
     """Every problem with :func:`small_matmul`'s arguments (shapes, dtypes, devices), none with values."""
     problems = []
-    if weight.dim() != 2 or weight.dtype not in _DTYPES:
+    if weight.dim() != 2 or weight.dtype not in SMALL_MATMUL_DTYPES:
         problems.append(Problem(field="weight", value=(tuple(weight.shape), str(weight.dtype)),
                                 limit="must be [out_features, in_features] float16, bfloat16 or float32",
                                 fix="pass the linear layer's weight"))
@@ -152,7 +160,7 @@ def check_small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  out: torch.Tensor | None = None, config: SmallMatmulConfig | None = None,
-                 num_sms: int = 132) -> torch.Tensor:
+                 num_sms: int = DEFAULT_NUM_SMS) -> torch.Tensor:
     """``x @ weight.T + bias`` (``torch.nn.functional.linear``) for ``x`` of at most
     :data:`MAX_SMALL_MATMUL_ROWS` rows, accumulated in float32, as one Triton launch of
     ``ceil(out_features / tile_n)`` programs. ``x`` ``[M, K]`` and ``weight`` ``[N, K]`` may have any strides (a
@@ -177,7 +185,7 @@ def small_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
     config = config or small_matmul_config(num_rows, out_features, in_features, num_sms=num_sms)
     tile_m = triton.next_power_of_2(num_rows)
-    per_thread = tile_m * config.tile_n * config.tile_k // (32 * config.num_warps)
+    per_thread = config.sums_per_thread(num_rows)
     if per_thread > MAX_SUMS_PER_THREAD:
         raise SpecError(Problem(field="config", value=f"tile_n={config.tile_n}, tile_k={config.tile_k}, "
                                                       f"num_warps={config.num_warps} at {num_rows} rows",

@@ -231,8 +231,8 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
-        "capture-cuda", "decode-kernel-cuda", "small-matmul", "serving-fused", "profile-b1", "kernel-sweep", "demo-hf-fused",
-        "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens"]
+        "capture-cuda", "decode-kernel-cuda", "small-matmul", "serving-fused", "profile-b1", "kernel-sweep",
+        "demo-hf-fused", "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens"]
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),
                        (["--fast"], "unknown argument '--fast'")):

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from graphkv.runtime.ops.small_linear_op import KERNEL_DTYPES  # and registers torch.ops.graphkv.small_linear
+import graphkv.runtime.ops.small_linear_op  # noqa: F401 - registers torch.ops.graphkv.small_linear
+from graphkv.kernels.small_matmul import SMALL_MATMUL_DTYPES
 
 __all__ = ["ROUTED_TARGETS", "route_small_matmuls"]
 
@@ -33,7 +34,7 @@ def _routable(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target not in ROUTED_TARGETS or len(node.args) < 2:
         return False
     x, weight, value = _traced(node.args[0]), _traced(node.args[1]), _traced(node)
-    return all(isinstance(t, torch.Tensor) for t in (x, weight, value)) and x.dtype in KERNEL_DTYPES \
+    return all(isinstance(t, torch.Tensor) for t in (x, weight, value)) and x.dtype in SMALL_MATMUL_DTYPES \
         and x.dtype == weight.dtype == value.dtype and weight.dim() == 2 and not value.requires_grad
 
 

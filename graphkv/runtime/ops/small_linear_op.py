@@ -19,28 +19,25 @@ import math
 
 import torch
 
-from graphkv.kernels.small_matmul import small_matmul
+from graphkv.kernels.small_matmul import SMALL_MATMUL_DTYPES, small_matmul
 from graphkv.runtime.ops.choice import resolve_kernels
 
-__all__ = ["KERNEL_DTYPES", "SMALL_LINEAR_ROWS", "small_linear"]
+__all__ = ["SMALL_LINEAR_ROWS", "small_linear"]
 
 SMALL_LINEAR_ROWS = 8
 """The most rows (tokens) a call sends to the small-matmul kernel; larger ones run torch's matmul."""
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-"""The dtypes the kernel multiplies: ``x``, the weight and any bias all one of them."""
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  kernels: str = "auto") -> torch.Tensor:
     """``torch.nn.functional.linear(x, weight, bias)``, through the small-matmul kernel when ``x`` ``[..., K]`` has at
-    most :data:`SMALL_LINEAR_ROWS` rows, ``x``, ``weight`` and ``bias`` share one of :data:`KERNEL_DTYPES` and
-    ``kernels`` resolves to ``"triton"`` on ``x``'s device; otherwise torch's (which also raises what it raises,
-    e.g. for mismatched dtypes). The kernel checks its arguments (:class:`~graphkv.errors.SpecError` naming each bad
-    one)."""
+    most :data:`SMALL_LINEAR_ROWS` rows, ``x``, ``weight`` and ``bias`` share one of the kernel's dtypes
+    (:data:`~graphkv.kernels.small_matmul.SMALL_MATMUL_DTYPES`) and ``kernels`` resolves to ``"triton"`` on ``x``'s
+    device; otherwise torch's (which also raises what it raises, e.g. for mismatched dtypes). The kernel checks its
+    arguments (:class:`~graphkv.errors.SpecError` naming each bad one)."""
     if resolve_kernels(kernels, x.device) != "triton" or x.dim() < 1 or weight.dim() != 2 \
-            or math.prod(x.shape[:-1]) > SMALL_LINEAR_ROWS or x.dtype not in KERNEL_DTYPES or weight.dtype != x.dtype \
-            or (bias is not None and bias.dtype != x.dtype):
+            or math.prod(x.shape[:-1]) > SMALL_LINEAR_ROWS or x.dtype not in SMALL_MATMUL_DTYPES \
+            or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return torch.nn.functional.linear(x, weight, bias)
     rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
     # On a CPU the interpreter runs the programs one after another: the fewest (as for a GPU of one SM).
