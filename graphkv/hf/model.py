@@ -210,8 +210,7 @@ class PagedModel(torch.nn.Module):
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
-                                                small_matmul_kernels=("triton" if small_matmul
-                                                                      and self.kernels == "triton" else None))
+                                                small_matmul_kernels=self.kernels if small_matmul else None)
                               if compile != "model" else None)
             self._call = (torch.compile(fresh) if self.piecewise is None
                           else torch.compile(fresh, backend=self.piecewise))

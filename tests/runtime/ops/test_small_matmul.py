@@ -195,6 +195,17 @@ def test_autocast_and_float64_linears_are_not_routed():
             torch._dynamo.reset()
 
 
+def test_torch_kernels_route_nothing():
+    """With ``small_matmul_kernels="torch"`` (graphkv.hf passes its resolved kernels: torch's on a CPU by default) the
+    linears stay torch's: nothing is routed, the output is eager's exactly."""
+    model = torch.nn.Linear(16, 8)
+    backend = piecewise_backend(small_matmul_kernels="torch")
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model, backend=backend)(x), model(x))
+    assert backend.num_small_matmuls == 0
+
+
 def test_routing_leaves_what_it_cannot_run():
     """A linear whose output needs a gradient (training) is not routed, the same call without one is; so is one of an
     aten graph (its values under ``val``); a bad kernels choice is refused at once."""
