@@ -23,11 +23,15 @@ in its own process, and for the decode steps in which every request decodes prin
   kernel time): where the time above the bandwidth limit goes (matmuls reading weights, attention, the fused
   elementwise kernels, the sampler).
 
+``fused`` traces the forward once for every step size: the step's sizes are backed (Inductor sizes its kernels by
+them) and the shape guard Dynamo's specialisation at 1 wrote is dropped (:mod:`graphkv.runtime.capture.size_guards`),
+so a batch-1 decode step runs the trace of 2 tokens or more. ``fused-1tok`` keeps that guard, as graphkv.hf served
+from 2026-11-26 (ninth session) to 2026-11-27: 1-token steps get a trace of their own, every piece compiled by
+Inductor a second time for exactly one token. Run the two at ``--batch 1`` to see what the second trace (Dynamo's
+second trace was 6.7 s of a 16-layer tiny Qwen3's set-up on a 2-core CPU) buys the decode step, if anything.
 ``fused-unbacked`` is ``fused`` with the step's sizes unbacked, as graphkv.hf served from 2026-11-26 (sixth session)
-until an H100 showed that one trace costing the decode step: 433 kernels and 1.547 ms at batch 1 (the serving
-benchmark's step) against 291 and 1.359 ms with backed sizes (``fused``: a trace for every step size of 2 tokens or
-more and one for 1-token steps, each piece compiled by Inductor for the sizes it saw). Run it beside ``fused`` at
-``--batch 1`` and 32 to see what the second trace (a second compile of every piece at set-up) buys the decode step.
+until an H100 showed what that costs the decode step: 433 kernels and 1.547 ms at batch 1 against 291 and 1.359 ms
+with backed sizes.
 
 ``fused-merged`` is ``fused`` with ``merge_projections=True`` (:mod:`graphkv.hf.projections`): each layer's q / k / v
 and gate / up projections run as one matmul, 3 launches fewer per layer. Run it beside ``fused`` to see whether the
@@ -56,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_serving import (COMPILE_BY_NAME, GPU_MODEL, copy_bandwidth, kv_bytes_per_token,  # noqa: E402
                          prompts_for, serving_loop_for, sync, weight_bytes)  # the serving benchmark's model, prompts and byte counts, not copies
 
-MODES = ("attention", "model", "piecewise", "fused", "fused-unbacked", "fused-merged", "fused-small")
+MODES = ("attention", "model", "piecewise", "fused", "fused-1tok", "fused-unbacked", "fused-merged", "fused-small")
+ONE_TOKEN = "fused-1tok"  # "fused" with a second trace for 1-token steps (see the docstring)
 UNBACKED = "fused-unbacked"  # "fused" with the step's sizes unbacked, one trace (see the docstring)
 MERGED = "fused-merged"  # "fused" with merged q/k/v and gate/up projections (see the docstring)
 SMALL = "fused-small"  # "fused-merged" with graphkv's small-matmul kernel for steps of a few tokens
@@ -118,10 +123,13 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     from graphkv.hf.tiny import tiny_config
     from graphkv.models.demo_engine import DemoRequest
 
-    if mode == UNBACKED:  # the marks of the sixth to eighth sessions (see the docstring)
+    if mode in (UNBACKED, ONE_TOKEN):  # how graphkv.hf traced before (see the docstring)
         import graphkv.hf.model as paged_model
 
-        paged_model._mark_step_dynamic = torch._dynamo.decorators.mark_unbacked
+        if mode == UNBACKED:  # the marks of the sixth to eighth sessions
+            paged_model._mark_step_dynamic = torch._dynamo.decorators.mark_unbacked
+        else:  # every guard kept: Dynamo traces 1-token steps again
+            paged_model.step_size_guard_filter = lambda built_together: None
     torch.manual_seed(0)
     widths = {**GPU_MODEL, "num_hidden_layers": layers} if device == "cuda" else {"num_hidden_layers": layers}
     with torch.device(device):
@@ -131,7 +139,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
     prompts = prompts_for(batch, vocab, context, context)
     new_tokens = 2 * steps + 4  # warm-up, profiled and timed decode steps
     start = time.perf_counter()
-    compile_name = "fused" if mode in (UNBACKED, MERGED, SMALL) else mode
+    compile_name = "fused" if mode in (ONE_TOKEN, UNBACKED, MERGED, SMALL) else mode
     loop = serving_loop_for(model, prompts, new_tokens, step_tokens=2048, compile=COMPILE_BY_NAME[compile_name],
                             kernels="auto" if device == "cuda" else "triton",
                             merge_projections=mode in (MERGED, SMALL), small_matmul=mode == SMALL)

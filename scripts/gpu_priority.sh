@@ -19,7 +19,8 @@
 #                     and at 8 (defaults), against cuBLAS
 #   4 serving-fused   benchmarks/gpu_serving.py, graphkv alone, fused, batch 1 and 32: ms per step and set-up
 #   5 profile-b1      kernels, kernel time, wall (with and without the engine's overlap) per decode step, batch 1,
-#                     fused vs fused-unbacked (one unbacked trace, the sixth to ninth sessions' marks) vs fused-merged
+#                     fused (one trace for every step size) vs fused-1tok (a second trace for 1-token steps, as
+#                     served until 2026-11-27) vs fused-merged
 #                     (q/k/v and gate/up as one matmul each) vs fused-small (merged, and the small-matmul kernel),
 #                     16 layers, the kernels by kind and the top kernels
 #   6 kernel-sweep    the decode kernel's split counts beside SDPA where the split rule changed (1 and 32 requests x
@@ -70,7 +71,7 @@ STEPS=(
   "decode-kernel-cuda|90|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_decode_kernel.py -k cuda"
   "small-matmul|150|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/ops/test_small_matmul.py tests/hf/test_small_matmul_serving.py -k cuda && python benchmarks/gpu_linear.py --gpu --rows 1 --sweep --matrices qkv o gate_up down head --tile-n 2 4 8 16 --tile-k 256 512 1024 --warps 2 4 8 --stages 3 --repeats 5 --out $Q_OUT/gpu_linear_1.json && python benchmarks/gpu_linear.py --gpu --rows 8 --repeats 5 --out $Q_OUT/gpu_linear_8.json"
   "serving-fused|170|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
-  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-unbacked,fused-merged,fused-small"
+  "profile-b1|240|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-1tok,fused-merged,fused-small"
   "kernel-sweep|90|python benchmarks/decode_kernel_sweep.py --gpu --cells 1x512 32x512 32x4096 32x16384 1x16384 --splits 1 2 4 8 16 33 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd --repeats 5 --out $Q_OUT/sweep.json"
   "demo-hf-fused|120|python -m graphkv.cli demo --hf qwen3 --compile fused && python -m graphkv.cli demo --hf qwen3_next --compile fused"
   "profile-b32|200|python scripts/decode_profile_gpu.py --batch 32 --modes fused,fused-merged,fused-small"

@@ -159,22 +159,23 @@ def test_decode_profile_runs_a_mode_on_the_gpu_path_on_a_cpu() -> None:
     bad = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--modes", "graph"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2
-    assert ("--modes: ['graph'] not among attention, model, piecewise, fused, fused-unbacked, fused-merged, "
-            "fused-small" in bad.stderr)
+    assert ("--modes: ['graph'] not among attention, model, piecewise, fused, fused-1tok, fused-unbacked, "
+            "fused-merged, fused-small" in bad.stderr)
 
 
 @pytest.mark.slow
-def test_decode_profile_compares_fused_with_its_single_unbacked_trace() -> None:
-    """'fused' serves batch 1 with two traces (every step size of 2 tokens or more, and 1-token steps), as does
-    'fused-small' (merged projections and the small-matmul kernel); 'fused-unbacked' (the step's sizes unbacked) with
-    one, so the decode step of each can be measured side by side on a GPU."""
+def test_decode_profile_compares_fused_with_its_former_traces() -> None:
+    """'fused' serves batch 1 with one trace (every step size, 1-token steps included), as do 'fused-small' (merged
+    projections and the small-matmul kernel) and 'fused-unbacked' (the step's sizes unbacked); 'fused-1tok' keeps the
+    shape guard and traces 1-token steps again (two traces), so the decode step of each can be measured side by side
+    on a GPU."""
     done = subprocess.run([sys.executable, str(DECODE_PROFILE), "--device", "cpu", "--layers", "1", "--batch", "1",
-                           "--context", "8", "--steps", "2", "--modes", "fused,fused-unbacked,fused-small"],
+                           "--context", "8", "--steps", "2", "--modes", "fused,fused-1tok,fused-unbacked,fused-small"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("fused")}
-    assert "  2 trace(s); " in rows["fused"] and "  1 trace(s); " in rows["fused-unbacked"]
-    assert "  2 trace(s); " in rows["fused-small"]
+    assert "  1 trace(s); " in rows["fused"] and "  2 trace(s); " in rows["fused-1tok"]
+    assert "  1 trace(s); " in rows["fused-unbacked"] and "  1 trace(s); " in rows["fused-small"]
 
 
 def test_decode_profile_ranks_kernels_by_device_time_per_step() -> None:

@@ -29,6 +29,7 @@ from graphkv.hf.support import FamilySupport, family_of
 from graphkv.hf.view import paged_view
 from graphkv.runtime.capture.piecewise import PiecewiseBackend, piecewise_backend
 from graphkv.runtime.capture.shape import current_shape
+from graphkv.runtime.capture.size_guards import step_size_guard_filter
 from graphkv.runtime.flex.region import FlexRegions, fresh_function
 from graphkv.runtime.flex.views import paged_kv_views
 from graphkv.runtime.ops.choice import gpu_path, resolve_kernels
@@ -80,8 +81,8 @@ class PagedModel(torch.nn.Module):
     Inductor; the attention regions stay compiled; ``compile="fused"``: split as ``"piecewise"`` and each piece
     compiled by Inductor (:mod:`~graphkv.runtime.capture.fuse`: a layer's norms, rotary, activations and
     residual adds fused into a few kernels around its matmuls), so that FULL decode graphs and PIECEWISE mixed
-    graphs launch fused kernels (a CPU spends seconds compiling each distinct piece, twice: for every step size of
-    2 tokens or more, and for 1-token steps; see :func:`_mark_step_dynamic`).
+    graphs launch fused kernels (a CPU spends seconds compiling each distinct piece; one trace serves every step
+    size, 1-token steps included, see :func:`_mark_step_dynamic`).
     Either way the K/V write writes only the step's slots and a step's cost does not grow with the pool.
     ``kernels``: the K/V write's implementation (``"auto"``: Triton on CUDA, torch elsewhere; ``"triton"`` runs
     the GPU's kernel on a CPU, in Triton's interpreter). Attention sinks (gpt-oss) need the flex log-sum-exp,
@@ -212,8 +213,10 @@ class PagedModel(torch.nn.Module):
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
                                                 small_matmul_kernels=self.kernels if small_matmul else None)
                               if compile != "model" else None)
-            self._call = (torch.compile(fresh) if self.piecewise is None
-                          else torch.compile(fresh, backend=self.piecewise))
+            # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
+            options = {"guard_filter_fn": step_size_guard_filter(STEP_SIZE_INPUTS)}
+            self._call = (torch.compile(fresh, options=options) if self.piecewise is None
+                          else torch.compile(fresh, backend=self.piecewise, options=options))
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"
@@ -276,7 +279,7 @@ class PagedModel(torch.nn.Module):
             rows = min(num_tokens, self.plan.limits.max_num_seqs)
             keep = (ctx.query_start_loc[1:rows + 1].long() - 1).clamp(min=0)
         ids, positions = input_ids[None], ctx.positions[:num_tokens][None]
-        if self._whole:  # one trace for every step size, 1-token steps aside (see _mark_step_dynamic)
+        if self._whole:  # one trace for every step size (see _mark_step_dynamic)
             for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
                 if isinstance(t, torch.Tensor):
                     _mark_step_dynamic(t, dim)
@@ -291,16 +294,20 @@ _SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addre
 
 def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
     """Make ``tensor``'s ``dim`` (the step's tokens, or its logits rows) a dynamic size of the whole-forward trace: a
-    backed size, which Inductor sizes its kernels by. Dynamo specialises it at 1, so 1-token steps (batch-1 decode, a
-    one-token chunk) get a second trace whose pieces Inductor compiles for exactly one token; every other step size
-    shares the first trace. From 2026-11-26 (sixth session) these sizes were unbacked, to trace once (set-up 24-26 s
-    instead of 29-31 s for the tiny Qwen3 fused on a 2-core CPU), but Inductor knows nothing of an unbacked size: on
-    an H100 the fused 0.94B model's decode step launched 433 kernels and took 1.547 ms at batch 1 (2.157 ms at 32),
-    against 291 kernels and 1.359 ms (2.065 ms) with these marks. ``backed_size_oblivious`` (one backed trace
-    that is not specialised at 1) still traced twice here: Inductor's compile cache adds a ``size >= 2`` guard."""
+    backed size, which Inductor sizes its kernels by. Dynamo specialises it at 1; the compiled forward drops the shape
+    guard that specialisation writes (:mod:`graphkv.runtime.capture.size_guards`), so 1-token steps (batch-1 decode,
+    a one-token chunk) run the trace of 2 tokens or more instead of a second trace of their own (tiny Qwen3, 16 layers,
+    fused, 2-core CPU: Dynamo's second trace took 6.7 s). From 2026-11-26 (sixth session) these sizes were unbacked,
+    to trace once, but Inductor knows nothing of an unbacked size: on an H100 the fused 0.94B model's decode step
+    launched 433 kernels and took 1.547 ms at batch 1 (2.157 ms at 32), against 291 kernels and 1.359 ms (2.065 ms)
+    with backed sizes. ``backed_size_oblivious`` (one backed trace that is not specialised at 1) still traced twice:
+    Inductor's compile cache adds a ``size >= 2`` guard, which the guard filter drops with the rest of that guard."""
     torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
+STEP_SIZE_INPUTS = ("input_ids", "position_ids")
+"""The compiled forward's inputs built together for a step (one length, contiguous): the equalities of their sizes and
+strides in the shape guard hold by construction, so the guard may be dropped (``step_size_guard_filter``)."""
 DECODE_ATTENTION = ("kernel", "flex")
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the

@@ -123,15 +123,15 @@ def _decode_linears(loop: ServingLoop) -> int:
 @pytest.mark.parametrize("compile", ["piecewise", "fused"])
 def test_merged_projections_run_one_matmul_per_group_and_serve_generates_tokens(compile: str) -> None:
     """qwen3, 3 layers: merged, a decode step runs 13 matmuls (qkv, o, gate_up, down per layer and the head) where
-    unmerged it runs 22; each of the two traces (1-token steps have their own) kept one of each group's repeated
-    matmul (2 + 1 per layer); prompts served 4 at a time give generate's tokens, and the model's own generate is
+    unmerged it runs 22; the one trace (1-token steps included) kept one of each group's repeated matmul (2 + 1 per
+    layer); prompts served 4 at a time give generate's tokens, and the model's own generate is
     unchanged by the merge."""
     model = tiny_model("qwen3", num_hidden_layers=3)
     batch = prompts((5, 40, 17, 9), seed=1)
     expected = [generate_alone(model, p) for p in batch]
     loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile=compile,
                        kernels="triton", merge_projections=True)
-    assert len(loop.model.merged) == 6 and loop.model.piecewise.num_deduped == 2 * 9
+    assert len(loop.model.merged) == 6 and loop.model.piecewise.num_deduped == 9
     slices = [m for m in loop.model.view.modules() if isinstance(m, ProjectionSlice)]
     assert len(slices) == 15  # 3 + 2 per layer
     assert _decode_linears(loop) == 13

@@ -1,0 +1,63 @@
+"""The shape guard 0/1 specialisation writes, dropped so one trace serves 1-token steps (size_guards)."""
+
+from __future__ import annotations
+
+import torch
+
+from graphkv.runtime.capture.size_guards import droppable_shape_guard, step_size_guard_filter
+
+IDS, POS, KEEP = "L['kwargs']['input_ids']", "L['kwargs']['position_ids']", "L['kwargs']['logits_to_keep']"
+
+
+def test_lower_bounds_and_equalities_of_inputs_built_together_are_droppable():
+    """The guard of a 16-layer Qwen3's trace at 5 tokens (torch 2.13): lower bounds of 2 and equalities among the ids
+    and positions; a rows-vs-tokens equality (duck sizing unified them), a bound other than 2, a ``!= 1`` from a
+    branch, or an equality with an input not named keep it; an empty guard is not droppable."""
+    seen = [f"{IDS}.stride()[0] == {IDS}.size()[1]", f"{POS}.size()[1] == {IDS}.size()[1]",
+            f"{POS}.stride()[0] == {IDS}.size()[1]", f"2 <= {IDS}.size()[1]", f"2 <= {POS}.storage_offset()",
+            f"2 <= {KEEP}.size()[0]"]
+    built = ("input_ids", "position_ids")
+    assert droppable_shape_guard(seen, built)
+    assert droppable_shape_guard(["2 <= L['x'].size()[0]"], ())
+    assert not droppable_shape_guard([*seen, f"{KEEP}.size()[0] == {IDS}.size()[1]"], built)
+    assert not droppable_shape_guard([f"{POS}.size()[1] == {IDS}.size()[1]"], ("input_ids",))
+    assert not droppable_shape_guard([f"3 <= {IDS}.size()[1]"], built)
+    assert not droppable_shape_guard([f"{IDS}.size()[1] != 1"], built)
+    assert not droppable_shape_guard([f"{IDS}.size()[1] <= 512"], built)
+    assert not droppable_shape_guard([], built)
+
+
+def _counting_backend(graphs: list[torch.fx.GraphModule]):
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return backend
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w).sum(-1)
+
+
+def test_one_trace_serves_one_token_and_keeps_every_other_guard():
+    """A function of a step's tokens [T, 8], T marked dynamic, first called at 5 tokens: with the filter a 1-token
+    call runs the same trace (1 graph) and gives eager's values; without it Dynamo traces again (2 graphs). A
+    dtype change still retraces with the filter: only the shape guard is dropped."""
+    w = torch.linspace(0.5, 1.5, 8)
+
+    def serve(guard_filter, tokens: tuple[int, ...]):
+        torch._dynamo.reset()
+        graphs: list[torch.fx.GraphModule] = []
+        compiled = torch.compile(_rms, backend=_counting_backend(graphs), options={"guard_filter_fn": guard_filter})
+        for n in tokens:
+            x = torch.arange(n * 8, dtype=torch.float32).reshape(n, 8) / 7
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x, w), _rms(x, w), rtol=0, atol=0)
+        return compiled, graphs
+
+    assert len(serve(None, (5, 1, 3))[1]) == 2
+    compiled, graphs = serve(step_size_guard_filter(("x",)), (5, 1, 3))
+    assert len(graphs) == 1
+    x = torch.ones(2, 8, dtype=torch.float64)
+    torch._dynamo.maybe_mark_dynamic(x, 0)
+    assert compiled(x, w.double()).dtype == torch.float64 and len(graphs) == 2
