@@ -33,7 +33,7 @@ import attrs
 import torch
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.hf.layer_ops import attention_op
+from graphkv.hf.layer_ops import LAYER_BUFFER, attention_op
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS
 from graphkv.kernels.paged_attention import paged_decode_attention
 from graphkv.runtime.flex.region import FlexRegions
@@ -92,6 +92,35 @@ class PagedStep:
         """:func:`attend` of this step (what the ``graphkv::attention`` op runs)."""
         return attend(self, layer, query, key, value, scale=scale, sinks=sinks)
 
+    def check_call(self, layer: int, *, window: int | None, window_given: bool, softcap: float | None) -> None:
+        """Refuse a call of attention layer ``layer`` (its transformers ``layer_idx``) that asks for another
+        attention than the layer was set up with: ``softcap`` (the module's attention-logit soft-cap, read at set-up
+        into the binding) and ``window`` (the module's sliding window; ``window_given``: the module passed one at all,
+        else its window was checked against the plan at set-up). Raises :class:`CaptureError` naming the layer."""
+        binding = self.attention.get(layer)
+        if binding is None:
+            return
+        if (softcap or None) != binding.softcap:  # read at set-up; applied by the kernels
+            raise CaptureError(Problem(field=f"layer {layer}.softcap", value=softcap,
+                                       limit=f"the module soft-caps its scores at {softcap}, the layer was set up "
+                                             f"with {binding.softcap} (its attn_logit_softcapping)",
+                                       fix="set attn_logit_softcapping on the model before wrapping it in a "
+                                           "PagedModel, or run it with transformers' eager attention"))
+        # What the module asks for (0 / None: full attention); a family that slides through its mask alone
+        # (Qwen2-MoE) passes nothing, and its module's window was checked against the plan at set-up.
+        window = window or None
+        planned = binding.window if window_given else window
+        if window != planned:  # the plan's window came from the config; the module's own decides its tokens
+            def told(tokens: int | None) -> str:
+                return f"a {tokens}-token window" if tokens else "full attention"
+
+            raise CaptureError(Problem(field=f"layer {layer}.sliding_window", value=window,
+                                       limit=f"the plan gives this layer {told(planned)} (read from model.config), "
+                                             f"the module asks for {told(window)}",
+                                       fix="plan from graphkv.hf.model_kv(model) of this same model; if it does, the "
+                                           "family's window fields are read wrongly: run it with transformers' own "
+                                           "attention"))
+
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: Any, *, scaling: float | None = None, s_aux: torch.Tensor | None = None,
@@ -100,40 +129,31 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     """The attention function transformers calls per layer (``[1, H, T, D]`` query / key / value
     of the step's packed tokens after rotary); returns ``([1, T, Hq, D], None)``. ``scaling``: the
     module's score scale; ``s_aux``: per-head sink logits ``[Hq]``; ``softcap``: the module's attention-logit
-    soft-cap, which must be the one the layer was set up with. Raises :class:`CaptureError` outside a
-    :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
+    soft-cap, which must be the one the layer was set up with (:meth:`PagedStep.check_call`, as the sliding window).
+    Eager, the step comes in ``graphkv``; compiled (a forward compiled whole), the ``graphkv::attention`` op reads it
+    when it runs and the layer is named by the module's ``graphkv_layer`` buffer
+    (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises :class:`CaptureError`
+    outside a :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
     Capture-safe."""
-    if graphkv is None:
-        raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
-                                   limit="graphkv's paged attention ran without a step (no graphkv= argument)",
-                                   fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-    binding = graphkv.attention.get(module.layer_idx)
-    if binding is not None and (softcap or None) != binding.softcap:  # read at set-up; applied by the kernels
-        raise CaptureError(Problem(field=f"layer {module.layer_idx}.softcap", value=softcap,
-                                   limit=f"the module soft-caps its scores at {softcap}, the layer was set up with "
-                                         f"{binding.softcap} (its attn_logit_softcapping)",
-                                   fix="set attn_logit_softcapping on the model before wrapping it in a PagedModel, "
-                                       "or run it with transformers' eager attention"))
-    # What the module asks for (0 / None: full attention); a family that slides through its mask alone (Qwen2-MoE)
-    # passes nothing, and its module's window was checked against the plan at set-up.
-    window = kwargs.get("sliding_window") or None
-    planned = binding.window if binding is not None and "sliding_window" in kwargs else window
-    if window != planned:  # the plan's window came from the config; the module's own decides its tokens
-        def told(tokens: int | None) -> str:
-            return f"a {tokens}-token window" if tokens else "full attention"
-
-        raise CaptureError(Problem(field=f"layer {module.layer_idx}.sliding_window", value=window,
-                                   limit=f"the plan gives this layer {told(planned)} (read from model.config), the "
-                                         f"module asks for {told(window)}",
-                                   fix="plan from graphkv.hf.model_kv(model) of this same model; if it does, the "
-                                       "family's window fields are read wrongly: run it with transformers' own "
-                                       "attention"))
+    window, window_given = kwargs.get("sliding_window") or None, "sliding_window" in kwargs
     # [T, H, D] views: the write reads K and V through their strides, the region copies the query
     # into its own dense buffer.
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
     if torch.compiler.is_compiling():  # the model compiled whole: the pool stays out of its graph
-        out = attention_op(q, k, v, s_aux, module.layer_idx, scaling)
+        layer = getattr(module, LAYER_BUFFER, None)
+        if layer is None:
+            raise CaptureError(Problem(field=f"{type(module).__name__}.{LAYER_BUFFER}", value=None,
+                                       limit="a compiled forward reached graphkv's paged attention in a module that "
+                                             "is not a planned layer of a PagedModel's view",
+                                       fix="compile the model through graphkv.hf.PagedModel (compile='model', "
+                                           "'piecewise' or 'fused'), not torch.compile of the model itself"))
+        out = attention_op(q, k, v, s_aux, layer, scaling, window=window, window_given=window_given, softcap=softcap)
     else:
+        if graphkv is None:
+            raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
+                                       limit="graphkv's paged attention ran without a step (no graphkv= argument)",
+                                       fix="run the model through graphkv.hf.PagedModel inside Step.run"))
+        graphkv.check_call(module.layer_idx, window=window, window_given=window_given, softcap=softcap)
         out = attend(graphkv, module.layer_idx, q, k, v, scale=scaling, sinks=s_aux)
     return out[None], None
 

@@ -9,6 +9,7 @@ mixers), binds every cache layer of the plan to the module that fills it, and ex
 
 from __future__ import annotations
 
+import logging
 import types
 import uuid
 from typing import Any, Callable
@@ -20,7 +21,8 @@ from graphkv.errors import PlanError, Problem, SpecError
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
-from graphkv.hf.layer_ops import paged_step_context
+from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
+from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
 from graphkv.hf.projections import MergedGroup, ProjectionSlice, needs_copy
@@ -41,6 +43,8 @@ from graphkv.spec.backends import CacheOrder
 __all__ = ["LOGITS_MODES", "PagedModel"]
 
 LOGITS_MODES = ("last", "all")
+
+logger = logging.getLogger(__name__)
 
 
 def _layer_modules(model: torch.nn.Module, family: FamilySupport) -> dict[int, tuple[str, torch.nn.Module]]:
@@ -160,6 +164,7 @@ class PagedModel(torch.nn.Module):
                             head_size=geometry[2], table_width_kernel_blocks=geometry[3],
                             kernel_block_size=geometry[4], device=pool.device, num_sms=num_sms)
                     workspace = workspaces[geometry]
+                replace[module] = lambda twin, index=decl.index: _named_layer(twin, index)
                 self.attention[decl.index] = AttentionBinding(
                     name=decl.name, group=group, cache=cache, layout=pool.layout(decl.name), key=key, value=value,
                     window=getattr(decl.spec, "window", None), softcap=family.softcap(module), workspace=workspace,
@@ -205,18 +210,45 @@ class PagedModel(torch.nn.Module):
         self._call: Callable[..., Any] = self.view.__call__  # (a bound method: not registered as a submodule)
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
+        self._model_type = family.model_type
+        # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
+        self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") else 0
         if compile in ("model", "piecewise", "fused"):
-            name = f"graphkv_{family.model_type}_forward_{uuid.uuid4().hex[:12]}"
-            fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
                                                 small_matmul_kernels=self.kernels if small_matmul else None)
                               if compile != "model" else None)
-            # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
-            options = {"guard_filter_fn": step_size_guard_filter(STEP_SIZE_INPUTS)}
-            self._call = (torch.compile(fresh, options=options) if self.piecewise is None
-                          else torch.compile(fresh, backend=self.piecewise, options=options))
+            self._call = self._compiled_forward(self._model_type)
+
+    def _compiled_forward(self, model_type: str) -> Callable[..., Any]:
+        """The view's forward compiled whole (``compile="model"``: by Inductor; else by the piecewise backend), as
+        a fresh copy of its code."""
+        name = f"graphkv_{model_type}_forward_{uuid.uuid4().hex[:12]}"
+        fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
+        # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
+        options = {"guard_filter_fn": step_size_guard_filter(STEP_SIZE_INPUTS)}
+        return (torch.compile(fresh, options=options) if self.piecewise is None
+                else torch.compile(fresh, backend=self.piecewise, options=options))
+
+    def _call_compiled(self, **kwargs: Any) -> Any:
+        """The compiled forward of ``kwargs``. Where Dynamo failed to trace the forward with its layers as nested
+        compile regions (a layer that a region cannot hold), the layers are unmarked and the forward compiled again
+        without them (each layer traced on its own, as on torch before 2.12); logged once. The same failure
+        without regions is raised."""
+        try:
+            return self._call(**kwargs)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            if not self.num_layer_regions:
+                raise
+            unmark_layers(self.view)
+            self.num_layer_regions = 0
+            self._call = self._compiled_forward(self._model_type)
+            out = self._call(**kwargs)  # failing again, it was not the regions: that error is raised
+            lines = str(error).strip().splitlines()
+            logger.warning("graphkv.hf: tracing %s's layers as nested compile regions failed (%s: %s); traced layer "
+                           "by layer instead", self._model_type, type(error).__name__, lines[0][:300] if lines else "")
+            return out
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"
@@ -283,10 +315,19 @@ class PagedModel(torch.nn.Module):
             for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
                 if isinstance(t, torch.Tensor):
                     _mark_step_dynamic(t, dim)
+        # Compiled whole, the layer ops read the step from the context: no step object enters the trace.
+        passed = {} if self._whole else {"graphkv": step}
         with paged_step_context(step):
-            out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
-                             graphkv=step)
+            out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+                                      **passed)
         return out.logits[0]
+
+
+def _named_layer(module: torch.nn.Module, index: int) -> torch.nn.Module:
+    """``module`` (the paged view's copy of a planned attention module) with its layer's
+    :func:`~graphkv.hf.layer_ops.layer_id` as a buffer, which the compiled forward passes to the attention op."""
+    module.register_buffer(LAYER_BUFFER, layer_id(index), persistent=False)
+    return module
 
 
 _SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addresses, which a later merge would move

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.hf.layer_ops import state_mixer_op
+from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, state_mixer_op
 from graphkv.runtime.state.rows import PackedRows
 
 __all__ = ["PagedMixer"]
@@ -35,21 +35,28 @@ class PagedMixer(torch.nn.Module):
         self.ssm_state = states[1] if len(states) > 1 else None  # a short convolution keeps one state
         self.group = group
         self.layer = layer
+        self.register_buffer(LAYER_BUFFER, layer_id(layer), persistent=False)  # the layer as the op names it
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, graphkv: Any = None, **kwargs: Any) -> torch.Tensor:
         """``[1, T, hidden] -> [1, T, hidden]`` for the step in ``graphkv`` (other arguments — the
-        transformers cache and mask — are ignored: the pool holds the states). Capture-safe."""
-        if graphkv is None or graphkv.rows is None:
+        transformers cache and mask — are ignored: the pool holds the states); compiled (a forward compiled whole),
+        the ``graphkv::state_mixer`` op reads the step when it runs. Capture-safe."""
+        if torch.compiler.is_compiling():
+            return state_mixer_op(hidden_states[0], getattr(self, LAYER_BUFFER))[None]
+        if graphkv is None:
             raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
                                        limit="a paged mixer ran without a step (no graphkv= argument)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-        if torch.compiler.is_compiling():
-            return state_mixer_op(hidden_states[0], self.layer)[None]
         return self.step(hidden_states[0], graphkv)[None]
 
     def step(self, x: torch.Tensor, graphkv: Any) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]`` for the step in ``graphkv`` (a
         :class:`~graphkv.hf.attention.PagedStep`): :meth:`mix` at each row's state page."""
+        if graphkv.rows is None:
+            raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
+                                       limit="a paged mixer ran in a step without its packed rows (a PagedModel "
+                                             "without state layers)",
+                                       fix="run the model through the graphkv.hf.PagedModel built for it"))
         return self.mix(x, graphkv.context.state_indices[self.group], graphkv.rows)
 
     def mix(self, x: torch.Tensor, pages: torch.Tensor, rows: PackedRows) -> torch.Tensor:

@@ -138,7 +138,10 @@ def _float_input_symbols(gm: torch.fx.GraphModule) -> list[str]:
     passes a float attribute, e.g. a norm's ``eps``, as a 0-d tensor read with ``.item()``), in input order."""
     symbols = []
     for node in gm.graph.nodes:
-        memo = getattr(node.meta.get("example_value"), "item_memo", None) if node.op == "placeholder" else None
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        # a 0-d host tensor of another dtype (a layer's id) may carry a memo too: not a float
+        floating = isinstance(value, torch.Tensor) and value.dtype.is_floating_point
+        memo = getattr(value, "item_memo", None) if floating else None
         name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
         if name is not None:
             symbols.append(name)

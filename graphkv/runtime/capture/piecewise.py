@@ -34,6 +34,7 @@ import torch
 
 from graphkv.runtime.capture.dedupe import dedupe_linears
 from graphkv.runtime.capture.fuse import compile_pieces, specialize_float_inputs
+from graphkv.runtime.capture.regions import inline_regions
 from graphkv.runtime.capture.split import SPLITTING_OPS, Piece, SplitResult, op_name, split_at_attention
 from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
@@ -317,7 +318,8 @@ class PiecewiseBackend:
     ``small_matmul_kernels`` (``"auto"`` / ``"triton"``): every ``linear`` call runs as ``graphkv::small_linear``
     (:func:`~graphkv.runtime.capture.small_matmuls.route_small_matmuls`; graphkv's small-matmul kernel for steps of a
     few tokens, where that choice resolves to Triton), counted in ``num_small_matmuls``. Default ``None`` (and
-    ``"torch"``): torch's matmuls, nothing routed.
+    ``"torch"``): torch's matmuls, nothing routed. Calls of nested compile regions (layers Dynamo traced once,
+    :mod:`~graphkv.runtime.capture.regions`) are inlined before anything else, counted in ``num_inlined``.
     """
 
     def __init__(self, splitting_ops: Iterable[Any] = SPLITTING_OPS, capture_fn: CaptureFn | None = None, *,
@@ -336,8 +338,10 @@ class PiecewiseBackend:
         self.num_compiles = 0  # Inductor compiles those took (one per distinct piece)
         self.num_deduped = 0  # repeated matmuls kept once (dedupe_linears), over every trace
         self.num_small_matmuls = 0  # linear calls routed through graphkv::small_linear, over every trace
+        self.num_inlined = 0  # nested compile regions' calls inlined before the split (regions), over every trace
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        self.num_inlined += inline_regions(gm)  # layers traced once (nested compile regions), put back in the forward
         if self.fuse:
             specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
         self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
