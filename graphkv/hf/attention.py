@@ -9,9 +9,10 @@ code and weights and replaces exactly the part the paged cache changes, for ever
 module swapping would re-implement each family's attention. Recurrent mixers have no such
 interface, so those are swapped (:mod:`graphkv.hf.mixers`).
 
-The function receives the step through the ``graphkv`` keyword (a :class:`PagedStep`) that
+Run eagerly, the function receives the step through the ``graphkv`` keyword (a :class:`PagedStep`) that
 :class:`graphkv.hf.model.PagedModel` passes to the model's forward and transformers hands down to
-every attention call. It writes the layer's new K/V into its pages at the step's slot mapping
+every attention call (or, where none is passed, from the step's context); compiled whole, it calls the
+``graphkv::attention`` op, which reads the step from that context when it runs. It writes the layer's new K/V into its pages at the step's slot mapping
 with the K/V write op (:func:`graphkv.runtime.ops.kv_write_op.write_kv_op`: a mutating custom op,
 so a compiled forward writes only the step's slots) and attends through the model's
 :class:`~graphkv.runtime.flex.region.FlexRegions` (one compiled region per group and phase, K/V
@@ -33,7 +34,7 @@ import attrs
 import torch
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.hf.layer_ops import LAYER_BUFFER, attention_op
+from graphkv.hf.layer_ops import LAYER_BUFFER, active_paged_step, attention_op
 from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS
 from graphkv.kernels.paged_attention import paged_decode_attention
 from graphkv.runtime.flex.region import FlexRegions
@@ -96,7 +97,8 @@ class PagedStep:
         """Refuse a call of attention layer ``layer`` (its transformers ``layer_idx``) that asks for another
         attention than the layer was set up with: ``softcap`` (the module's attention-logit soft-cap, read at set-up
         into the binding) and ``window`` (the module's sliding window; ``window_given``: the module passed one at all,
-        else its window was checked against the plan at set-up). Raises :class:`CaptureError` naming the layer."""
+        else its window was checked against the plan at set-up). Raises :class:`CaptureError` naming the layer.
+        Capture-safe (host comparisons only)."""
         binding = self.attention.get(layer)
         if binding is None:
             return
@@ -148,13 +150,14 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                        fix="compile the model through graphkv.hf.PagedModel (compile='model', "
                                            "'piecewise' or 'fused'), not torch.compile of the model itself"))
         out = attention_op(q, k, v, s_aux, layer, scaling, window=window, window_given=window_given, softcap=softcap)
-    else:
-        if graphkv is None:
+    else:  # eager (a compiled forward Dynamo runs eagerly passes no step: the context has it)
+        step = graphkv if graphkv is not None else active_paged_step()
+        if step is None:
             raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
                                        limit="graphkv's paged attention ran without a step (no graphkv= argument)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-        graphkv.check_call(module.layer_idx, window=window, window_given=window_given, softcap=softcap)
-        out = attend(graphkv, module.layer_idx, q, k, v, scale=scaling, sinks=s_aux)
+        step.check_call(module.layer_idx, window=window, window_given=window_given, softcap=softcap)
+        out = attend(step, module.layer_idx, q, k, v, scale=scaling, sinks=s_aux)
     return out[None], None
 
 

@@ -3,8 +3,8 @@
 A compiled forward that reads the pool's caches and states as graph inputs and writes them in
 place gets functionalized: every step copies whole layer caches (a tiny Qwen3's decode step cost
 3 ms over a 4 MiB pool and 214 ms over a 512 MiB one on a CPU). So under ``torch.compile`` the two
-layer kinds that touch the pool are custom ops the compiler cannot see into, taking only the
-step's activations and the layer's index:
+layer kinds that touch the pool are custom ops the compiler cannot see into, taking the step's
+activations, the layer's index and the constants its module passes (scale, window, soft-cap):
 
 - ``graphkv::attention(query, key, value, sinks, layer, scale, window, window_given, softcap)``: the K/V write
   and the flex attention of one attention layer (through the model's compiled flex regions);
@@ -31,7 +31,7 @@ import torch
 
 from graphkv.errors import CaptureError, Problem
 
-__all__ = ["LAYER_BUFFER", "attention_op", "current_paged_step", "layer_id", "paged_step_context", "state_mixer_op"]
+__all__ = ["LAYER_BUFFER", "active_paged_step", "attention_op", "current_paged_step", "layer_id", "paged_step_context", "state_mixer_op"]
 
 _STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("graphkv_paged_step", default=None)
 
@@ -45,6 +45,12 @@ def paged_step_context(step: Any) -> Iterator[Any]:
         yield step
     finally:
         _STEP.reset(token)
+
+
+def active_paged_step() -> Any:
+    """The :class:`~graphkv.hf.attention.PagedStep` of the forward being run, or ``None`` outside
+    :meth:`PagedModel.forward`. Host only."""
+    return _STEP.get()
 
 
 def current_paged_step() -> Any:
@@ -94,8 +100,8 @@ def layer_id(index: int) -> torch.Tensor:
     """Layer ``index`` as the ops take it: a 0-d int64 tensor on the host, a buffer of the layer's module in the
     paged view. A tensor, not an int: a compiled forward lifts it as an input, so every layer of one structure is
     the same traced code (an int would be a constant of each layer's trace), and the op reads it without a device
-    sync."""
-    return torch.tensor(index, dtype=torch.int64)
+    sync. Host only (at set-up)."""
+    return torch.tensor(index, dtype=torch.int64, device="cpu")  # on the host whatever the default device
 
 
 def attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None,

@@ -35,7 +35,7 @@ def region_layers(view: torch.nn.Module) -> int:
     """Mark every decoder layer of ``view`` (a paged view: each element of a ``ModuleList`` that holds a planned
     layer, i.e. a module with the :data:`~graphkv.hf.layer_ops.LAYER_BUFFER` buffer) as a nested compile region,
     where this torch reuses a region's trace (:func:`~graphkv.runtime.capture.regions.regions_reuse_traces`);
-    returns how many were marked (0 on older torch)."""
+    returns how many were marked (0 on older torch). Host only (at set-up)."""
     if not regions_reuse_traces():
         return 0
     count = 0
@@ -51,7 +51,7 @@ def region_layers(view: torch.nn.Module) -> int:
 
 def unmark_layers(view: torch.nn.Module) -> int:
     """Undo :func:`region_layers` on ``view``: every layer runs its class's forward again (Dynamo then traces each
-    layer of a later compile one by one); returns how many were unmarked."""
+    layer of a later compile one by one); returns how many were unmarked. Host only."""
     count = 0
     for module in view.modules():
         if module.__dict__.get("forward") is not None and getattr(module.forward, "__func__", None) is _region_forward:

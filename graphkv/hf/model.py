@@ -145,7 +145,8 @@ class PagedModel(torch.nn.Module):
         # are opaque ops (graphkv::attention) that run the regions (on a GPU compiled under compile=False too).
         self.regions = FlexRegions(compile=bool(compile), name=f"{family.model_type}_flex")
         self.attention: dict[int, AttentionBinding] = {}
-        replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}
+        replace: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}  # the mixers, then slices
+        named: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]] = {}  # attention: layer ids
         for decl in plan.layers:
             kind, module = self._module_for(decl, modules)
             group = plan.group_of(decl.index).index
@@ -164,7 +165,7 @@ class PagedModel(torch.nn.Module):
                             head_size=geometry[2], table_width_kernel_blocks=geometry[3],
                             kernel_block_size=geometry[4], device=pool.device, num_sms=num_sms)
                     workspace = workspaces[geometry]
-                replace[module] = lambda twin, index=decl.index: _named_layer(twin, index)
+                named[module] = lambda twin, index=decl.index: _named_layer(twin, index)
                 self.attention[decl.index] = AttentionBinding(
                     name=decl.name, group=group, cache=cache, layout=pool.layout(decl.name), key=key, value=value,
                     window=getattr(decl.spec, "window", None), softcap=family.softcap(module), workspace=workspace,
@@ -198,7 +199,7 @@ class PagedModel(torch.nn.Module):
         register()
         # transformers' default MoE loop picks the experts a step hits on the host (a sync no CUDA
         # graph can hold); its batched_mm implementation routes on the device.
-        self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace=replace,
+        self.view = paged_view(model, attn_implementation=ATTN_IMPLEMENTATION, replace={**named, **replace},
                                experts_implementation="batched_mm" if gpu_path(self.kernels, pool.device) else None)
         self.mixers = {m.layer: m for m in self.view.modules() if isinstance(m, PagedMixer)}
         # the weights' addresses, which CUDA graphs captured over this model may now read (a copy of the model has
@@ -211,6 +212,7 @@ class PagedModel(torch.nn.Module):
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         self._model_type = family.model_type
+        self._traced = False  # the compiled forward ran once (the layer regions' fallback applies before that)
         # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
         self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") else 0
         if compile in ("model", "piecewise", "fused"):
@@ -232,15 +234,15 @@ class PagedModel(torch.nn.Module):
                 else torch.compile(fresh, backend=self.piecewise, options=options))
 
     def _call_compiled(self, **kwargs: Any) -> Any:
-        """The compiled forward of ``kwargs``. Where Dynamo failed to trace the forward with its layers as nested
-        compile regions (a layer that a region cannot hold), the layers are unmarked and the forward compiled again
-        without them (each layer traced on its own, as on torch before 2.12); logged once. The same failure
-        without regions is raised."""
-        try:
+        """The compiled forward of ``kwargs``. Where Dynamo failed the forward's first trace with its layers as
+        nested compile regions (a layer a region cannot hold), the layers are unmarked and the forward compiled
+        again without them (each layer traced on its own, as on torch before 2.12), logged once; the same failure
+        without regions is raised. A later failure (a recompile refused, an error in a step) is raised as it is."""
+        if self._traced or not self.num_layer_regions:
             return self._call(**kwargs)
-        except torch._dynamo.exc.TorchDynamoException as error:
-            if not self.num_layer_regions:
-                raise
+        try:
+            out = self._call(**kwargs)
+        except _REGION_FAILURES as error:
             unmark_layers(self.view)
             self.num_layer_regions = 0
             self._call = self._compiled_forward(self._model_type)
@@ -248,7 +250,8 @@ class PagedModel(torch.nn.Module):
             lines = str(error).strip().splitlines()
             logger.warning("graphkv.hf: tracing %s's layers as nested compile regions failed (%s: %s); traced layer "
                            "by layer instead", self._model_type, type(error).__name__, lines[0][:300] if lines else "")
-            return out
+        self._traced = True
+        return out
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"
@@ -329,6 +332,10 @@ def _named_layer(module: torch.nn.Module, index: int) -> torch.nn.Module:
     module.register_buffer(LAYER_BUFFER, layer_id(index), persistent=False)
     return module
 
+
+_REGION_FAILURES = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UncapturedHigherOrderOpError,
+                    torch._dynamo.exc.InternalTorchDynamoError, torch._dynamo.exc.BackendCompilerFailed)
+"""How Dynamo fails a trace it cannot finish (not a refused recompile): what the layer regions' fallback catches."""
 
 _SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addresses, which a later merge would move
 

@@ -36,6 +36,7 @@ def paged_view(model: torch.nn.Module, *, attn_implementation: str,
         out = copy.copy(module)  # a new __dict__ holding the same attribute values
         out._parameters = dict(module._parameters)
         out._buffers = dict(module._buffers)
+        out._non_persistent_buffers_set = set(module._non_persistent_buffers_set)  # a buffer the view adds stays its
         out._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
         if module.__dict__.get("config") is old_config:
             out.__dict__["config"] = config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 import graphkv
 from graphkv import Budget, Limits, SpecError
 from graphkv.hf import ServingLoop, generate, tiny_model
+from graphkv.hf.attention import PagedStep
 from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import default_limits, sliding_tables_for, workload_budget
 from graphkv.runtime import Batch
@@ -230,6 +232,12 @@ def test_a_prompt_beyond_the_callers_max_model_len_is_named_before_anything_is_b
         generate(llama, [[1] * 6], max_new_tokens=2)[0]
 
 
+class _FakeStep(SimpleNamespace):
+    """A step holding only its layers' bindings, with the real check (what the op and the eager path run)."""
+
+    check_call = PagedStep.check_call
+
+
 @pytest.mark.parametrize(("planned", "asked", "text"), [
     (None, 24, "the plan gives this layer full attention (read from model.config), the module asks for a 24-token"),
     (24, None, "the plan gives this layer a 24-token window (read from model.config), the module asks for full"),
@@ -246,7 +254,7 @@ def test_a_module_asking_for_another_window_than_planned_is_refused(planned, ask
     from graphkv.hf.attention import paged_attention_forward
 
     module = SimpleNamespace(layer_idx=3)
-    step = SimpleNamespace(attention={3: SimpleNamespace(window=planned, softcap=None)})
+    step = _FakeStep(attention={3: SimpleNamespace(window=planned, softcap=None)})
     q = torch.zeros(1, 4, 2, 16)
     with pytest.raises(CaptureError, match=re.escape(f"layer 3.sliding_window={asked}: {text}")):
         paged_attention_forward(module, q, q, q, None, sliding_window=asked, graphkv=step)
@@ -266,7 +274,7 @@ def test_a_module_soft_capping_otherwise_than_set_up_is_refused() -> None:
     from graphkv.hf.attention import paged_attention_forward
 
     module = SimpleNamespace(layer_idx=0)
-    step = SimpleNamespace(attention={0: SimpleNamespace(window=None, softcap=50.0)})
+    step = _FakeStep(attention={0: SimpleNamespace(window=None, softcap=50.0)})
     q = torch.zeros(1, 4, 2, 16)
     with pytest.raises(CaptureError, match=re.escape("layer 0.softcap=30.0: the module soft-caps its scores at 30.0, "
                                                      "the layer was set up with 50.0")):

@@ -112,3 +112,19 @@ def test_fused_pieces_fuse_a_decode_steps_elementwise_ops_and_serve_generates_to
     engine = fused.engine()
     engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
     assert [engine.finished[i] for i in range(len(batch))] == [generate_alone(model, p) for p in batch]
+
+
+def test_a_compiled_forward_run_eagerly_reads_its_step_from_the_context() -> None:
+    """A forward compiled whole passes no step object (the layer ops read the step's context); where Dynamo runs it
+    eagerly instead (``set_stance("force_eager")``, as with TORCHDYNAMO_DISABLE or past the recompile limit), the
+    attention layers and the gated-delta mixers read the same context, and qwen3_next gives generate's tokens."""
+    model = tiny_model("qwen3_next")
+    batch = prompts((5, 17), seed=4)
+    expected = [generate_alone(model, p) for p in batch]
+    with torch.compiler.set_stance("force_eager"):
+        loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS),
+                           compile="piecewise", capture_graphs=False)
+        engine = loop.engine()
+        engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
+    assert loop.model.piecewise.splits == []  # nothing was traced
+    assert [engine.finished[i] for i in range(len(batch))] == expected

@@ -4,6 +4,7 @@ import torch
 
 from graphkv.hf import tiny_model
 from graphkv.hf.attention import ATTN_IMPLEMENTATION
+from graphkv.hf.layer_ops import LAYER_BUFFER
 from graphkv.hf.mixers import PagedGatedDeltaNet
 
 from hf_harness import generate_alone, prompts, serving_loop
@@ -15,13 +16,21 @@ def paged(model):
 
 
 def test_every_weight_is_the_models_own_tensor() -> None:
-    """Each view parameter has the data_ptr of the model's parameter of the same name; none is new."""
+    """Each view parameter has the data_ptr of the model's parameter of the same name; none is new. So are the
+    view's buffers, but for each planned layer's id (its index as a host tensor, which the layer ops take), which
+    the model does not get."""
     model = tiny_model("qwen3_next")
     view = paged(model).view
     mine = {name: p.data_ptr() for name, p in model.named_parameters()}
     theirs = {name.replace(".mixer.", "."): p.data_ptr() for name, p in view.named_parameters()}
     assert theirs == mine
-    assert {b.data_ptr() for b in view.buffers()} <= {b.data_ptr() for b in model.buffers()}
+    ids = {name: int(b) for name, b in view.named_buffers() if name.endswith(LAYER_BUFFER)}
+    assert sorted(ids.values()) == list(range(model.config.num_hidden_layers))
+    assert all(b.device.type == "cpu" and b.dtype == torch.int64 for name, b in view.named_buffers() if name in ids)
+    assert {b.data_ptr() for name, b in view.named_buffers() if name not in ids} <= \
+        {b.data_ptr() for b in model.buffers()}
+    assert not any(name.endswith(LAYER_BUFFER) for name, _ in model.named_buffers())
+    assert not any(LAYER_BUFFER in m._non_persistent_buffers_set for m in model.modules())
 
 
 def test_the_model_is_left_as_it_was() -> None:

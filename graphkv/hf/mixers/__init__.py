@@ -3,7 +3,8 @@ norms and output projections around graphkv's packed state ops (:mod:`graphkv.ru
 states in the pool's state pages.
 
 A twin replaces the mixer in the paged view (:mod:`graphkv.hf.view`) and takes the same call
-(``hidden_states [1, T, hidden]`` plus keywords); it reads the step from the ``graphkv`` keyword.
+(``hidden_states [1, T, hidden]`` plus keywords); it reads the step from the ``graphkv`` keyword
+(or the step's context: a forward compiled whole passes none, its ``graphkv::state_mixer`` op reads the context).
 :data:`MIXERS` maps the names in :data:`graphkv.hf.support.FAMILIES` to the twin classes.
 """
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from graphkv.errors import CaptureError, Problem
-from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, state_mixer_op
+from graphkv.hf.layer_ops import LAYER_BUFFER, active_paged_step, layer_id, state_mixer_op
 from graphkv.runtime.state.rows import PackedRows
 
 __all__ = ["PagedMixer"]
@@ -43,11 +43,12 @@ class PagedMixer(torch.nn.Module):
         the ``graphkv::state_mixer`` op reads the step when it runs. Capture-safe."""
         if torch.compiler.is_compiling():
             return state_mixer_op(hidden_states[0], getattr(self, LAYER_BUFFER))[None]
-        if graphkv is None:
+        step = graphkv if graphkv is not None else active_paged_step()  # a compiled forward run eagerly passes none
+        if step is None:
             raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
                                        limit="a paged mixer ran without a step (no graphkv= argument)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
-        return self.step(hidden_states[0], graphkv)[None]
+        return self.step(hidden_states[0], step)[None]
 
     def step(self, x: torch.Tensor, graphkv: Any) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]`` for the step in ``graphkv`` (a

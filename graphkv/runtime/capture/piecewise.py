@@ -341,7 +341,7 @@ class PiecewiseBackend:
         self.num_inlined = 0  # nested compile regions' calls inlined before the split (regions), over every trace
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        self.num_inlined += inline_regions(gm)  # layers traced once (nested compile regions), put back in the forward
+        inlined = inline_regions(gm)  # layers traced once (nested compile regions), put back in the forward
         if self.fuse:
             specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
         self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
@@ -367,6 +367,7 @@ class PiecewiseBackend:
             setattr(split.module, piece.name, runner)
             self.runners.append(runner)
         self.splits.append(split)
+        self.num_inlined += inlined  # counted once the trace is through (a restart traces it again)
         return split.module
 
 

@@ -30,7 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def regions_reuse_traces() -> bool:
     """Whether this torch stamps out a nested compile region's trace for later matching calls (torch 2.12 and later:
-    ``nested_compile_region`` takes ``max_reuse_entries``), rather than tracing every call again."""
+    ``nested_compile_region`` takes ``max_reuse_entries``), rather than tracing every call again. Host only."""
     region = getattr(torch.compiler, "nested_compile_region", None)
     if region is None:
         return False
@@ -42,7 +42,7 @@ def regions_reuse_traces() -> bool:
 
 def layer_region(fn: F) -> F:
     """``fn`` marked as a nested compile region where this torch reuses its trace (:func:`regions_reuse_traces`),
-    else ``fn`` itself. Outside ``torch.compile`` a region runs as ``fn``."""
+    else ``fn`` itself. Outside ``torch.compile`` a region runs as ``fn``. Host only (marks a function)."""
     return torch.compiler.nested_compile_region(fn) if regions_reuse_traces() else fn
 
 
@@ -54,7 +54,7 @@ def inline_regions(gm: torch.fx.GraphModule) -> int:
     """Replace every ``invoke_subgraph`` call in ``gm`` (a Dynamo-traced forward) by a copy of its body's nodes, the
     body's inputs bound to the call's operands and each ``getitem`` of the call's results to the body's output;
     bodies nested in bodies are inlined too. Node metadata (the traced example values) is copied with the nodes.
-    Returns the number of calls inlined (0: ``gm`` is unchanged)."""
+    Returns the number of calls inlined (0: ``gm`` is unchanged). Host only (a compile-time graph pass)."""
     graph = gm.graph
     count = 0
     bodies: set[str] = set()
@@ -98,12 +98,37 @@ def inline_regions(gm: torch.fx.GraphModule) -> int:
                     graph.erase_node(body_ref)
             count += 1
     if count:
+        _drop_dead_reads(graph)
         still_read = {n.target for n in graph.nodes if n.op == "get_attr"}
         for name in bodies - still_read:
             delattr(gm, name)
         graph.lint()
         gm.recompile()
     return count
+
+
+_READS = frozenset({"size", "stride", "dim", "numel", "storage_offset"})
+_SYMBOLIC_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
+                                  operator.mod, operator.neg, operator.eq, operator.ne, operator.lt, operator.le,
+                                  operator.gt, operator.ge})
+
+
+def _drop_dead_reads(graph: torch.fx.Graph) -> int:
+    """Erase nodes no one uses that only read: ``getitem`` (of a tuple, or a view of a tensor), ``size()`` /
+    ``stride()`` and the like, and arithmetic on sizes (never on tensors). A body traced on its own keeps such reads, which a flat trace's dead-code
+    pass drops; torch's own pass would take the opaque layer ops (no declared mutation) for dead too."""
+    erased = 0
+    for node in reversed(list(graph.nodes)):
+        if node.users or node.op not in ("call_function", "call_method"):
+            continue
+        value = node.meta.get("example_value")
+        reads = node.target is operator.getitem or \
+            (node.op == "call_method" and node.target in _READS) or \
+            (node.target in _SYMBOLIC_ARITHMETIC and not isinstance(value, torch.Tensor))
+        if reads:
+            graph.erase_node(node)
+            erased += 1
+    return erased
 
 
 def _get_attr(module: torch.nn.Module, target: str) -> Any:

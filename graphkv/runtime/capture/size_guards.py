@@ -12,7 +12,7 @@ kernels for a symbolic size mask any size. vLLM serves every batch size from one
 all of Dynamo's guards). graphkv drops much less: :func:`step_size_guard_filter` makes a ``guard_filter_fn`` (an
 option of ``torch.compile``) that drops *only* the shape guard, and only when every expression in it is either
 
-- a lower bound ``2 <= size`` (or offset) of an input: what 0/1 specialisation writes, or
+- a lower bound ``2 <= size`` (or stride, or offset) of an input: what 0/1 specialisation writes, or
 - an equality between sizes / strides of the inputs the caller names as built together (a step's token ids and
   positions, of one length and contiguous by construction).
 
@@ -20,7 +20,8 @@ Any other expression (a dimension that happened to equal another at trace time a
 Dynamo derived from the model's code, ``size != 1`` from a branch) keeps the whole shape guard, and the forward
 traces again when it fails. Every other guard (types, constants, tensor dtypes / devices / static sizes, grad mode)
 is kept. What no guard shows: a branch on ``size == 1`` that Dynamo decided from the range 0/1 specialisation gave
-(``size >= 2``) without writing a guard of its own. A forward that served 1-token steps differently that way would
+(``size >= 2``) without writing a guard of its own; and a branch such as ``if size > 1`` or a ``torch._check(size >= 2)``
+writes the same ``2 <= size`` and is dropped with it. A forward that served 1-token steps differently that way would
 now serve them as it serves larger ones; the hf tests check every served family's tokens against transformers'
 ``generate`` through batch-1 decode steps, which run on that one trace.
 """
@@ -41,7 +42,7 @@ def droppable_shape_guard(expressions: Sequence[str], built_together: Collection
     """Whether a shape guard of these Python ``expressions`` (Dynamo's guard code, e.g.
     ``"2 <= L['kwargs']['input_ids'].size()[1]"``) only says what 0/1 specialisation and the inputs'
     construction say: each is a lower bound of 2 on a size or offset, or an equality between sizes / strides of
-    inputs named in ``built_together``. An empty list is not droppable (nothing to drop)."""
+    inputs named in ``built_together``. An empty list is not droppable (nothing to drop). Host only."""
     if not expressions:
         return False
     for expression in expressions:
@@ -56,7 +57,8 @@ def droppable_shape_guard(expressions: Sequence[str], built_together: Collection
 def step_size_guard_filter(built_together: Collection[str]) -> Callable[[Sequence[Any]], list[bool]]:
     """A ``guard_filter_fn`` for ``torch.compile(..., options={"guard_filter_fn": ...})``: keeps every guard but a
     shape guard that :func:`droppable_shape_guard` drops (its inputs in ``built_together`` by name, e.g.
-    ``("input_ids", "position_ids")``), so one trace at 2 tokens or more serves 1-token steps too."""
+    ``("input_ids", "position_ids")``), so one trace at 2 tokens or more serves 1-token steps too. Dynamo calls it
+    on the host when it builds a trace's guards."""
     names = tuple(built_together)
 
     def keep(entries: Sequence[Any]) -> list[bool]:
