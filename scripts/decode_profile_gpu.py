@@ -28,7 +28,7 @@ them) and the shape guard Dynamo's specialisation at 1 wrote is dropped (:mod:`g
 so a batch-1 decode step runs the trace of 2 tokens or more. ``fused-1tok`` keeps that guard, as graphkv.hf served
 from 2026-11-26 (ninth session) to 2026-11-27: 1-token steps get a trace of their own, every piece compiled by
 Inductor a second time for exactly one token. Run the two at ``--batch 1`` to see what the second trace (Dynamo's
-second trace was 6.7 s of a 16-layer tiny Qwen3's set-up on a 2-core CPU) buys the decode step, if anything.
+second trace was 6-7 s of a 16-layer tiny Qwen3's set-up on a 2-core CPU) buys the decode step, if anything.
 ``fused-unbacked`` is ``fused`` with the step's sizes unbacked, as graphkv.hf served from 2026-11-26 (sixth session)
 until an H100 showed what that costs the decode step: 433 kernels and 1.547 ms at batch 1 against 291 and 1.359 ms
 with backed sizes.

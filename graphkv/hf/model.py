@@ -345,7 +345,7 @@ def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
     backed size, which Inductor sizes its kernels by. Dynamo specialises it at 1; the compiled forward drops the shape
     guard that specialisation writes (:mod:`graphkv.runtime.capture.size_guards`), so 1-token steps (batch-1 decode,
     a one-token chunk) run the trace of 2 tokens or more instead of a second trace of their own (tiny Qwen3, 16 layers,
-    fused, 2-core CPU: Dynamo's second trace took 6.7 s). From 2026-11-26 (sixth session) these sizes were unbacked,
+    fused, 2-core CPU: Dynamo's second trace took 6-7 s). From 2026-11-26 (sixth session) these sizes were unbacked,
     to trace once, but Inductor knows nothing of an unbacked size: on an H100 the fused 0.94B model's decode step
     launched 433 kernels and took 1.547 ms at batch 1 (2.157 ms at 32), against 291 kernels and 1.359 ms (2.065 ms)
     with backed sizes. ``backed_size_oblivious`` (one backed trace that is not specialised at 1) still traced twice:

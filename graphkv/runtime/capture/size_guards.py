@@ -4,7 +4,7 @@ A step's token count is a *backed* dynamic size of the traced forward (Inductor 
 specialises backed sizes at 0 and 1: a trace at 5 tokens serves every size of 2 or more, and its shape guard says
 ``2 <= tokens``, so the first 1-token step (every batch-1 decode step, a one-token chunk) failed it and Dynamo
 traced the forward again, which then was split and (under ``compile="fused"``) compiled piece by piece a second
-time. On a 2-core CPU that second trace was 6.7 s of a 16-layer tiny Qwen3's set-up (Dynamo's own metrics).
+time. On a 2-core CPU that second trace was 6-7 s of a 16-layer tiny Qwen3's set-up (Dynamo's own metrics).
 
 The first trace computes the same values for 1 token: nothing in a decoder's forward treats a step dimension of
 size 1 differently (no broadcast of the step's tokens against a size-1 dimension, no squeeze of them), and Inductor's
