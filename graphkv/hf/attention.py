@@ -10,20 +10,20 @@ module swapping would re-implement each family's attention. Recurrent mixers hav
 interface, so those are swapped (:mod:`graphkv.hf.mixers`).
 
 Run eagerly, the function receives the step through the ``graphkv`` keyword (a :class:`PagedStep`) that
-:class:`graphkv.hf.model.PagedModel` passes to the model's forward and transformers hands down to
-every attention call (or, where none is passed, from the step's context); compiled whole, it calls the
-``graphkv::attention`` op, which reads the step from that context when it runs. It writes the layer's new K/V into its pages at the step's slot mapping
-with the K/V write op (:func:`graphkv.runtime.ops.kv_write_op.write_kv_op`: a mutating custom op,
-so a compiled forward writes only the step's slots) and attends through the model's
-:class:`~graphkv.runtime.flex.region.FlexRegions` (one compiled region per group and phase, K/V
-read through flat views built once); a one-token decode step on the GPU path attends through
-graphkv's split-KV paged decode kernel instead (:mod:`graphkv.kernels.paged_attention`), which
-reads the block tables directly, so no flex mask is built for it. Attention sinks (gpt-oss)
-rescale the flex output by ``sigmoid(lse - sink)``: the softmax with one more logit ``sink`` per
-head, whose value vector is zero (the decode kernel adds it to its softmax's denominator). Attention-logit
-soft-capping (Gemma-2's ``softcap=``, read from the module at set-up into the layer's binding) is applied by the
-decode kernel and by flex's score modifier, after the scale. transformers builds no
-mask for an implementation name it does not know; graphkv's block masks replace its masks.
+:class:`graphkv.hf.model.PagedModel` passes to the model's forward and transformers hands down to every
+attention call (or, where none is passed, from the step's context); compiled whole, it calls the
+``graphkv::attention`` op, which reads the step from that context when it runs. It writes the layer's new K/V
+into its pages at the step's slot mapping with the K/V write op
+(:func:`graphkv.runtime.ops.kv_write_op.write_kv_op`: a mutating custom op, so a compiled forward writes only
+the step's slots) and attends through the model's :class:`~graphkv.runtime.flex.region.FlexRegions` (one
+compiled region per group and phase, K/V read through flat views built once); a one-token decode step on the
+GPU path attends through graphkv's split-KV paged decode kernel instead
+(:mod:`graphkv.kernels.paged_attention`), which reads the block tables directly, so no flex mask is built for
+it. Attention sinks (gpt-oss) rescale the flex output by ``sigmoid(lse - sink)``: the softmax with one more
+logit ``sink`` per head, whose value vector is zero (the decode kernel adds it to its softmax's denominator).
+Attention-logit soft-capping (Gemma-2's ``softcap=``, read from the module at set-up into the layer's binding)
+is applied by the decode kernel and by flex's score modifier, after the scale. transformers builds no mask for
+an implementation name it does not know; graphkv's block masks replace its masks.
 """
 
 from __future__ import annotations

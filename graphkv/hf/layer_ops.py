@@ -31,7 +31,8 @@ import torch
 
 from graphkv.errors import CaptureError, Problem
 
-__all__ = ["LAYER_BUFFER", "active_paged_step", "attention_op", "current_paged_step", "layer_id", "paged_step_context", "state_mixer_op"]
+__all__ = ["LAYER_BUFFER", "active_paged_step", "attention_op", "current_paged_step", "layer_id",
+           "paged_step_context", "state_mixer_op"]
 
 _STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("graphkv_paged_step", default=None)
 

@@ -115,8 +115,9 @@ _SYMBOLIC_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, oper
 
 def _drop_dead_reads(graph: torch.fx.Graph) -> int:
     """Erase nodes no one uses that only read: ``getitem`` (of a tuple, or a view of a tensor), ``size()`` /
-    ``stride()`` and the like, and arithmetic on sizes (never on tensors). A body traced on its own keeps such reads, which a flat trace's dead-code
-    pass drops; torch's own pass would take the opaque layer ops (no declared mutation) for dead too."""
+    ``stride()`` and the like, and arithmetic on sizes (never on tensors). A body traced on its own keeps such
+    reads, which a flat trace's dead-code pass drops; torch's own pass would take the opaque layer ops (no declared
+    mutation) for dead too."""
     erased = 0
     for node in reversed(list(graph.nodes)):
         if node.users or node.op not in ("call_function", "call_method"):

@@ -20,10 +20,10 @@ Any other expression (a dimension that happened to equal another at trace time a
 Dynamo derived from the model's code, ``size != 1`` from a branch) keeps the whole shape guard, and the forward
 traces again when it fails. Every other guard (types, constants, tensor dtypes / devices / static sizes, grad mode)
 is kept. What no guard shows: a branch on ``size == 1`` that Dynamo decided from the range 0/1 specialisation gave
-(``size >= 2``) without writing a guard of its own; and a branch such as ``if size > 1`` or a ``torch._check(size >= 2)``
-writes the same ``2 <= size`` and is dropped with it. A forward that served 1-token steps differently that way would
-now serve them as it serves larger ones; the hf tests check every served family's tokens against transformers'
-``generate`` through batch-1 decode steps, which run on that one trace.
+(``size >= 2``) without writing a guard of its own; and a branch such as ``if size > 1`` or a
+``torch._check(size >= 2)`` writes the same ``2 <= size`` and is dropped with it. A forward that served 1-token
+steps differently that way would now serve them as it serves larger ones; the hf tests check the core families'
+tokens against transformers' ``generate`` through batch-1 decode steps, which run on that one trace.
 """
 
 from __future__ import annotations
