@@ -17,7 +17,7 @@ from graphkv import CudaGraphMode, Limits
 from graphkv.hf import ServingLoop
 from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import workload_budget
-from graphkv.hf.tiny import tiny_model
+from graphkv.hf.tiny import CORE_FAMILIES, tiny_model
 from graphkv.models.demo_engine import DemoRequest
 from graphkv.runtime.step.batch import Batch
 
@@ -128,3 +128,19 @@ def test_a_compiled_forward_run_eagerly_reads_its_step_from_the_context() -> Non
         engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
     assert loop.model.piecewise.splits == []  # nothing was traced
     assert [engine.finished[i] for i in range(len(batch))] == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", CORE_FAMILIES)
+def test_one_trace_serves_a_requests_one_token_decode_steps(family: str) -> None:
+    """Each core family under 'piecewise', a prompt served alone: its prefill traced the forward once (2 tokens or
+    more), and its batch-1 decode steps ran that trace (the shape guard of the specialisation at 1 dropped), with
+    the layers as nested compile regions where this torch reuses them: generate's tokens, one trace."""
+    model = tiny_model(family)
+    prompt = prompts((9,), seed=5)[0]
+    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="piecewise",
+                       capture_graphs=False)
+    engine = loop.engine()
+    engine.run([DemoRequest(req_id="alone", prompt=prompt, max_new_tokens=NEW_TOKENS)])
+    assert engine.finished["alone"] == generate_alone(model, prompt)
+    assert len(loop.model.piecewise.splits) == 1
