@@ -15,7 +15,8 @@ one process per batch size, by:
 Per batch and contender, medians of ``--repeats`` serves (shuffled order each round, gc off) after a
 warm-up serve: tokens/s to the last token; ms per decode step = (last token - the moment every
 request has its first) / (new tokens - 1); mean time to first token; set-up seconds (build and
-warm-up: graphkv's plan, pool, capture; transformers' compile); requests whose tokens equal
+warm-up: graphkv's plan, pool, capture; transformers' compile; of it, Dynamo's tracing and the compile
+backend's time, ``trace_s`` / ``backend_s`` in the JSON); requests whose tokens equal
 ``generate``'s. A decode step's bandwidth limit = (weight bytes it reads + KV bytes of its context) /
 the copy bandwidth (a large ``Tensor.copy_`` on the device at start, bytes read plus written per
 second), at every request's mean decode context; graphkv's own step timings also give its
@@ -152,6 +153,17 @@ def serving_loop_for(model: Any, prompts: list[list[int]], new_tokens: int, *, s
                           max_num_batched_tokens=max(step_tokens, len(prompts)))
     limits = sliding_tables_for(limits, declared)
     return ServingLoop(model, limits=limits, budget=workload_budget(declared, limits), **loop_kwargs)
+
+
+def compile_seconds() -> tuple[float, float]:
+    """Seconds this process has spent so far in Dynamo's own tracing (its compiles less their backends) and in
+    compile backends (graphkv's split and Inductor), from Dynamo's timing metrics; a difference of two readings
+    splits a set-up's compile time."""
+    import torch._dynamo.utils
+
+    metrics = torch._dynamo.utils.compilation_time_metrics
+    backends = sum(metrics.get("OutputGraph.call_user_compiler", ()))
+    return sum(metrics.get("_compile.compile_inner", ())) - backends, backends
 
 
 class GraphkvServer:
@@ -305,7 +317,7 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
                            "params": sum(p.numel() for p in model.parameters())}
     servers, runs = {}, {}
     for name in args.contenders:
-        start = time.perf_counter()
+        start, compiled = time.perf_counter(), compile_seconds()
         try:
             server = SERVERS[name](model, prompts, args)
             first = server.serve()
@@ -315,6 +327,8 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
             continue
         servers[name], runs[name] = server, [first]
         row[name] = {"setup_s": time.perf_counter() - start}
+        # of the set-up: Dynamo tracing, and the compile backend (graphkv's split, Inductor) compiling what it traced
+        row[name]["trace_s"], row[name]["backend_s"] = (now - then for now, then in zip(compile_seconds(), compiled))
         if name == "graphkv":
             row[name].update(build_s=server.build_seconds, graphs=server.loop.graphs,
                              kv_tokens=server.loop.plan.num_blocks * server.loop.plan.block_size)
@@ -412,7 +426,8 @@ def print_table(rows: list[dict[str, Any]], contenders: tuple[str, ...]) -> None
         if "step_ms" in g:
             print(f"{'':>5}  graphkv's {g['decode_steps']} full-batch decode steps: {g['step_ms']:.3f} ms each, limit "
                   f"{g['step_limit_ms']:.3f} ms -> {g['step_x_limit']:.2f}x the limit; plan+pool+capture "
-                  f"{g['build_s']:.1f} s; {g['graphs']}")
+                  f"{g['build_s']:.1f} s, set-up {g['setup_s']:.1f} s (Dynamo tracing {g['trace_s']:.1f} s, "
+                  f"compiling {g['backend_s']:.1f} s); {g['graphs']}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -102,6 +102,12 @@ def test_gpu_serving_runs_graphkv_fused_and_its_tokens_equal_generates(tmp_path:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["graphkv"]["equal_to_generate"] == 2 and set(row["graphkv"]["vs"]) == {"generate"}
+    # the set-up's compile time split: Dynamo's own tracing and the backend's (split, Inductor), both within it (on a
+    # CPU, where no graph is captured at build, the forward compiles in the first serve)
+    graphkv = row["graphkv"]
+    assert 0 < graphkv["trace_s"] and 0 < graphkv["backend_s"] and graphkv["trace_s"] + graphkv["backend_s"] < \
+        graphkv["setup_s"]
+    assert f"(Dynamo tracing {graphkv['trace_s']:.1f} s, compiling {graphkv['backend_s']:.1f} s)" in done.stdout
 
 
 def test_gpu_serving_refuses_merged_projections_without_a_split_forward() -> None:
