@@ -16,7 +16,8 @@ Per batch and contender, medians of ``--repeats`` serves (shuffled order each ro
 warm-up serve: tokens/s to the last token; ms per decode step = (last token - the moment every
 request has its first) / (new tokens - 1); mean time to first token; set-up seconds (build and
 warm-up: graphkv's plan, pool, capture; transformers' compile; of it, Dynamo's tracing and the compile
-backend's time, ``trace_s`` / ``backend_s`` in the JSON); requests whose tokens equal
+backend's time, ``trace_s`` / ``backend_s`` in the JSON, Triton's run-time tuning and the graph captures in
+neither); requests whose tokens equal
 ``generate``'s. A decode step's bandwidth limit = (weight bytes it reads + KV bytes of its context) /
 the copy bandwidth (a large ``Tensor.copy_`` on the device at start, bytes read plus written per
 second), at every request's mean decode context; graphkv's own step timings also give its

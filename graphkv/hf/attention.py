@@ -132,7 +132,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     of the step's packed tokens after rotary); returns ``([1, T, Hq, D], None)``. ``scaling``: the
     module's score scale; ``s_aux``: per-head sink logits ``[Hq]``; ``softcap``: the module's attention-logit
     soft-cap, which must be the one the layer was set up with (:meth:`PagedStep.check_call`, as the sliding window).
-    Eager, the step comes in ``graphkv``; compiled (a forward compiled whole), the ``graphkv::attention`` op reads it
+    Eager, the step comes in ``graphkv`` (or, where none is passed, from the step's context); compiled (a forward compiled whole), the ``graphkv::attention`` op reads it
     when it runs and the layer is named by the module's ``graphkv_layer`` buffer
     (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises :class:`CaptureError`
     outside a :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
@@ -154,7 +154,8 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         step = graphkv if graphkv is not None else active_paged_step()
         if step is None:
             raise CaptureError(Problem(field="attn_implementation", value=ATTN_IMPLEMENTATION,
-                                       limit="graphkv's paged attention ran without a step (no graphkv= argument)",
+                                       limit="graphkv's paged attention ran without a step (no graphkv= argument, "
+                                             "and no PagedModel step running)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
         step.check_call(module.layer_idx, window=window, window_given=window_given, softcap=softcap)
         out = attend(step, module.layer_idx, q, k, v, scale=scaling, sinks=s_aux)

@@ -240,9 +240,11 @@ class PagedModel(torch.nn.Module):
         without regions is raised. A later failure (a recompile refused, an error in a step) is raised as it is."""
         if self._traced or not self.num_layer_regions:
             return self._call(**kwargs)
+        traces = len(self.piecewise.splits)  # regions are marked only with the piecewise backend
         try:
             out = self._call(**kwargs)
         except _REGION_FAILURES as error:
+            # Dynamo failed the trace before the frame ran anything: running the step again repeats nothing
             unmark_layers(self.view)
             self.num_layer_regions = 0
             self._call = self._compiled_forward(self._model_type)
@@ -250,7 +252,7 @@ class PagedModel(torch.nn.Module):
             lines = str(error).strip().splitlines()
             logger.warning("graphkv.hf: tracing %s's layers as nested compile regions failed (%s: %s); traced layer "
                            "by layer instead", self._model_type, type(error).__name__, lines[0][:300] if lines else "")
-        self._traced = True
+        self._traced = len(self.piecewise.splits) > traces  # not if Dynamo ran the forward eagerly (no trace)
         return out
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
@@ -334,8 +336,9 @@ def _named_layer(module: torch.nn.Module, index: int) -> torch.nn.Module:
 
 
 _REGION_FAILURES = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UncapturedHigherOrderOpError,
-                    torch._dynamo.exc.InternalTorchDynamoError, torch._dynamo.exc.BackendCompilerFailed)
-"""How Dynamo fails a trace it cannot finish (not a refused recompile): what the layer regions' fallback catches."""
+                    torch._dynamo.exc.InternalTorchDynamoError)
+"""How Dynamo fails a trace it cannot finish (not a refused recompile, not a backend's failure): what the layer
+regions' fallback catches."""
 
 _SERVED = "_graphkv_served"  # on a model a PagedModel wraps: its weights' addresses, which a later merge would move
 

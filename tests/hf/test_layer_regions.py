@@ -74,3 +74,25 @@ def test_layers_a_region_cannot_hold_are_traced_one_by_one(monkeypatch, caplog):
     warned = [r.getMessage() for r in caplog.records if "nested compile regions failed" in r.getMessage()]
     assert len(warned) == 1 and "UncapturedHigherOrderOpError" in warned[0]
     assert _serve(loop, batch) == expected
+
+
+@pytest.mark.slow
+def test_the_fallback_waits_for_a_real_trace(monkeypatch):
+    """A first serve Dynamo runs eagerly (``force_eager``) traces nothing, so it does not end the fallback's
+    window: the next serve's trace fails in the regions, falls back to layer-by-layer tracing and gives
+    generate's tokens."""
+    def breaking(layer: torch.nn.Module, *args, **kwargs):
+        torch._dynamo.graph_break()
+        return type(layer).forward(layer, *args, **kwargs)
+
+    monkeypatch.setattr(layer_regions, "_LAYER", torch.compiler.nested_compile_region(breaking))
+    model = tiny_model("qwen3")
+    batch = prompts((6, 11), seed=3)
+    expected = [generate_alone(model, p) for p in batch]
+    with torch.compiler.set_stance("force_eager"):
+        loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS),
+                           compile="piecewise", capture_graphs=False)
+        assert _serve(loop, batch[:1]) == expected[:1]
+    assert loop.model.num_layer_regions == 2 and loop.model.piecewise.splits == []
+    assert _serve(loop, batch) == expected
+    assert loop.model.num_layer_regions == 0 and len(loop.model.piecewise.splits) == 1

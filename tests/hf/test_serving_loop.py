@@ -11,7 +11,7 @@ from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_dtype
 from graphkv.runtime import Batch, Step, allocate
 from graphkv.runtime.capture.graphs import CPU_UNAVAILABLE, CapturedForward
 
-from hf_harness import LIMITS, own_logits, prompts
+from hf_harness import LIMITS, own_logits, prompts, serving_loop
 
 
 def loop_for(model_type: str, model=None, **kwargs) -> ServingLoop:
@@ -51,9 +51,18 @@ def test_a_stack_runs_its_own_steps() -> None:
 
 
 def test_attention_outside_a_step_is_a_capture_error() -> None:
-    """Calling graphkv's attention function without a step names what to do."""
-    with pytest.raises(CaptureError, match="run the model through graphkv.hf.PagedModel"):
+    """Calling graphkv's attention function, or a paged mixer of a view, without a step (no keyword, no PagedModel
+    step running) names what to do."""
+    with pytest.raises(CaptureError, match=r"no graphkv= argument, and no PagedModel step running.*run the model "
+                                           r"through graphkv.hf.PagedModel"):
         paged_attention_forward(torch.nn.Module(), *[torch.zeros(1, 2, 3, 4)] * 3, None)
+    from graphkv.hf.mixers import PagedGatedDeltaNet
+
+    model = tiny_model("qwen3_next")
+    mixer = next(m for m in serving_loop(model).model.view.modules() if isinstance(m, PagedGatedDeltaNet))
+    with pytest.raises(CaptureError, match=r"a paged mixer ran without a step \(no graphkv= argument, and no "
+                                           r"PagedModel step running\)"):
+        mixer(torch.zeros(1, 3, model.config.hidden_size))
 
 
 def test_a_pool_of_another_model_is_refused() -> None:

@@ -38,15 +38,17 @@ class PagedMixer(torch.nn.Module):
         self.register_buffer(LAYER_BUFFER, layer_id(layer), persistent=False)  # the layer as the op names it
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, graphkv: Any = None, **kwargs: Any) -> torch.Tensor:
-        """``[1, T, hidden] -> [1, T, hidden]`` for the step in ``graphkv`` (other arguments — the
-        transformers cache and mask — are ignored: the pool holds the states); compiled (a forward compiled whole),
-        the ``graphkv::state_mixer`` op reads the step when it runs. Capture-safe."""
+        """``[1, T, hidden] -> [1, T, hidden]`` for the step in ``graphkv`` (or, where none is passed, the step's
+        context; other arguments — the transformers cache and mask — are ignored: the pool holds the states);
+        compiled (a forward compiled whole), the ``graphkv::state_mixer`` op reads the step when it runs.
+        Capture-safe."""
         if torch.compiler.is_compiling():
             return state_mixer_op(hidden_states[0], getattr(self, LAYER_BUFFER))[None]
         step = graphkv if graphkv is not None else active_paged_step()  # a compiled forward run eagerly passes none
         if step is None:
             raise CaptureError(Problem(field=self.name, value=type(self.mixer).__name__,
-                                       limit="a paged mixer ran without a step (no graphkv= argument)",
+                                       limit="a paged mixer ran without a step (no graphkv= argument, and no "
+                                             "PagedModel step running)",
                                        fix="run the model through graphkv.hf.PagedModel inside Step.run"))
         return self.step(hidden_states[0], step)[None]
 

@@ -344,11 +344,12 @@ class PiecewiseBackend:
         inlined = inline_regions(gm)  # layers traced once (nested compile regions), put back in the forward
         if self.fuse:
             specialize_float_inputs(gm)  # dynamic=True's float inputs: traced again as constants
-        self.num_deduped += dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
+        deduped = dedupe_linears(gm)  # merged projections' repeated matmul (graphkv.hf.projections)
+        routed = 0
         if self.small_matmul_kernels in ("auto", "triton"):  # after dedupe_linears (it merges linear calls, not the op)
             from graphkv.runtime.capture.small_matmuls import route_small_matmuls
 
-            self.num_small_matmuls += route_small_matmuls(gm, self.small_matmul_kernels)
+            routed = route_small_matmuls(gm, self.small_matmul_kernels)
         split = split_at_attention(gm, self.splitting_ops)
         compiled: dict[str, Callable[..., Any]] = {}
         if self.fuse:
@@ -367,7 +368,9 @@ class PiecewiseBackend:
             setattr(split.module, piece.name, runner)
             self.runners.append(runner)
         self.splits.append(split)
-        self.num_inlined += inlined  # counted once the trace is through (a restart traces it again)
+        # counted once the trace is through (a restart or a failure traces it again)
+        self.num_inlined, self.num_deduped, self.num_small_matmuls = (
+            self.num_inlined + inlined, self.num_deduped + deduped, self.num_small_matmuls + routed)
         return split.module
 
 

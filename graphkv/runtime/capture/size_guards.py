@@ -41,7 +41,7 @@ _EQUALITY = re.compile(rf"^{_ACCESS} == {_ACCESS}$")
 def droppable_shape_guard(expressions: Sequence[str], built_together: Collection[str]) -> bool:
     """Whether a shape guard of these Python ``expressions`` (Dynamo's guard code, e.g.
     ``"2 <= L['kwargs']['input_ids'].size()[1]"``) only says what 0/1 specialisation and the inputs'
-    construction say: each is a lower bound of 2 on a size or offset, or an equality between sizes / strides of
+    construction say: each is a lower bound of 2 on a size, stride or offset, or an equality between sizes / strides of
     inputs named in ``built_together``. An empty list is not droppable (nothing to drop). Host only."""
     if not expressions:
         return False
