@@ -132,9 +132,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     of the step's packed tokens after rotary); returns ``([1, T, Hq, D], None)``. ``scaling``: the
     module's score scale; ``s_aux``: per-head sink logits ``[Hq]``; ``softcap``: the module's attention-logit
     soft-cap, which must be the one the layer was set up with (:meth:`PagedStep.check_call`, as the sliding window).
-    Eager, the step comes in ``graphkv`` (or, where none is passed, from the step's context); compiled (a forward compiled whole), the ``graphkv::attention`` op reads it
-    when it runs and the layer is named by the module's ``graphkv_layer`` buffer
-    (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises :class:`CaptureError`
+    Eager, the step comes in ``graphkv`` (or, where none is passed, from the step's context); compiled (a forward
+    compiled whole), the ``graphkv::attention`` op reads it when it runs and the layer is named by the module's
+    ``graphkv_layer`` buffer (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises :class:`CaptureError`
     outside a :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
     Capture-safe."""
     window, window_given = kwargs.get("sliding_window") or None, "sliding_window" in kwargs
