@@ -134,8 +134,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     soft-cap, which must be the one the layer was set up with (:meth:`PagedStep.check_call`, as the sliding window).
     Eager, the step comes in ``graphkv`` (or, where none is passed, from the step's context); compiled (a forward
     compiled whole), the ``graphkv::attention`` op reads it when it runs and the layer is named by the module's
-    ``graphkv_layer`` buffer (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises :class:`CaptureError`
-    outside a :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding window than the layer's.
+    ``graphkv_layer`` buffer (:func:`~graphkv.hf.layer_ops.layer_id`), so no step object enters the trace. Raises
+    :class:`CaptureError` outside a :class:`~graphkv.hf.model.PagedModel` step, for another soft-cap or sliding
+    window than the layer's.
     Capture-safe."""
     window, window_given = kwargs.get("sliding_window") or None, "sliding_window" in kwargs
     # [T, H, D] views: the write reads K and V through their strides, the region copies the query

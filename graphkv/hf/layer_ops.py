@@ -57,7 +57,7 @@ def active_paged_step() -> Any:
 def current_paged_step() -> Any:
     """The :class:`~graphkv.hf.attention.PagedStep` of the forward being run; :class:`CaptureError`
     outside :meth:`PagedModel.forward`."""
-    step = _STEP.get()
+    step = active_paged_step()
     if step is None:
         raise CaptureError(Problem(field="graphkv::attention", value=None,
                                    limit="a paged layer op ran outside a PagedModel forward",

@@ -212,7 +212,6 @@ class PagedModel(torch.nn.Module):
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         self._model_type = family.model_type
-        self._traced = False  # the compiled forward ran once (the layer regions' fallback applies before that)
         # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
         self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") else 0
         if compile in ("model", "piecewise", "fused"):
@@ -221,12 +220,12 @@ class PagedModel(torch.nn.Module):
             self.piecewise = (piecewise_backend(PIECEWISE_SPLITTING_OPS, fuse=compile == "fused",
                                                 small_matmul_kernels=self.kernels if small_matmul else None)
                               if compile != "model" else None)
-            self._call = self._compiled_forward(self._model_type)
+            self._call = self._compiled_forward()
 
-    def _compiled_forward(self, model_type: str) -> Callable[..., Any]:
+    def _compiled_forward(self) -> Callable[..., Any]:
         """The view's forward compiled whole (``compile="model"``: by Inductor; else by the piecewise backend), as
         a fresh copy of its code."""
-        name = f"graphkv_{model_type}_forward_{uuid.uuid4().hex[:12]}"
+        name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
         fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
         # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
         options = {"guard_filter_fn": step_size_guard_filter(STEP_SIZE_INPUTS)}
@@ -238,21 +237,21 @@ class PagedModel(torch.nn.Module):
         nested compile regions (a layer a region cannot hold), the layers are unmarked and the forward compiled
         again without them (each layer traced on its own, as on torch before 2.12), logged once; the same failure
         without regions is raised. A later failure (a recompile refused, an error in a step) is raised as it is."""
-        if self._traced or not self.num_layer_regions:
+        # regions are marked only with the piecewise backend, whose splits are the traces it received: after the
+        # first (not a call Dynamo ran eagerly), the fallback's window is over
+        if not self.num_layer_regions or self.piecewise.splits:
             return self._call(**kwargs)
-        traces = len(self.piecewise.splits)  # regions are marked only with the piecewise backend
         try:
             out = self._call(**kwargs)
         except _REGION_FAILURES as error:
             # Dynamo failed the trace before the frame ran anything: running the step again repeats nothing
             unmark_layers(self.view)
             self.num_layer_regions = 0
-            self._call = self._compiled_forward(self._model_type)
+            self._call = self._compiled_forward()
             out = self._call(**kwargs)  # failing again, it was not the regions: that error is raised
             lines = str(error).strip().splitlines()
             logger.warning("graphkv.hf: tracing %s's layers as nested compile regions failed (%s: %s); traced layer "
                            "by layer instead", self._model_type, type(error).__name__, lines[0][:300] if lines else "")
-        self._traced = len(self.piecewise.splits) > traces  # not if Dynamo ran the forward eagerly (no trace)
         return out
 
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
@@ -320,11 +319,12 @@ class PagedModel(torch.nn.Module):
             for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
                 if isinstance(t, torch.Tensor):
                     _mark_step_dynamic(t, dim)
-        # Compiled whole, the layer ops read the step from the context: no step object enters the trace.
-        passed = {} if self._whole else {"graphkv": step}
         with paged_step_context(step):
-            out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
-                                      **passed)
+            if self._whole:  # the layer ops read the step from the context: no step object enters the trace
+                out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep)
+            else:
+                out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+                                 graphkv=step)
         return out.logits[0]
 
 

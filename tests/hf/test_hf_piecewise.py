@@ -21,7 +21,7 @@ from graphkv.hf.tiny import CORE_FAMILIES, tiny_model
 from graphkv.models.demo_engine import DemoRequest
 from graphkv.runtime.step.batch import Batch
 
-from hf_harness import NEW_TOKENS, generate_alone, prompts
+from hf_harness import NEW_TOKENS, generate_alone, prompts, serving_loop
 
 LIMITS = Limits(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32, max_cudagraph_capture_size=32,
                 cudagraph_mode=CudaGraphMode.FULL_AND_PIECEWISE)  # prefill chunks captured too, not vLLM's 8 tokens
@@ -122,8 +122,7 @@ def test_a_compiled_forward_run_eagerly_reads_its_step_from_the_context() -> Non
     batch = prompts((5, 17), seed=4)
     expected = [generate_alone(model, p) for p in batch]
     with torch.compiler.set_stance("force_eager"):
-        loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS),
-                           compile="piecewise", capture_graphs=False)
+        loop = serving_loop(model, compile="piecewise", capture_graphs=False)
         engine = loop.engine()
         engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
     assert loop.model.piecewise.splits == []  # nothing was traced
@@ -138,8 +137,7 @@ def test_one_trace_serves_a_requests_one_token_decode_steps(family: str) -> None
     the layers as nested compile regions where this torch reuses them: generate's tokens, one trace."""
     model = tiny_model(family)
     prompt = prompts((9,), seed=5)[0]
-    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="piecewise",
-                       capture_graphs=False)
+    loop = serving_loop(model, compile="piecewise", capture_graphs=False)
     engine = loop.engine()
     engine.run([DemoRequest(req_id="alone", prompt=prompt, max_new_tokens=NEW_TOKENS)])
     assert engine.finished["alone"] == generate_alone(model, prompt)

@@ -6,18 +6,26 @@ import logging
 
 import pytest
 import torch
-from hf_harness import LIMITS, NEW_TOKENS, generate_alone, prompts
+from hf_harness import NEW_TOKENS, generate_alone, prompts, serving_loop
 
 import graphkv.hf.layer_regions as layer_regions
 from graphkv.hf import ServingLoop
-from graphkv.hf.declare import model_kv
-from graphkv.hf.generation import workload_budget
 from graphkv.hf.tiny import tiny_model
 from graphkv.models.demo_engine import DemoRequest
 from graphkv.runtime.capture.regions import regions_reuse_traces
 
 pytestmark = pytest.mark.skipif(not regions_reuse_traces(),
                                 reason="this torch traces every call of a nested compile region again (before 2.12)")
+
+
+@pytest.fixture
+def breaking_regions(monkeypatch):
+    """Layer regions whose body Dynamo cannot hold (a graph break in it)."""
+    def breaking(layer: torch.nn.Module, *args, **kwargs):
+        torch._dynamo.graph_break()
+        return type(layer).forward(layer, *args, **kwargs)
+
+    monkeypatch.setattr(layer_regions, "_LAYER", torch.compiler.nested_compile_region(breaking))
 
 
 def _metric_counts() -> tuple[int, int]:
@@ -41,8 +49,7 @@ def test_a_layer_is_traced_once_and_stamped_out_for_the_others():
     batch = prompts((5, 40, 17, 9), seed=1)
     expected = [generate_alone(model, p) for p in batch]
     traced, stamped = _metric_counts()
-    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="fused",
-                       kernels="triton")
+    loop = serving_loop(model, compile="fused", kernels="triton")
     assert _metric_counts() == (traced + 1, stamped + 3)
     backend = loop.model.piecewise
     assert loop.model.num_layer_regions == 4 and backend.num_inlined == 4
@@ -55,20 +62,14 @@ def test_a_layer_is_traced_once_and_stamped_out_for_the_others():
 
 
 @pytest.mark.slow
-def test_layers_a_region_cannot_hold_are_traced_one_by_one(monkeypatch, caplog):
+def test_layers_a_region_cannot_hold_are_traced_one_by_one(breaking_regions, caplog):
     """A layer body Dynamo cannot hold in a region (here: a graph break in it) fails the first trace; the layers are
     unmarked, the forward traced again layer by layer, the fallback logged once, and the tokens are generate's."""
-    def breaking(layer: torch.nn.Module, *args, **kwargs):
-        torch._dynamo.graph_break()
-        return type(layer).forward(layer, *args, **kwargs)
-
-    monkeypatch.setattr(layer_regions, "_LAYER", torch.compiler.nested_compile_region(breaking))
     model = tiny_model("qwen3")
     batch = prompts((5, 17), seed=2)
     expected = [generate_alone(model, p) for p in batch]
     with caplog.at_level(logging.WARNING, logger="graphkv.hf.model"):
-        loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS),
-                           compile="piecewise", kernels="triton")
+        loop = serving_loop(model, compile="piecewise", kernels="triton")
     assert loop.model.num_layer_regions == 0 and loop.model.piecewise.num_inlined == 0
     assert all("forward" not in layer.__dict__ for layer in loop.model.view.model.layers)
     warned = [r.getMessage() for r in caplog.records if "nested compile regions failed" in r.getMessage()]
@@ -77,21 +78,15 @@ def test_layers_a_region_cannot_hold_are_traced_one_by_one(monkeypatch, caplog):
 
 
 @pytest.mark.slow
-def test_the_fallback_waits_for_a_real_trace(monkeypatch):
+def test_the_fallback_waits_for_a_real_trace(breaking_regions):
     """A first serve Dynamo runs eagerly (``force_eager``) traces nothing, so it does not end the fallback's
     window: the next serve's trace fails in the regions, falls back to layer-by-layer tracing and gives
     generate's tokens."""
-    def breaking(layer: torch.nn.Module, *args, **kwargs):
-        torch._dynamo.graph_break()
-        return type(layer).forward(layer, *args, **kwargs)
-
-    monkeypatch.setattr(layer_regions, "_LAYER", torch.compiler.nested_compile_region(breaking))
     model = tiny_model("qwen3")
     batch = prompts((6, 11), seed=3)
     expected = [generate_alone(model, p) for p in batch]
     with torch.compiler.set_stance("force_eager"):
-        loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS),
-                           compile="piecewise", capture_graphs=False)
+        loop = serving_loop(model, compile="piecewise", capture_graphs=False)
         assert _serve(loop, batch[:1]) == expected[:1]
     assert loop.model.num_layer_regions == 2 and loop.model.piecewise.splits == []
     assert _serve(loop, batch) == expected
