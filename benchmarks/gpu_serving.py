@@ -317,6 +317,7 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
                            "limit_ms": 1e3 * limit_s(decode_kv), "limit_kv_bytes": decode_kv * per_token,
                            "params": sum(p.numel() for p in model.parameters())}
     servers, runs = {}, {}
+    attention = model.config._attn_implementation
     for name in args.contenders:
         start, compiled = time.perf_counter(), compile_seconds()
         try:
@@ -325,6 +326,10 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
         except Exception as error:  # noqa: BLE001 - a contender that cannot run here is reported, not fatal
             row[name] = {"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"}
             print(f"batch {batch}: {name} cannot run: {row[name]['error']}", file=sys.stderr)
+            # transformers 5.17's generate_batch switches the model to its paged attention and switches it back only
+            # when it ends well: the contenders after a failed one would run on it (and refuse a standard forward)
+            if model.config._attn_implementation != attention:
+                model.set_attn_implementation(attention)
             continue
         servers[name], runs[name] = server, [first]
         row[name] = {"setup_s": time.perf_counter() - start}

@@ -59,7 +59,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from graphkv.errors import Problem, SpecError
+from graphkv.errors import MissingExtraError, Problem, SpecError
 
 __all__ = ["DeviceKernel", "device_kernel"]
 
@@ -139,8 +139,12 @@ class DeviceKernel(KernelInterface):
                 raise
         self._check_one_device(args, kwargs)
         interpreted = self.interpreted
-        with _jit_functions_interpreted(self._interpreted_helpers):
-            return interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
+        try:
+            with _jit_functions_interpreted(self._interpreted_helpers):
+                return interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
+        except Exception as error:
+            _refuse_old_interpreter_with_new_numpy(self.__name__, error)
+            raise
 
     def _check_one_device(self, args: tuple, kwargs: dict, cause: BaseException | None = None) -> None:
         """Raise :class:`SpecError` (from ``cause``) unless every tensor argument is on one device."""
@@ -169,6 +173,26 @@ def device_kernel(fn: Callable[..., Any]) -> DeviceKernel:
     >>> _fill_kernel[(1,)](torch.zeros(1, dtype=torch.int32), VALUE=7)
     """
     return DeviceKernel(fn)
+
+
+_OLD_INTERPRETER_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def _refuse_old_interpreter_with_new_numpy(kernel: str, error: Exception) -> None:
+    """Raise :class:`MissingExtraError` (from ``error``) when an interpreted launch failed because the installed
+    Triton's interpreter and numpy do not work together: Triton 3.6's interpreter turns a scalar argument into a
+    one-element array and reads it back with ``int()`` (a loop bound, ``range(0, n, TILE)``), which numpy 2.4 refuses
+    (earlier numpy only warned; Triton 3.9 squeezes the array first). Anything else: return (the caller re-raises)."""
+    if _OLD_INTERPRETER_ERROR not in str(error):
+        return
+    import numpy
+    import triton
+
+    raise MissingExtraError(Problem(
+        field="numpy", value=numpy.__version__,
+        limit=f"Triton {triton.__version__}'s interpreter (how {kernel} runs on CPU tensors) reads scalar arguments "
+              f"with int() of a one-element array, which numpy 2.4 and later refuse",
+        fix="pip install 'numpy<2.4', or a newer Triton (3.9 works), or kernels='torch' on a CPU")) from error
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:

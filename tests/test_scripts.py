@@ -76,7 +76,12 @@ def test_gpu_serving_cpu_mode_reports_every_contender_and_batch(tmp_path: Path) 
     assert "torch threads 1" in done.stdout
     result = json.loads(out.read_text())
     assert [row["batch"] for row in result["rows"]] == [1, 4] and result["threads"] == 1
-    contenders = ("graphkv", "generate_batch", "generate", "generate_static_compiled")
+    contenders = ["graphkv", "generate_batch", "generate", "generate_static_compiled"]
+    # transformers 5.17's continuous batching sizes its cache from the device's free memory, which it reads as 0 on a
+    # CPU (the GPU machine's transformers): reported as a contender that cannot run; the others still run after it
+    if "available memory 0" in result["rows"][0]["generate_batch"].get("error", ""):
+        contenders.remove("generate_batch")
+        assert all(row["generate_batch"]["error"].startswith("MemoryError") for row in result["rows"])
     for row in result["rows"]:
         for name in contenders:
             fields = {"tok_s", "ms_per_step", "x_limit", "ttft_ms", "setup_s", "equal_to_generate"}

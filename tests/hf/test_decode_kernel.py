@@ -123,11 +123,19 @@ def test_long_context_decode_splits_and_matches_flex(family: str, device: str) -
         assert torch.allclose(ours[:3], theirs[:3], atol=1e-4, rtol=1e-4), (family, step)
 
 
-def test_flex_regions_are_compiled_on_a_gpu_whatever_compile_says() -> None:
-    """compile=False leaves flex eager on a CPU only: on a CUDA device eager flex cannot be captured (H100)."""
-    from graphkv.runtime.flex.region import region_compiled
+def test_flex_regions_are_compiled_on_a_gpu_whatever_compile_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile=False leaves flex eager on a CPU only: on a CUDA device eager flex cannot be captured (H100). Before
+    torch 2.13 a CPU runs every region eagerly (torch 2.11's CPU flex template aborts on the regions' K/V views)."""
+    from graphkv.runtime.flex.region import cpu_flex_compiles, region_compiled
 
+    assert [cpu_flex_compiles(v) for v in ("2.11.0+cu130", "2.12.1", "2.13.0", "2.13.0.dev20261101+cpu", "2.14.0",
+                                           "3.0.0", "10.1", "unknown")] == [False, False, True, True, True, True,
+                                                                           True, False]
     modes = (False, True)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert [region_compiled(c, "cpu", return_lse=False) for c in modes] == [False, False]
+    assert [region_compiled(c, "cuda", return_lse=False) for c in modes] == [True, True]
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     assert [region_compiled(c, "cpu", return_lse=False) for c in modes] == [False, True]
     assert [region_compiled(c, "cuda", return_lse=False) for c in modes] == [True, True]
     # a CPU's compiled flex returns no log-sum-exp (sinks): eager there; a GPU's does

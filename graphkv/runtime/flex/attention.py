@@ -60,10 +60,12 @@ def paged_flex_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_mask
     sinks need (eager flex and compiled flex on a GPU give it; torch 2.13's compiled CPU flex
     does not). Capture-safe.
 
-    This is the one-call form (eager, or compiled by a caller on a CPU): it builds the flat K/V views
-    itself with ``as_strided``. Compiled on CUDA it is refused (:class:`SpecError`): compiled CUDA flex
-    over views built inside the compiled function was measured wrong on an H200 (torch 2.11). Serving calls :class:`~graphkv.runtime.flex.region.FlexRegions`
-    instead, which compiles once per group and phase over views built once outside the region.
+    This is the one-call form (eager, or compiled by a caller on a CPU, which needs torch 2.13 or later:
+    :func:`~graphkv.runtime.flex.region.cpu_flex_compiles`): it builds the flat K/V views itself with
+    ``as_strided``. Compiled on CUDA it is refused (:class:`SpecError`): compiled CUDA flex over views built inside
+    the compiled function was measured wrong on an H200 (torch 2.11). Serving calls
+    :class:`~graphkv.runtime.flex.region.FlexRegions` instead, which compiles once per group and phase over views
+    built once outside the region.
 
     Uncompiled flex attention (the eager math path) scores every key of the flat view and only
     then applies the mask, so it reads the bytes between kernel blocks too (V, and in a hybrid

@@ -23,7 +23,8 @@ group's geometry — and each region is compiled from its own copy of the code o
 - the region always runs under ``torch.no_grad()`` (no grad-mode guard to fail).
 
 A region that returns the log-sum-exp (attention sinks) runs eagerly on a CPU: torch 2.13's
-compiled CPU flex does not return it.
+compiled CPU flex does not return it. Before torch 2.13 every region runs eagerly on a CPU
+(:func:`cpu_flex_compiles`).
 
 Decode steps (``phase="decode"``, uniform batches) and mixed steps (``"mixed"``) get separate
 regions: a uniform decode key's graph and a mixed key's graph each replay their own code.
@@ -37,6 +38,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 import types
 import uuid
 from typing import Any, Callable
@@ -47,9 +49,12 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 
-__all__ = ["PHASES", "FlexRegions", "flex_kernel_options", "fresh_function", "region_compiled"]
+__all__ = ["CPU_FLEX_MIN_TORCH", "PHASES", "FlexRegions", "cpu_flex_compiles", "flex_kernel_options", "fresh_function",
+           "region_compiled"]
 
 PHASES = ("decode", "mixed")
+CPU_FLEX_MIN_TORCH = (2, 13)
+"""The first torch whose compiled CPU flex attention reads graphkv's K/V views (checked: 2.13; 2.11 fails)."""
 _MIN_QUERY_TOKENS = 2  # a query of one token would be specialized (0/1 specialization) and recompile
 
 
@@ -102,15 +107,29 @@ def _region_function(mask_mod: Callable[..., torch.Tensor], q_tile: int, kbs: in
     return flex_region
 
 
+def cpu_flex_compiles(version: str | None = None) -> bool:
+    """Whether Inductor's CPU flex attention compiles the regions' K/V views on torch ``version`` (default: the
+    installed one): from :data:`CPU_FLEX_MIN_TORCH` on. torch 2.11's CPU template refuses K and V views of one cache
+    buffer taken inside the compiled function ("Unsupported for now if query, key, value are the same buffer") and aborts the whole process in its C++
+    kernel on K and V views whose token stride is not the head size (a layer's interleaved K/V pages); 2.12 was not
+    checked. Such a torch runs the regions' flex eagerly on a CPU: the same values, slower. CUDA (Triton's flex
+    template) is not affected."""
+    found = re.match(r"(\d+)\.(\d+)", version if version is not None else str(torch.__version__))
+    return found is not None and (int(found[1]), int(found[2])) >= CPU_FLEX_MIN_TORCH
+
+
 def region_compiled(compile: bool, device_type: str, *, return_lse: bool) -> bool:  # noqa: A002 - the torch verb
     """Whether a flex region on ``device_type`` is compiled. On CUDA always: eager flex there is PyTorch's unfused
     math path, which materialises every score and copies a host scalar to the device, so a CUDA graph cannot capture
     it (on an H100, graphkv.hf with ``compile=False`` and flex decode failed its first decode capture: "Cannot copy
-    between CPU and CUDA tensors during CUDA graph capture"). Elsewhere as ``compile`` asks, except that torch 2.13's
-    compiled CPU flex returns no log-sum-exp: a region that needs it (``return_lse``) runs eager flex on a CPU."""
+    between CPU and CUDA tensors during CUDA graph capture"). Elsewhere as ``compile`` asks, except on a CPU: torch
+    2.13's compiled CPU flex returns no log-sum-exp, so a region that needs it (``return_lse``) runs eager flex, and
+    before torch 2.13 every region does (:func:`cpu_flex_compiles`)."""
     if device_type == "cuda":
         return True
-    return compile and not (return_lse and device_type == "cpu")
+    if device_type == "cpu" and (return_lse or not cpu_flex_compiles()):
+        return False
+    return compile
 
 
 class _Region:

@@ -10,6 +10,7 @@ from graphkv.runtime.flex.views import paged_kv_views
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 
 from flex_reference import builder_for, dense_reference, make_paged_batch
+from torch_support import compiled_cpu_flex
 
 SCALE = 0.3
 
@@ -126,6 +127,7 @@ def test_sliding_window_plan_step():
     _run_plan_step(plan, [1, 100, 1], [256, 200, 77], window=48)
 
 
+@compiled_cpu_flex
 @pytest.mark.slow
 def test_compiled_attention_does_not_recompile_when_the_batch_changes():
     """Compiled once at a fixed padded size, mixed, decode and fewer-request steps reuse the graph and match SDPA."""
@@ -154,6 +156,7 @@ def test_compiled_attention_does_not_recompile_when_the_batch_changes():
     assert counter.frame_count == 1
 
 
+@compiled_cpu_flex
 @pytest.mark.slow
 def test_compiled_single_token_decode():
     """A compiled one-token decode over a long cache works (its tile lists most blocks as full)."""

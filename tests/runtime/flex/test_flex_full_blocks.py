@@ -7,6 +7,7 @@ from graphkv.runtime.flex.attention import paged_flex_attention
 from graphkv.runtime.flex.geometry import FlexMaskGeometry
 
 from flex_reference import (block_lists, block_sparse_reference, builder_for, dense_reference, make_paged_batch,
+from torch_support import compiled_cpu_flex
                             needed_blocks, wholly_visible_blocks)
 
 SCALE = 0.3
@@ -210,6 +211,7 @@ def test_compiled_build_lists_what_the_eager_build_lists():
     assert eager.full.any()
 
 
+@compiled_cpu_flex
 @pytest.mark.slow
 @pytest.mark.parametrize("case, pad", [("prefix-cached-kbs32", 7), ("window-47-edge", 7),
                                        ("chunk-continuing-a-request-bpk2", None), ("every-row-live", 7)])

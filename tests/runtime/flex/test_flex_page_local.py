@@ -19,6 +19,7 @@ from graphkv.runtime.flex.geometry import FlexMaskGeometry, plan_kv_block_stride
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 from graphkv.runtime.pool.allocate import KVPool, page_local_slots
 from graphkv.runtime.ops.reference import reshape_and_cache_ref
+from torch_support import compiled_cpu_flex
 
 SCALE = 0.25
 QUERY_LENS = (1, 54, 30, 1)  # a one-token prefill, a prefill, a chunked prefill and a decode in one step
@@ -273,6 +274,7 @@ def test_page_locality_stays_split_without_a_page_local_slot():
     assert len(plan.slots) == 2 and page_local_slots(plan) == (False, False)
 
 
+@compiled_cpu_flex
 @pytest.mark.slow
 def test_compiled_flex_over_a_hybrid_pool_reads_only_listed_blocks():
     """Compiled flex on the page-local hybrid pool matches SDPA, also after Mamba pages are filled with NaN."""

@@ -152,6 +152,32 @@ def test_mixed_devices_on_the_interpreter_path_are_spec_errors():
                                torch.ones(2, dtype=torch.int32), layout=layout)
 
 
+@device_kernel
+def _old_interpreter_kernel(x_ptr, MESSAGE: tl.constexpr):  # what Triton 3.6's interpreter raises under numpy 2.4
+    raise TypeError(MESSAGE)
+
+
+def test_an_interpreter_that_numpy_refuses_is_named_with_the_fix():
+    """Triton 3.6's interpreter under numpy 2.4 fails every launch with a loop over a scalar argument ("only
+    0-dimensional arrays can be converted to Python scalars"): a MissingExtraError naming numpy's version, Triton's,
+    the kernel and the fixes, chained to the interpreter's error; any other interpreter error stays as it was."""
+    import numpy
+
+    from graphkv.errors import MissingExtraError
+
+    x = torch.zeros(4)
+    with pytest.raises(MissingExtraError) as info:
+        _old_interpreter_kernel[(1,)](x, MESSAGE="only 0-dimensional arrays can be converted to Python scalars")
+    assert str(info.value) == (
+        f"numpy='{numpy.__version__}': Triton {triton.__version__}'s interpreter (how _old_interpreter_kernel runs on "
+        f"CPU tensors) reads scalar arguments with int() of a one-element array, which numpy 2.4 and later refuse; "
+        f"pip install 'numpy<2.4', or a newer Triton (3.9 works), or kernels='torch' on a CPU")
+    assert "only 0-dimensional arrays" in str(info.value.__cause__)
+    with pytest.raises(Exception, match="something else") as other:
+        _old_interpreter_kernel[(1,)](x, MESSAGE="something else")
+    assert not isinstance(other.value, MissingExtraError)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="with a GPU a meta tensor would be compiled for; test_cuda_and_cpu_tensors_in_one_launch "
                            "covers the compiled path there")
