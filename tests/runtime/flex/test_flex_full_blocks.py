@@ -7,8 +7,8 @@ from graphkv.runtime.flex.attention import paged_flex_attention
 from graphkv.runtime.flex.geometry import FlexMaskGeometry
 
 from flex_reference import (block_lists, block_sparse_reference, builder_for, dense_reference, make_paged_batch,
-from torch_support import compiled_cpu_flex
                             needed_blocks, wholly_visible_blocks)
+from torch_support import compiled_cpu_flex
 
 SCALE = 0.3
 
