@@ -269,3 +269,27 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     past = subprocess.run(["bash", str(GPU_PRIORITY), "--from", "4"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=tmp_path)
     assert past.returncode == 2 and "--from 4 is past the last step (3)" in past.stderr
+
+
+DEVICE_STACK = ROOT / "scripts" / "device_stack_check.sh"
+
+
+def test_device_stack_check_prints_the_gpu_machines_versions_and_refuses_bad_flags(tmp_path: Path) -> None:
+    """``--print`` names the H100 machine's stack (torch 2.11, Triton 3.6, transformers 5.17, numpy below 2.4) and
+    the four commands, pytest's arguments passed through; it creates nothing. A bad flag exits 2 naming it."""
+    venv = tmp_path / "stack venv"
+    done = subprocess.run(["bash", str(DEVICE_STACK), "--venv", str(venv), "--print", "--", "tests/hf", "-x"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "stack: torch==2.11.0 triton==3.6.0 transformers==5.17.0 numpy<2.4"
+    quoted = str(venv).replace(" ", "\\ ")
+    assert lines[1:] == [
+        f"python3 -m venv {quoted}",
+        f"{quoted}/bin/python -m pip install -q 'torch==2.11.0' 'triton==3.6.0' 'transformers==5.17.0' 'numpy<2.4'",
+        f"{quoted}/bin/python -m pip install -q -e '.[dev]' 'torch==2.11.0' 'triton==3.6.0' 'transformers==5.17.0' "
+        f"'numpy<2.4'",
+        f"TORCHINDUCTOR_CACHE_DIR={quoted}/inductor {quoted}/bin/python -m pytest tests/hf -x"]
+    assert not venv.exists()
+    bad = subprocess.run(["bash", str(DEVICE_STACK), "--fast"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stderr

@@ -32,7 +32,7 @@ from graphkv.hf.view import paged_view
 from graphkv.runtime.capture.piecewise import PiecewiseBackend, piecewise_backend
 from graphkv.runtime.capture.shape import current_shape
 from graphkv.runtime.capture.size_guards import step_size_guard_filter
-from graphkv.runtime.flex.region import FlexRegions, fresh_function
+from graphkv.runtime.flex.region import FlexRegions, eager_regions_callable, fresh_function
 from graphkv.runtime.flex.views import paged_kv_views
 from graphkv.runtime.ops.choice import gpu_path, resolve_kernels
 from graphkv.runtime.pool.allocate import KVPool
@@ -321,7 +321,9 @@ class PagedModel(torch.nn.Module):
                     _mark_step_dynamic(t, dim)
         with paged_step_context(step):
             if self._whole:  # the layer ops read the step from the context: no step object enters the trace
-                out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep)
+                with eager_regions_callable(self.pool.device.type):
+                    out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False,
+                                              logits_to_keep=keep)
             else:
                 out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                                  graphkv=step)

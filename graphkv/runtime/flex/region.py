@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import types
@@ -49,8 +50,8 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 
-__all__ = ["CPU_FLEX_MIN_TORCH", "PHASES", "FlexRegions", "cpu_flex_compiles", "flex_kernel_options", "fresh_function",
-           "region_compiled"]
+__all__ = ["CPU_FLEX_MIN_TORCH", "PHASES", "FlexRegions", "cpu_flex_compiles", "eager_regions_callable",
+           "flex_kernel_options", "fresh_function", "region_compiled"]
 
 PHASES = ("decode", "mixed")
 CPU_FLEX_MIN_TORCH = (2, 13)
@@ -130,6 +131,20 @@ def region_compiled(compile: bool, device_type: str, *, return_lse: bool) -> boo
     if device_type == "cpu" and (return_lse or not cpu_flex_compiles()):
         return False
     return compile
+
+
+def eager_regions_callable(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """A context for one call of a compiled forward whose custom ops call flex regions, which run eagerly on a CPU
+    (:func:`region_compiled`). The first call of each graph AOT autograd compiled checks that its custom ops' outputs
+    alias no input under a dispatch mode, and eager flex evaluates the mask with ``vmap``, which cannot run inside a
+    dispatch mode's handler: a mixed step as the first call failed with "could not find kernel for
+    custom_function_call at dispatch key CPU" (torch 2.11 and 2.13). On a CPU the check is off for the call (graphkv's
+    ops return fresh tensors; their tests check it); on CUDA, where regions are compiled, nothing changes."""
+    import torch._functorch.config as config
+
+    if device_type == "cuda" or not hasattr(config, "check_custom_op_aliasing"):
+        return contextlib.nullcontext()
+    return config.patch(check_custom_op_aliasing=False)
 
 
 class _Region:
