@@ -41,7 +41,8 @@ COMMANDS=(
   "python3 -m venv $(printf '%q' "$VENV")"
   "$(printf '%q' "$VENV")/bin/python -m pip install -q '$TORCH' '$TRITON' '$TRANSFORMERS' '$NUMPY'"
   "$(printf '%q' "$VENV")/bin/python -m pip install -q -e '.[dev]' '$TORCH' '$TRITON' '$TRANSFORMERS' '$NUMPY'"
-  "TORCHINDUCTOR_CACHE_DIR=$(printf '%q' "$VENV")/inductor $(printf '%q' "$VENV")/bin/python -m pytest$(printf ' %q' "${PYTEST_ARGS[@]}")"
+  "TORCHINDUCTOR_CACHE_DIR=$(printf '%q' "$VENV")/inductor $(printf '%q' "$VENV")/bin/python -m pytest$(
+    printf ' %q' "${PYTEST_ARGS[@]}")"
 )
 if [ "$PRINT" -eq 1 ]; then
   echo "stack: $TORCH $TRITON $TRANSFORMERS $NUMPY"

@@ -266,6 +266,13 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     assert rows[0].split("|")[3].strip() == "TIMEOUT" and 33 <= int(rows[0].split("|")[4]) <= 42
     assert rows[1].split("|")[3].strip().startswith("skipped")
     assert (tmp_path / "out" / "2-sleeper.log").exists() and "1 step(s) failed or timed out" in done.stdout
+    import numpy
+    import transformers
+    import triton
+
+    summary = (tmp_path / "out" / "summary.md").read_text()  # the stack the figures came from (torch 2.11 on the H100)
+    assert (f"    no GPU, torch {torch.__version__}, Triton {triton.__version__}, numpy {numpy.__version__}\n"
+            f"    transformers {transformers.__version__}\n") in summary
     past = subprocess.run(["bash", str(GPU_PRIORITY), "--from", "4"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=tmp_path)
     assert past.returncode == 2 and "--from 4 is past the last step (3)" in past.stderr

@@ -111,10 +111,10 @@ def _region_function(mask_mod: Callable[..., torch.Tensor], q_tile: int, kbs: in
 def cpu_flex_compiles(version: str | None = None) -> bool:
     """Whether Inductor's CPU flex attention compiles the regions' K/V views on torch ``version`` (default: the
     installed one): from :data:`CPU_FLEX_MIN_TORCH` on. torch 2.11's CPU template refuses K and V views of one cache
-    buffer taken inside the compiled function ("Unsupported for now if query, key, value are the same buffer") and aborts the whole process in its C++
-    kernel on K and V views whose token stride is not the head size (a layer's interleaved K/V pages); 2.12 was not
-    checked. Such a torch runs the regions' flex eagerly on a CPU: the same values, slower. CUDA (Triton's flex
-    template) is not affected."""
+    buffer taken inside the compiled function ("Unsupported for now if query, key, value are the same buffer") and
+    aborts the whole process in its C++ kernel on K and V views whose token stride is not the head size (a layer's
+    interleaved K/V pages); 2.12 was not checked. Such a torch runs the regions' flex eagerly on a CPU: the same
+    values, slower. CUDA (Triton's flex template) is not affected."""
     found = re.match(r"(\d+)\.(\d+)", version if version is not None else str(torch.__version__))
     return found is not None and (int(found[1]), int(found[2])) >= CPU_FLEX_MIN_TORCH
 
@@ -139,7 +139,7 @@ def eager_regions_callable(device_type: str) -> contextlib.AbstractContextManage
     alias no input under a dispatch mode, and eager flex evaluates the mask with ``vmap``, which cannot run inside a
     dispatch mode's handler: a mixed step as the first call failed with "could not find kernel for
     custom_function_call at dispatch key CPU" (torch 2.11 and 2.13). On a CPU the check is off for the call (graphkv's
-    ops return fresh tensors; their tests check it); on CUDA, where regions are compiled, nothing changes."""
+    ops return fresh tensors; the check stays on for CUDA, where regions are compiled and nothing changes)."""
     import torch._functorch.config as config
 
     if device_type == "cuda" or not hasattr(config, "check_custom_op_aliasing"):
