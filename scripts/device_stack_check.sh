@@ -12,7 +12,8 @@
 #   bash scripts/device_stack_check.sh --print                # the versions and commands; runs nothing
 #
 # numpy is held below 2.4: Triton 3.6's interpreter (the CPU run of graphkv's kernels) fails under numpy 2.4
-# (graphkv names that with the fix: graphkv.kernels.launch). Exit status: pytest's, or 2 for a bad flag.
+# (graphkv names that with the fix: graphkv.kernels.launch). The venv's bin/ comes first on PATH while the suite runs,
+# so the scripts and CLIs the tests start run on the same stack. Exit status: pytest's, or 2 for a bad flag.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +42,7 @@ COMMANDS=(
   "python3 -m venv $(printf '%q' "$VENV")"
   "$(printf '%q' "$VENV")/bin/python -m pip install -q '$TORCH' '$TRITON' '$TRANSFORMERS' '$NUMPY'"
   "$(printf '%q' "$VENV")/bin/python -m pip install -q -e '.[dev]' '$TORCH' '$TRITON' '$TRANSFORMERS' '$NUMPY'"
-  "TORCHINDUCTOR_CACHE_DIR=$(printf '%q' "$VENV")/inductor $(printf '%q' "$VENV")/bin/python -m pytest$(
+  "PATH=$(printf '%q' "$VENV")/bin:\$PATH TORCHINDUCTOR_CACHE_DIR=$(printf '%q' "$VENV")/inductor python -m pytest$(
     printf ' %q' "${PYTEST_ARGS[@]}")"
 )
 if [ "$PRINT" -eq 1 ]; then

@@ -296,7 +296,7 @@ def test_device_stack_check_prints_the_gpu_machines_versions_and_refuses_bad_fla
         f"{quoted}/bin/python -m pip install -q 'torch==2.11.0' 'triton==3.6.0' 'transformers==5.17.0' 'numpy<2.4'",
         f"{quoted}/bin/python -m pip install -q -e '.[dev]' 'torch==2.11.0' 'triton==3.6.0' 'transformers==5.17.0' "
         f"'numpy<2.4'",
-        f"TORCHINDUCTOR_CACHE_DIR={quoted}/inductor {quoted}/bin/python -m pytest tests/hf -x"]
+        f"PATH={quoted}/bin:$PATH TORCHINDUCTOR_CACHE_DIR={quoted}/inductor python -m pytest tests/hf -x"]
     assert not venv.exists()
     bad = subprocess.run(["bash", str(DEVICE_STACK), "--fast"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stderr
