@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import sys
 import types
 from typing import Any, Callable, Iterator
@@ -59,7 +60,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
-from graphkv.errors import MissingExtraError, Problem, SpecError
+from graphkv.errors import GraphkvError, Problem, SpecError
 
 __all__ = ["DeviceKernel", "device_kernel"]
 
@@ -178,17 +179,25 @@ def device_kernel(fn: Callable[..., Any]) -> DeviceKernel:
 _OLD_INTERPRETER_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
 
 
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string (``(0, 0)`` where it has none)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
 def _refuse_old_interpreter_with_new_numpy(kernel: str, error: Exception) -> None:
-    """Raise :class:`MissingExtraError` (from ``error``) when an interpreted launch failed because the installed
-    Triton's interpreter and numpy do not work together: Triton 3.6's interpreter turns a scalar argument into a
-    one-element array and reads it back with ``int()`` (a loop bound, ``range(0, n, TILE)``), which numpy 2.4 refuses
-    (earlier numpy only warned; Triton 3.9 squeezes the array first). Anything else: return (the caller re-raises)."""
-    if _OLD_INTERPRETER_ERROR not in str(error):
-        return
+    """Raise :class:`GraphkvError` (from ``error``) when an interpreted launch failed because the installed Triton's
+    interpreter and numpy do not work together: Triton 3.6's interpreter turns a scalar argument into a one-element
+    array and reads it back with ``int()`` (a loop bound, ``range(0, n, TILE)``), which numpy 2.4 refuses (earlier
+    numpy only warned; Triton 3.9 squeezes the array first). Only that message with numpy 2.4 or later and a Triton
+    before 3.9; anything else: return (the caller re-raises the error as it is)."""
     import numpy
     import triton
 
-    raise MissingExtraError(Problem(
+    if (_OLD_INTERPRETER_ERROR not in str(error) or _release(numpy.__version__) < (2, 4)
+            or _release(triton.__version__) >= (3, 9)):
+        return
+    raise GraphkvError(Problem(
         field="numpy", value=numpy.__version__,
         limit=f"Triton {triton.__version__}'s interpreter (how {kernel} runs on CPU tensors) reads scalar arguments "
               f"with int() of a one-element array, which numpy 2.4 and later refuse",

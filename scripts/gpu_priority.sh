@@ -111,8 +111,15 @@ write_summary() {
   {
     echo "# graphkv GPU priority run (budget ${BUDGET} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
     echo
-    python -c "import torch, triton, numpy; print('    ' + (torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU') + ', torch ' + torch.__version__ + ', Triton ' + triton.__version__ + ', numpy ' + numpy.__version__)" 2>/dev/null
-    python -c "import transformers; print('    transformers ' + transformers.__version__)" 2>/dev/null
+    python -c "import torch; print('    ' + (torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU') + ', torch ' + torch.__version__)" 2>/dev/null
+    python -c "
+import importlib
+def version(name):
+    try:
+        return importlib.import_module(name).__version__
+    except Exception:
+        return 'not importable'
+print('    Triton ' + version('triton') + ', numpy ' + version('numpy') + ', transformers ' + version('transformers'))" 2>/dev/null
     echo
     echo "| # | step | result | seconds | last lines |"
     echo "| --- | --- | --- | --- | --- |"

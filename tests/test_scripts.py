@@ -152,6 +152,38 @@ def test_gpu_serving_runs_an_isolated_contender_in_its_own_process_and_joins_its
     assert row["graphkv"]["equal_to_generate"] == 2
 
 
+@pytest.mark.slow
+def test_gpu_serving_puts_the_attention_back_after_a_contender_that_failed_midway(monkeypatch) -> None:
+    """A contender that switches the model's attention and fails before switching back (as transformers 5.17's
+    generate_batch does, to its paged attention, when it cannot size its cache) is reported, and generate after it
+    runs on the model's own attention."""
+    sys.path.insert(0, str(GPU_SERVING.parent))
+    try:
+        import gpu_serving
+    finally:
+        sys.path.remove(str(GPU_SERVING.parent))
+    seen = {}
+
+    def breaks(model, prompts, args):
+        seen["before"] = model.config._attn_implementation
+        model.set_attn_implementation("eager")  # 5.17's: "paged|sdpa" (5.24 reads that as "sdpa")
+        raise MemoryError("Memory footprint 730240 is more than available memory 0")
+
+    def generate_noting_attention(model, prompts, args):
+        seen["after"] = model.config._attn_implementation
+        return gpu_serving.GenerateServer(model, prompts, args)
+
+    monkeypatch.setitem(gpu_serving.SERVERS, "breaks", breaks)
+    monkeypatch.setitem(gpu_serving.SERVERS, "generate", generate_noting_attention)
+    monkeypatch.setattr(gpu_serving, "CONTENDERS", (*gpu_serving.CONTENDERS, "breaks"))
+    args = gpu_serving.parse_args(["--repeats", "1", "--new-tokens", "3", "--max-prompt", "8", "--batches", "1",
+                                   "--contenders", "breaks,generate"])
+    row = gpu_serving.measure_batch(args, 1, 1e9)
+    assert row["breaks"] == {"error": "MemoryError: Memory footprint 730240 is more than available memory 0"}
+    assert seen == {"before": "sdpa", "after": "sdpa"}
+    assert "error" not in row["generate"] and row["generate"]["tok_s"] > 0
+
+
 DECODE_PROFILE = ROOT / "scripts" / "decode_profile_gpu.py"
 
 
@@ -257,7 +289,8 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     budget less 5 s (TIMEOUT), step 3 is skipped and listed, summary.md holds both rows, the exit status is 1; a
     relative --out is taken from where the script was called, and --from past the last step is refused."""
     steps = "one|10|true\nsleeper|100|sleep 100\nlast|10|true"
-    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps)
+    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # its python is ours
     done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", "out"],
                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -271,8 +304,9 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     import triton
 
     summary = (tmp_path / "out" / "summary.md").read_text()  # the stack the figures came from (torch 2.11 on the H100)
-    assert (f"    no GPU, torch {torch.__version__}, Triton {triton.__version__}, numpy {numpy.__version__}\n"
-            f"    transformers {transformers.__version__}\n") in summary
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    assert (f"    {device}, torch {torch.__version__}\n    Triton {triton.__version__}, numpy {numpy.__version__}, "
+            f"transformers {transformers.__version__}\n") in summary
     past = subprocess.run(["bash", str(GPU_PRIORITY), "--from", "4"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=tmp_path)
     assert past.returncode == 2 and "--from 4 is past the last step (3)" in past.stderr
@@ -298,5 +332,8 @@ def test_device_stack_check_prints_the_gpu_machines_versions_and_refuses_bad_fla
         f"'numpy<2.4'",
         f"PATH={quoted}/bin:$PATH TORCHINDUCTOR_CACHE_DIR={quoted}/inductor python -m pytest tests/hf -x"]
     assert not venv.exists()
+    relative = subprocess.run(["bash", str(DEVICE_STACK), "--venv", "rel", "--print"], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)  # taken from where it was called, absolute on PATH
+    assert relative.stdout.splitlines()[1] == f"python3 -m venv {tmp_path}/rel"
     bad = subprocess.run(["bash", str(DEVICE_STACK), "--fast"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stderr
