@@ -42,6 +42,9 @@ def test_gpu_check_runs_a_selected_step_and_writes_its_summary(tmp_path: Path) -
     assert done.returncode == 0, done.stdout + done.stderr
     summary = (tmp_path / "summary.md").read_text()
     assert "**0 failures.**" in summary
+    import numpy
+
+    assert f"; numpy {numpy.__version__}; Python " in summary  # Triton 3.6's interpreter fails under numpy 2.4
     row = next(line for line in summary.splitlines() if line.startswith("| demo-hf-llama |"))
     assert "| pass |" in row and "for 12/12 requests" in row
     assert (tmp_path / "demo-hf-llama.log").exists()
