@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import re
 import sys
 import types
 from typing import Any, Callable, Iterator
@@ -61,6 +60,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, KernelInterface
 
 from graphkv.errors import GraphkvError, Problem, SpecError
+from graphkv.versions import release
 
 __all__ = ["DeviceKernel", "device_kernel"]
 
@@ -179,12 +179,6 @@ def device_kernel(fn: Callable[..., Any]) -> DeviceKernel:
 _OLD_INTERPRETER_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
 
 
-def _release(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version string (``(0, 0)`` where it has none)."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    return (int(found[1]), int(found[2])) if found else (0, 0)
-
-
 def _refuse_old_interpreter_with_new_numpy(kernel: str, error: Exception) -> None:
     """Raise :class:`GraphkvError` (from ``error``) when an interpreted launch failed because the installed Triton's
     interpreter and numpy do not work together: Triton 3.6's interpreter turns a scalar argument into a one-element
@@ -194,8 +188,8 @@ def _refuse_old_interpreter_with_new_numpy(kernel: str, error: Exception) -> Non
     import numpy
     import triton
 
-    if (_OLD_INTERPRETER_ERROR not in str(error) or _release(numpy.__version__) < (2, 4)
-            or _release(triton.__version__) >= (3, 9)):
+    if (_OLD_INTERPRETER_ERROR not in str(error) or release(numpy.__version__) < (2, 4)
+            or release(triton.__version__) >= (3, 9)):
         return
     raise GraphkvError(Problem(
         field="numpy", value=numpy.__version__,

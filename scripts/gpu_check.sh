@@ -95,8 +95,9 @@ run_matching() {
 }
 
 python - >"$OUT/env.txt" 2>&1 <<'EOF'
-import platform, re, torch, triton, numpy
+import platform, torch, triton, numpy
 import graphkv
+from graphkv.versions import release
 try:
     import transformers
     tf = transformers.__version__
@@ -104,7 +105,6 @@ except ImportError:
     tf = "not installed"
 print(f"graphkv {graphkv.__version__}; torch {torch.__version__}; triton {triton.__version__}; transformers {tf}; "
       f"numpy {numpy.__version__}; Python {platform.python_version()}")
-release = lambda v: tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", v).groups())  # noqa: E731
 if release(numpy.__version__) >= (2, 4) and release(triton.__version__) < (3, 9):
     print(f"NOTE: Triton {triton.__version__}'s interpreter fails under numpy {numpy.__version__}: the suite's CPU "
           f"kernel tests will fail (GraphkvError naming numpy); pip install 'numpy<2.4' first")

@@ -212,6 +212,7 @@ class PagedModel(torch.nn.Module):
         self.piecewise: PiecewiseBackend | None = None  # compile="piecewise" / "fused": the splitting backend
         self._whole = compile in ("model", "piecewise", "fused")  # the whole forward is compiled
         self._model_type = family.model_type
+        self._regions_callable = eager_regions_callable(pool.device.type)  # around each call of a compiled forward
         # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
         self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") else 0
         if compile in ("model", "piecewise", "fused"):
@@ -321,7 +322,7 @@ class PagedModel(torch.nn.Module):
                     _mark_step_dynamic(t, dim)
         with paged_step_context(step):
             if self._whole:  # the layer ops read the step from the context: no step object enters the trace
-                with eager_regions_callable(self.pool.device.type):
+                with self._regions_callable:
                     out = self._call_compiled(input_ids=ids, position_ids=positions, use_cache=False,
                                               logits_to_keep=keep)
             else:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import types
 import uuid
 from typing import Any, Callable
@@ -49,6 +48,7 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 
 from graphkv.errors import Problem, SpecError
 from graphkv.runtime.flex.mask import FlexMaskBuilder
+from graphkv.versions import release
 
 __all__ = ["CPU_FLEX_MIN_TORCH", "PHASES", "FlexRegions", "cpu_flex_compiles", "eager_regions_callable",
            "flex_kernel_options", "fresh_function", "region_compiled"]
@@ -115,8 +115,7 @@ def cpu_flex_compiles(version: str | None = None) -> bool:
     aborts the whole process in its C++ kernel on K and V views whose token stride is not the head size (a layer's
     interleaved K/V pages); 2.12 was not checked. Such a torch runs the regions' flex eagerly on a CPU: the same
     values, slower. CUDA (Triton's flex template) is not affected."""
-    found = re.match(r"(\d+)\.(\d+)", version if version is not None else str(torch.__version__))
-    return found is not None and (int(found[1]), int(found[2])) >= CPU_FLEX_MIN_TORCH
+    return release(version if version is not None else str(torch.__version__)) >= CPU_FLEX_MIN_TORCH
 
 
 def region_compiled(compile: bool, device_type: str, *, return_lse: bool) -> bool:  # noqa: A002 - the torch verb
@@ -134,8 +133,8 @@ def region_compiled(compile: bool, device_type: str, *, return_lse: bool) -> boo
 
 
 def eager_regions_callable(device_type: str) -> contextlib.AbstractContextManager[Any]:
-    """A context for one call of a compiled forward whose custom ops call flex regions, which run eagerly on a CPU
-    (:func:`region_compiled`). The first call of each graph AOT autograd compiled checks that its custom ops' outputs
+    """A context (reusable: build it once) for each call of a compiled forward whose custom ops call flex regions,
+    which run eagerly on a CPU (:func:`region_compiled`). The first call of each graph AOT autograd compiled checks that its custom ops' outputs
     alias no input under a dispatch mode, and eager flex evaluates the mask with ``vmap``, which cannot run inside a
     dispatch mode's handler: a mixed step as the first call failed with "could not find kernel for
     custom_function_call at dispatch key CPU" (torch 2.11 and 2.13). On a CPU the check is off for the call (graphkv's
