@@ -66,7 +66,7 @@ class PackedTables:
         return len(self.tables)
 
 
-@device_kernel
+@device_kernel(do_not_specialize=("NUM_ENTRIES",))  # launched per step, outside graphs
 def _write_pages_kernel(
     flat_ptr,  # [total] int32, packed tables (kernel blocks)
     staged_ptr,  # [3 * num_entries] int64: destination offsets | first kernel block (-1: null page) | bpk
@@ -117,7 +117,7 @@ def write_pages(flat: torch.Tensor, staged: torch.Tensor, num_entries: int, max_
                                                            MAX_BPK=triton.next_power_of_2(max(max_bpk, 1)))
 
 
-@device_kernel
+@device_kernel(do_not_specialize=("NUM_REQS",))  # launched per step, outside graphs
 def _gather_rows_kernel(
     src_ptr,  # [total] int32, packed persistent tables
     dst_ptr,  # [total] int32, packed per-step input tables (same packing)

@@ -76,9 +76,11 @@ class DeviceKernel(KernelInterface):
     :attr:`interpreted`).
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], *, do_not_specialize: tuple[str, ...] = ()) -> None:
         self.fn = fn
         self.arg_names: tuple[str, ...] = tuple(inspect.signature(fn).parameters)
+        assert set(do_not_specialize) <= set(self.arg_names), (fn.__name__, do_not_specialize)
+        self.do_not_specialize = do_not_specialize
         self._compiled: KernelInterface | None = None
         self._interpreted: InterpretedFunction | None = None
         # Python function of each @triton.jit helper called while interpreting -> its interpreted copy.
@@ -94,12 +96,14 @@ class DeviceKernel(KernelInterface):
     @property
     def compiled(self) -> KernelInterface:
         """What runs GPU tensors, built on first use: the compiled kernel (``JITFunction(fn)``, what
-        ``@triton.jit`` builds without ``TRITON_INTERPRET``). Only when ``TRITON_INTERPRET=1`` was
+        ``@triton.jit`` builds without ``TRITON_INTERPRET``; its ``do_not_specialize`` integers
+        compile one kernel whatever their value). Only when ``TRITON_INTERPRET=1`` was
         set before Triton was imported is it :attr:`interpreted`: Triton then builds
         ``triton.language`` itself for its interpreter, so no kernel can compile in that process
         and GPU tensors are interpreted (copied to the host and back) as ``@triton.jit`` would."""
         if self._compiled is None:
-            self._compiled = self.interpreted if _language_is_interpreted() else JITFunction(self.fn)
+            self._compiled = (self.interpreted if _language_is_interpreted()
+                              else JITFunction(self.fn, do_not_specialize=list(self.do_not_specialize)))
         return self._compiled
 
     @property
@@ -163,17 +167,25 @@ class DeviceKernel(KernelInterface):
                 f"device")) from cause
 
 
-def device_kernel(fn: Callable[..., Any]) -> DeviceKernel:
+def device_kernel(fn: Callable[..., Any] | None = None, *,
+                  do_not_specialize: tuple[str, ...] = ()) -> Any:
     """Decorate a Triton kernel like ``@triton.jit``; launches on CPU tensors run in Triton's
     interpreter and launches on CUDA tensors run compiled, independent of ``TRITON_INTERPRET``
     (see :class:`DeviceKernel`). Helpers it calls stay ``@triton.jit``.
+
+    ``do_not_specialize``: integer arguments Triton must not specialise on (it compiles a kernel
+    apart for a value of 1 and for multiples of 16): for a kernel launched outside a captured graph
+    with a per-step count, so that a count seen for the first time mid-serving compiles nothing.
+    ``@device_kernel(do_not_specialize=("NUM_ENTRIES",))`` returns the decorator.
 
     >>> @device_kernel
     ... def _fill_kernel(out_ptr, VALUE: tl.constexpr):  # out_ptr: [1] int32
     ...     tl.store(out_ptr, VALUE)
     >>> _fill_kernel[(1,)](torch.zeros(1, dtype=torch.int32), VALUE=7)
     """
-    return DeviceKernel(fn)
+    if fn is None:
+        return lambda f: DeviceKernel(f, do_not_specialize=do_not_specialize)
+    return DeviceKernel(fn, do_not_specialize=do_not_specialize)
 
 
 _OLD_INTERPRETER_ERROR = "only 0-dimensional arrays can be converted to Python scalars"

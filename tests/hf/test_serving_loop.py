@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from graphkv import Budget, Limits, PlanError, SpecError
+from graphkv import Budget, CudaGraphMode, Limits, PlanError, SpecError
 from graphkv.errors import CaptureError
 from graphkv.hf import PagedModel, ServingLoop, tiny_model
 from graphkv.hf.attention import paged_attention_forward
-from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_dtype
+from graphkv.hf.declare import CPU_FLEX_Q_TILE, model_dtype, model_kv
+from graphkv.hf.generation import workload_budget
 from graphkv.runtime import Batch, Step, allocate
 from graphkv.runtime.capture.graphs import CPU_UNAVAILABLE, CapturedForward
 
@@ -130,3 +131,22 @@ def test_a_pool_beyond_the_machine_is_refused_before_allocating() -> None:
     with pytest.raises(SpecError, match=r"^budget=.*only .* is available") as info:
         ServingLoop(model, limits=limits, budget=Budget.kv_bytes("10TiB"))  # 100TiB: more pages than int32 ids
     assert "\n" not in str(info.value)
+
+
+def test_a_speculative_decode_step_on_its_graph_key_gives_one_row_per_request() -> None:
+    """A verification step of 4 requests x (1 + 3) tokens replays (rehearses, on a CPU) the decode key of 16 tokens
+    and 4 requests: the forward's last-token logits are one row per request (the key's 4, not min(16 tokens,
+    max_num_seqs=8), which the captured run refused), each equal to the model's own forward."""
+    limits = Limits(max_model_len=96, max_num_seqs=8, max_num_batched_tokens=32, num_speculative_tokens=3,
+                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+    model = tiny_model("qwen3")
+    loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits), kernels="triton")
+    assert (16, 4) in [(k.num_tokens, k.num_reqs) for k in loop.capture_report.keys]
+    ids, drafts = prompts((5, 7, 3, 6)), prompts((4, 4, 4, 4), seed=3)
+    loop.run(Batch(req_ids=tuple("abcd"), query_lens=(5, 7, 3, 6), seq_lens=(5, 7, 3, 6),
+                   new_pages=(((1,),), ((2,),), ((3,),), ((4,),))), input_ids=sum(ids, []))
+    logits = loop.run(Batch(req_ids=tuple("abcd"), query_lens=(4,) * 4, seq_lens=(9, 11, 7, 10)),
+                      input_ids=sum(drafts, []))
+    assert logits.shape == (4, model.config.vocab_size)
+    torch.testing.assert_close(logits, torch.stack([own_logits(model, p + d)[-1] for p, d in zip(ids, drafts)]),
+                               atol=1e-4, rtol=1e-4)

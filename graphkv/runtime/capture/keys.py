@@ -101,17 +101,18 @@ def dispatch(cg: CudaGraphPlan, limits: Limits, *, num_tokens: int, num_reqs: in
     if uniform:
         why_not = decode_allowed(cg, limits)
         if why_not is None:
-            padded = _pad(cg.capture_sizes.decode, num_tokens)
-            if padded is not None:
-                key = GraphKey(num_tokens=padded, num_reqs=padded // (1 + limits.num_speculative_tokens), uniform=True)
+            num_tokens_padded = _pad(cg.capture_sizes.decode, num_tokens)
+            if num_tokens_padded is not None:
+                num_reqs_padded = num_tokens_padded // (1 + limits.num_speculative_tokens)
+                key = GraphKey(num_tokens=num_tokens_padded, num_reqs=num_reqs_padded, uniform=True)
                 return StepDispatch(key=key, mode=CudaGraphMode.FULL)
             why_not = f"uniform step above the largest decode capture size {cg.capture_sizes.decode[-1]}"
         reasons.append(why_not)
     why_not = mixed_allowed(cg)
     if why_not is None:
-        padded = _pad(cg.capture_sizes.mixed, num_tokens)
-        if padded is not None:
-            key = GraphKey(num_tokens=padded, num_reqs=None, uniform=False)
+        num_tokens_padded = _pad(cg.capture_sizes.mixed, num_tokens)
+        if num_tokens_padded is not None:
+            key = GraphKey(num_tokens=num_tokens_padded, num_reqs=None, uniform=False)
             return StepDispatch(key=key, mode=graph_mode(cg, key))
         why_not = f"num_tokens above the largest mixed capture size {cg.capture_sizes.mixed[-1]}"
     reasons.append(why_not)

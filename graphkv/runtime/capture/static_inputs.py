@@ -82,8 +82,8 @@ class StaticInputs:
             self.rows(name, 0, num_tokens).fill_(self.pad_value(name))
         return self.views(num_tokens)
 
-    def stage(self, inputs: Mapping[str, torch.Tensor], num_tokens: int, padded: int) -> None:
-        """Copy ``inputs`` into rows ``[0, num_tokens)`` and pad rows ``[num_tokens, padded)``.
+    def stage(self, inputs: Mapping[str, torch.Tensor], num_tokens: int, num_tokens_padded: int) -> None:
+        """Copy ``inputs`` into rows ``[0, num_tokens)`` and pad rows ``[num_tokens, num_tokens_padded)``.
 
         An input that already is those rows (same address, shape and strides), or is left out, is
         not copied: the caller filled the buffer in place. Allocates nothing; runs on the buffers'
@@ -100,8 +100,8 @@ class StaticInputs:
                         limit=f"must be {tuple(rows.shape)} {rows.dtype} for num_tokens={num_tokens}",
                         fix="pass a tensor of the static buffer's dtype with num_tokens rows on its token dim"))
                 rows.copy_(src)
-            if padded > num_tokens:
-                self.rows(name, num_tokens, padded - num_tokens).fill_(self.pad_value(name))
+            if num_tokens_padded > num_tokens:
+                self.rows(name, num_tokens, num_tokens_padded - num_tokens).fill_(self.pad_value(name))
 
     def eager_args(self, inputs: Mapping[str, torch.Tensor], num_tokens: int) -> dict[str, torch.Tensor]:
         """Arguments of an eager call: the caller's inputs, and the first ``num_tokens`` rows of the rest."""

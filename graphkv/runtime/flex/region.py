@@ -192,11 +192,11 @@ class FlexRegions:
                                         "from the pool allocated for the builder's plan"))
         region = self._region(builder, phase, scale, return_lse, query.device.type, softcap)
         num_tokens, heads, dim = query.shape
-        padded = max(num_tokens, _MIN_QUERY_TOKENS)
+        num_tokens_padded = max(num_tokens, _MIN_QUERY_TOKENS)
         with torch.no_grad():
-            q = query.new_empty((1, heads, padded, dim))
+            q = query.new_empty((1, heads, num_tokens_padded, dim))
             q[0, :, :num_tokens].copy_(query.transpose(0, 1))
-            if padded > num_tokens:
+            if num_tokens_padded > num_tokens:
                 q[0, :, num_tokens:].zero_()
             if region.compiled:
                 torch._dynamo.mark_dynamic(q, 2)

@@ -39,21 +39,21 @@ class PackedRows:
         return self.first.shape[0]
 
     @classmethod
-    def from_context(cls, ctx: "object", num_tokens: int) -> "PackedRows":
-        """The packing of a forward over ``num_tokens`` (padded) tokens of ``ctx``, a
+    def from_context(cls, ctx: "object", num_tokens_padded: int) -> "PackedRows":
+        """The packing of a forward over ``num_tokens_padded`` tokens of ``ctx``, a
         :class:`~graphkv.runtime.step.context.StepContext`. Capture-safe."""
-        row = ctx.token_row[:num_tokens]
-        offset = ctx.token_offset[:num_tokens]
+        row = ctx.token_row[:num_tokens_padded]
+        offset = ctx.token_offset[:num_tokens_padded]
         qsl = ctx.query_start_loc.long()
-        top = max(num_tokens - 1, 0)
+        top = max(num_tokens_padded - 1, 0)
         first = qsl[:-1].clamp(max=top)
         last = (qsl[1:] - 1).clamp(0, top)
         real = row >= 0
-        tokens = torch.arange(num_tokens, device=row.device)
+        tokens = torch.arange(num_tokens_padded, device=row.device)
         causal = (row[:, None] == row[None, :]) & real[:, None] & (tokens[None, :] <= tokens[:, None])
         rows = torch.arange(first.shape[0], device=row.device)
         member = (row[None, :] == rows[:, None]) & real[None, :]
-        return cls(num_tokens=num_tokens, row=row, row0=row.clamp(min=0), offset=offset, first=first, last=last,
+        return cls(num_tokens=num_tokens_padded, row=row, row0=row.clamp(min=0), offset=offset, first=first, last=last,
                    query_lens=ctx.query_lens, has_state=ctx.context_lens > 0, causal=causal, member=member)
 
 

@@ -88,10 +88,11 @@ class StepContext:
         """The KV-cache group index of ``layer_name``."""
         return self.group_of_layer[layer_name]
 
-    def build_masks(self, num_tokens: int) -> dict[int, BlockMask]:
-        """Build every flex group's block mask for a forward over ``num_tokens`` (padded) tokens.
+    def build_masks(self, num_tokens_padded: int) -> dict[int, BlockMask]:
+        """Build every flex group's block mask for a forward over ``num_tokens_padded`` tokens.
 
         Call it once at the top of the forward and hand the masks to the attention layers: it
         rewrites persistent buffers from the step's tables with in-place device ops (no host
         sync), so inside a captured graph each replay rebuilds the masks for its step."""
-        return {g: b.build(self.num_reqs, num_tokens_padded=num_tokens) for g, b in self.mask_builders.items()}
+        return {g: b.build(self.num_reqs, num_tokens_padded=num_tokens_padded)
+                for g, b in self.mask_builders.items()}

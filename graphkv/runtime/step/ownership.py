@@ -232,8 +232,10 @@ class PageOwnership:
         self.group_of[ids] = group
         if shared:
             fresh = self.holders[ids] == 0
+            distinct = np.unique(ids)  # the step's pages only: never a scan of the pool
+            was_shared = self.holders[distinct] > 1
             np.add.at(self.holders, ids, 1)
-            self.num_shared = int((self.holders > 1).sum())
+            self.num_shared += int(((self.holders[distinct] > 1) & ~was_shared).sum())
             owned = fresh & ~(new[req] & (column * self.block_sizes[group] < ctx[req]))  # not claimed context
             self.writer_row[ids[owned]] = rows[req[owned]]
             self.writer_col[ids[owned]] = column[owned]

@@ -146,7 +146,7 @@ class RepeatStep:
     def _numpy(self, seq_lens: tuple) -> np.ndarray | None:
         """The many-token update: a constant number of numpy calls."""
         parts = self.parts
-        n = self.rows.shape[0]
+        num_reqs = self.rows.shape[0]
         try:
             slens = np.frombuffer(self.pack(*seq_lens), dtype=np.int64)
         except (struct.error, TypeError):
@@ -158,7 +158,7 @@ class RepeatStep:
         # repeat with no context (the same prefill again) is rare, and the full path takes it
         if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any():
             return None
-        parts.staging.write_lengths(parts.tables, n, self.num_tokens, slens, ctx, self.rows)
+        parts.staging.write_lengths(parts.tables, num_reqs, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens
         return old
 

@@ -106,18 +106,18 @@ class StepStaging:
         if self._copied is not None:
             self._copied.record()
 
-    def write_lengths(self, tables: BlockTables, n: int, num_tokens: int, slens: np.ndarray, ctx: np.ndarray,
+    def write_lengths(self, tables: BlockTables, num_reqs: int, num_tokens: int, slens: np.ndarray, ctx: np.ndarray,
                       rows: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
         """Write what a step changes when its layout (``token_row`` / ``token_offset`` of its
-        ``num_tokens`` tokens) is staged already: the ``n`` requests' sequence and context lengths
-        (``slens``, ``ctx``: ``[n] int64``), every token's position, and the attention groups' slots
+        ``num_tokens`` tokens) is staged already: the ``num_reqs`` requests' sequence and context lengths
+        (``slens``, ``ctx``: ``[num_reqs] int64``), every token's position, and the attention groups' slots
         from ``tables``' host mirror for requests in table ``rows`` (``None``: a dummy step holding
         no pages, whose slots are ``PAD_SLOT_ID``). Returns, per attention group, the page each
         token is written into (numpy only, nothing allocated but temporaries)."""
-        self.seq_lens[:n] = slens
-        self.context_lens[:n] = ctx
+        self.seq_lens[:num_reqs] = slens
+        self.context_lens[:num_reqs] = ctx
         pos = self.positions[:num_tokens]
-        decode = num_tokens == n
+        decode = num_tokens == num_reqs
         if decode:
             pos[:] = ctx
         else:

@@ -450,34 +450,34 @@ class Step:
         only; ``rows`` ``None``: a dummy step whose requests hold no pages). With ``same`` (the last
         step had these requests, query lengths and shape) only lengths, positions and slots are
         rewritten. Returns, per attention group, the page each token is written into."""
-        n, num_tokens, padded = shape.num_reqs, shape.num_tokens, shape.num_tokens_padded
+        num_reqs, num_tokens, num_tokens_padded = shape.num_reqs, shape.num_tokens, shape.num_tokens_padded
         st = self._staging
         st.wait_until_read()
-        decode = num_tokens == n
+        decode = num_tokens == num_reqs
         if not same:
             st.qsl[0] = 0
-            np.cumsum(qlens, out=st.qsl[1:n + 1])
-            st.qsl[n + 1:] = num_tokens
-            st.num_reqs[0] = n
-            st.query_lens[:n] = qlens
-            st.row_valid[:n] = 1
-            stale = self._last_reqs  # rows [n, stale) hold the last step's values
-            if stale > n:
+            np.cumsum(qlens, out=st.qsl[1:num_reqs + 1])
+            st.qsl[num_reqs + 1:] = num_tokens
+            st.num_reqs[0] = num_reqs
+            st.query_lens[:num_reqs] = qlens
+            st.row_valid[:num_reqs] = 1
+            stale = self._last_reqs  # rows [num_reqs, stale) hold the last step's values
+            if stale > num_reqs:
                 for array in (st.seq_lens, st.row_valid, st.query_lens, st.context_lens, *st.state_pages.values()):
-                    array[n:stale] = 0
+                    array[num_reqs:stale] = 0
             for g, pages in st.state_pages.items():
-                pages[:n] = self.tables.state_pages(g, rows) if rows is not None else 0
+                pages[:num_reqs] = self.tables.state_pages(g, rows) if rows is not None else 0
             if decode:
-                st.token_row[:n] = self._arange[:n]
-                st.token_offset[:n] = 0
+                st.token_row[:num_reqs] = self._arange[:num_reqs]
+                st.token_offset[:num_reqs] = 0
             else:
-                st.token_row[:num_tokens] = np.repeat(self._arange[:n], qlens)
+                st.token_row[:num_tokens] = np.repeat(self._arange[:num_reqs], qlens)
                 np.subtract(self._arange[:num_tokens], st.qsl[st.token_row[:num_tokens]],
                             out=st.token_offset[:num_tokens])
-            if padded > num_tokens:
-                st.token_row[num_tokens:padded] = -1
-                st.token_offset[num_tokens:padded] = 0
-                st.positions[num_tokens:padded] = 0
-                st.slot_mappings[:, num_tokens:padded] = PAD_SLOT_ID
-        self._last_reqs = n
-        return st.write_lengths(self.tables, n, num_tokens, slens, ctx, rows)
+            if num_tokens_padded > num_tokens:
+                st.token_row[num_tokens:num_tokens_padded] = -1
+                st.token_offset[num_tokens:num_tokens_padded] = 0
+                st.positions[num_tokens:num_tokens_padded] = 0
+                st.slot_mappings[:, num_tokens:num_tokens_padded] = PAD_SLOT_ID
+        self._last_reqs = num_reqs
+        return st.write_lengths(self.tables, num_reqs, num_tokens, slens, ctx, rows)

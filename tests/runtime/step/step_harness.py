@@ -170,8 +170,10 @@ class Harness:
                 assert value == now, name
 
     def check_accounting(self) -> None:
-        """Held pages + free pages == usable pages, and the holder counts equal the tables' entries."""
+        """Held pages + free pages == usable pages, the holder counts equal the tables' entries, and the
+        shared-page count kept step by step equals a count over the pool."""
         own, tables = self.step.ownership, self.step.tables
         assert int((own.holders > 0).sum()) + len(self.free) == self.plan.num_blocks - 1
         assert int(own.holders.sum()) == int(tables.num_pages_np.sum())
+        assert own.num_shared == int((own.holders > 1).sum())
         assert own.holders[0] == 0 and (own.holders >= 0).all()

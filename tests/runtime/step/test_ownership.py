@@ -203,6 +203,30 @@ def test_every_refusal_is_a_graphkv_error():
     assert issubclass(SpecError, GraphkvError) and issubclass(CapacityError, GraphkvError)
 
 
+def test_the_shared_page_count_follows_three_holders_a_refused_join_and_leaves():
+    """num_shared, kept step by step (never counted over the pool): two requests joining a's two full pages in one
+    step make them 3-held (2 shared pages, not 4); a refused join leaves the count as it was; it falls to 0 only when
+    a single holder is left."""
+    h = Harness("AA")
+    h.add("a", 40)
+    h.run({"a": 40})
+    own, shared, prefix = h.step.ownership, h.pages["a"][0][:2], h.tokens["a"][:32]
+    h.add("c", 0, prompt=prefix + [3, 1, 4], cached_pages=[shared], cached_tokens=32)
+    h.add("d", 0, prompt=prefix + [2, 7], cached_pages=[shared], cached_tokens=32)
+    batch, ids, _ = h.batch({"c": 3, "d": 2})
+    h.run_failing(batch, ids)
+    assert own.num_shared == 0 and own.holders[shared].tolist() == [1, 1]
+    h.run({"c": 3, "d": 2})
+    assert own.holders[shared].tolist() == [3, 3] and own.num_shared == 2
+    h.check_accounting()
+    h.finish("a")
+    assert own.holders[shared].tolist() == [2, 2] and own.num_shared == 2
+    h.finish("c")
+    assert own.holders[shared].tolist() == [1, 1] and own.num_shared == 0
+    h.decode_all()
+    h.check_accounting()
+
+
 def test_two_requests_reading_the_same_full_pages_equal_the_dense_reference():
     """Prefix caching: c joins with a's first two full pages as cached context; both decode exactly as dense."""
     h = Harness("AA")
