@@ -102,6 +102,17 @@ def test_override_too_small_for_max_model_len_exits_2(capsys: pytest.CaptureFixt
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_huge_capture_ceiling_is_one_line_naming_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-cudagraph-capture-size 2**31-1 with as large a token budget ran for minutes listing 134 million sizes;
+    now it is refused at once in the flags' terms."""
+    code, out, err = run(capsys, "plan", "--preset", "llama-3.1-8b", "--max-num-batched-tokens", "2147483647",
+                         "--max-cudagraph-capture-size", "2147483647")
+    assert_one_error(code, err, "--max-cudagraph-capture-size=2147483647: must be <= 65536 tokens "
+                                "(--max-num-batched-tokens=2147483647)",
+                     "lower --max-cudagraph-capture-size to <= 65536")
+    assert out == ""
+
+
 def test_unknown_preset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown --preset is an error naming the flag and the known presets."""
     code, _, err = run(capsys, "plan", "--preset", "llama-9000")

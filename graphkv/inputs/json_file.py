@@ -1,9 +1,11 @@
 """Read a JSON file a user named: a regular file under a size cap, parsed with a bounded depth.
 
 A FIFO would block ``open()`` until a writer appears and ``/dev/zero`` never ends, so the path is
-checked with ``stat`` before it is opened, and the read stops one byte past the cap. The JSON
-parser recurses once per nesting level; a nesting deeper than :data:`MAX_JSON_DEPTH` is refused
-before parsing, so no ``RecursionError`` can escape. A key given twice in one object, at any depth,
+checked with ``stat`` before it is opened, and the read stops one byte past the cap. Parsing is
+linear in the file (``json``'s C parser; nothing is scanned with a backtracking pattern, which an
+unterminated string of escapes made quadratic); a nesting deeper than :data:`MAX_JSON_DEPTH` is
+refused after parsing (the parser's own ``RecursionError``, past about 1000 levels, is refused the
+same way), so code that walks the result never recurses deeply. A key given twice in one object, at any depth,
 is refused naming its path: ``json`` would keep the last value and drop the other silently, and a
 hand-merged config that says ``"factor": 4`` and then ``"factor": 8`` has no single meaning.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from typing import Any
 
@@ -23,8 +24,6 @@ __all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "read_json_file", "regular_file_s
 
 MAX_JSON_BYTES = 64 << 20  # a config.json is a few KiB, a safetensors index a few MiB
 MAX_JSON_DEPTH = 64  # configs nest 3-4 levels; the parser recurses once per level
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def _refuse(field: str, path: str, limit: str, fix: str) -> SpecError:
@@ -48,14 +47,18 @@ def regular_file_size(path: str, *, field: str, what: str = "a JSON file") -> in
     return info.st_size
 
 
-def _too_deep(text: str, max_depth: int) -> bool:
-    """Whether brackets outside strings nest deeper than ``max_depth`` (stops at the first level too deep)."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
-    depth = 0
-    for ch in brackets:
-        depth += 1 if ch in "[{" else -1
+def _too_deep(data: Any, max_depth: int) -> bool:
+    """Whether parsed JSON ``data`` nests objects and arrays deeper than ``max_depth`` (the top level
+    is depth 1); iterative, linear in the values, stops at the first level too deep."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
         if depth > max_depth:
             return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
 
 
@@ -82,19 +85,20 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise _refuse(field, path, f"is not UTF-8 text (byte {e.start})", f"pass {what} (UTF-8 JSON)") from None
-    if _too_deep(text, max_depth):
-        raise _refuse(field, path, f"nests more than {max_depth} levels deep; at most {max_depth} are read",
-                      f"pass {what}, unmodified")
+    too_deep = _refuse(field, path, f"nests more than {max_depth} levels deep; at most {max_depth} are read",
+                       f"pass {what}, unmodified")
     duplicates = _Duplicates()
     try:
         parsed = json.loads(text, object_pairs_hook=duplicates.hook)
     except json.JSONDecodeError as e:
-        raise _refuse(field, path, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
+        raise _refuse(field, path, f"is not valid JSON ({e.msg}: line {e.lineno} column {e.colno})",
                       f"pass {what}, unmodified") from None
     except ValueError as e:  # e.g. an integer longer than Python's 4300-digit conversion limit
         raise _refuse(field, path, f"holds a value that cannot be parsed ({e})", f"pass {what}, unmodified") from None
-    except RecursionError:  # unreachable after the depth check; kept so no parse error can escape raw
-        raise _refuse(field, path, "nests too deeply to parse", f"pass {what}, unmodified") from None
+    except RecursionError:  # deeper than the parser's recursion limit (about 1000 levels)
+        raise too_deep from None
+    if _too_deep(parsed, max_depth):
+        raise too_deep
     if duplicates.found:
         key, values = duplicates.first(parsed)
         raise _refuse(field, path, f"gives {key} {len(values)} times (values {_shown(values)}); JSON would keep "

@@ -14,6 +14,10 @@ __all__ = ["AUTO", "CudaGraphMode", "Limits", "MaxModelLen"]
 
 AUTO: Literal["auto"] = "auto"
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# The largest step captured in a CUDA graph: 4,115 capture sizes (vLLM's 1, 2, 4, every 8 to 256, every 16 above).
+# A step that large spends its time computing, not launching, and each size captured costs capture time and graph
+# memory; the list of every 16th size up to 2**31 (134 million) never finished planning.
+MAX_CUDAGRAPH_CAPTURE_SIZE = 1 << 16
 MaxModelLen = Union[int, Literal["auto"]]
 
 
@@ -60,7 +64,8 @@ class Limits:
     - ``max_cudagraph_capture_size``: the largest step (tokens) captured in a CUDA graph; larger steps
       run uncaptured. ``None`` (the default) follows vLLM 0.33: ``min(2 x max_num_seqs x (1 +
       num_speculative_tokens), 512)``. Never more than ``max_num_batched_tokens``; set it to that to
-      capture every step size (more capture time and graph memory);
+      capture every step size (more capture time and graph memory). At most
+      :data:`MAX_CUDAGRAPH_CAPTURE_SIZE` (65,536) tokens after that cap;
     - ``max_concurrent_batches``: steps scheduled but not yet settled. ``None`` (the default)
       follows the pipeline depth as vLLM 0.33 does under its default async scheduling (Model Runner
       V2, ``VllmConfig.max_concurrent_batches``): ``stages + 1`` — 2 on one stage, 3 for a model
@@ -154,6 +159,15 @@ class Limits:
                       "step), or no decode step is ever captured",
                       f"raise max_cudagraph_capture_size to >= {1 + self.num_speculative_tokens}, or leave it unset "
                       "(vLLM's default: min(2 x max_num_seqs x (1 + num_speculative_tokens), 512))")
+        if (not check.problems and self.max_cudagraph_capture_size is not None
+                and min(self.max_cudagraph_capture_size, self.max_num_batched_tokens) > MAX_CUDAGRAPH_CAPTURE_SIZE):
+            check.add("max_cudagraph_capture_size", self.max_cudagraph_capture_size,
+                      f"must be <= {MAX_CUDAGRAPH_CAPTURE_SIZE} tokens (max_num_batched_tokens="
+                      f"{self.max_num_batched_tokens}): every 16th step size up to it would be captured, and a step "
+                      "that large gains nothing from a graph",
+                      f"lower max_cudagraph_capture_size to <= {MAX_CUDAGRAPH_CAPTURE_SIZE} (steps above it run "
+                      "piecewise-compiled, without graphs), or leave it unset (vLLM's default: min(2 x max_num_seqs x "
+                      "(1 + num_speculative_tokens), 512))")
         if not check.problems and self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
             check.add("max_num_batched_tokens", self.max_num_batched_tokens,
                       f"must be >= 1 + num_speculative_tokens={1 + self.num_speculative_tokens} (one speculative "

@@ -82,11 +82,17 @@ def test_total_size_above_1_pib_is_refused(tmp_path: Path) -> None:
 
 
 def test_json_reader_bounds_depth_and_size(tmp_path: Path) -> None:
-    """Nesting beyond 64 levels and files over the cap are refused before parsing."""
+    """Nesting beyond 64 levels (at any depth the parser reaches, or past its recursion limit) is refused; files over
+    the cap are refused before parsing."""
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(SpecError, match="nests more than 64 levels deep"):
         read_json_file(str(deep), field="--hf-config")
+    deep.write_text('{"a": ' * 65 + "1" + "}" * 65)  # 65 levels, well within the parser's limit
+    with pytest.raises(SpecError, match="nests more than 64 levels deep"):
+        read_json_file(str(deep), field="--hf-config")
+    deep.write_text('{"a": ' * 63 + "[1]" + "}" * 63)  # 64 levels: read
+    assert read_json_file(str(deep), field="--hf-config")["a"]["a"]["a"] is not None
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"a": "x" * 200}))
     with pytest.raises(SpecError, match="over the 128 B cap"):
@@ -94,3 +100,21 @@ def test_json_reader_bounds_depth_and_size(tmp_path: Path) -> None:
     brackets_in_strings = tmp_path / "ok.json"
     brackets_in_strings.write_text(json.dumps({"pattern": "[" * 500, "n": [[1]]}))
     assert read_json_file(str(brackets_in_strings), field="--hf-config")["n"] == [[1]]
+
+
+def test_json_reader_is_linear_on_strings_of_escapes(tmp_path: Path) -> None:
+    """An unterminated string of 2 MiB of escaped quotes (a pattern that made a regex scan quadratic: 40 s for 80 KB)
+    and a valid file with one 8 MiB string are each read, or refused as invalid JSON, in well under a second of
+    parsing (the 30 s bound guards against a hang, far above the time on a loaded 2-core machine; not a performance
+    target)."""
+    import time
+
+    bad = tmp_path / "escapes.json"
+    bad.write_text('{"a": "' + '\\"' * (1 << 20))
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match=r"is not valid JSON \(Unterminated string starting at: line 1 column 7\)"):
+        read_json_file(str(bad), field="--hf-config")
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"a": '"[{' * (8 << 18)}))
+    assert len(read_json_file(str(long), field="--hf-config")["a"]) == 3 * (8 << 18)
+    assert time.perf_counter() - start < 30
