@@ -47,6 +47,22 @@ def test_json_carries_the_consensus_and_every_stage(capsys: pytest.CaptureFixtur
                                                                                                                None)
 
 
+@pytest.mark.parametrize("ranks", [("--tp", "2"), ("--pp", "2")])
+def test_the_agreed_plans_keep_the_graph_calibration(capsys: pytest.CaptureFixture[str], ranks: tuple[str, str]) -> None:
+    """--gpu H100 for llama-3.1-8b over 2 ranks: the ranks' budgets use the shipped calibration, and so do the agreed
+    plans' ledgers (they said "UNCALIBRATED estimate" while the reserve came from the calibration)."""
+    code, out, err = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100", *ranks, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    plans = [data, *data["consensus"].get("stages", [])]
+    reasons = [key["reason"] for plan in plans for key in plan["ledger"]["graph_keys"]]
+    assert reasons and all(reason.endswith("(calibrated: llama-3.1-8b.sm_90.json (llama-3.1-8b))") for reason in reasons)
+    code, out, err = run(capsys, "plan", "--preset", "llama-3.1-8b", "--gpu", "H100", *ranks)
+    assert code == 0, err
+    pool_lines = [line for line in out.splitlines() if line.lstrip().startswith("graph pool ")]
+    assert pool_lines and all(" calibrated: " in line and "UNCALIBRATED" not in line for line in pool_lines)
+
+
 def test_tp_only_json_keeps_one_plan_and_the_agreement(capsys: pytest.CaptureFixture[str]) -> None:
     """--tp 4 alone: one stage, so "consensus" holds no stage list; Qwen3-Next pages at 272 tokens."""
     code, out, _ = run(capsys, "plan", "--tp", "4", "--json")

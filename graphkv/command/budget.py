@@ -52,6 +52,7 @@ class PlannedBudget:
     flag: str  # the flag that sets the budget as a whole: --kv-memory, --gpu or --num-blocks-override
     text: str
     as_json: dict[str, Any]
+    graph_pool: GraphPoolModel | None = None  # the graph-memory calibration the plan used (None: uncalibrated)
 
 
 def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
@@ -221,14 +222,15 @@ def plan_with_budget(flags: BudgetFlags, source: ModelSource, limits: Limits, *,
                    else "with one more page the pool's allocator segments would not fit")
             notes["graph_reserve"] += f"; {format_bytes(slack)} of it above what sits beside the pool, left unused: {why}"
         return PlannedBudget(plan=fitted.plan, budget=fitted.budget, flag="--gpu", text=_gpu_text(fitted.budget, notes),
-                             as_json=_json(fitted.budget, "gpu", notes))
+                             as_json=_json(fitted.budget, "gpu", notes), graph_pool=graph_pool)
     if flags.kv_memory is None and flags.num_blocks_override is not None:
         plan = compile_plan(source.model, limits, None, graph_pool=graph_pool)
         return PlannedBudget(plan=plan, budget=None, flag="--num-blocks-override",
                              text=f"no memory budget: --num-blocks-override {flags.num_blocks_override} sizes the pool",
-                             as_json=_json(None, "num_blocks_override", None))
+                             as_json=_json(None, "num_blocks_override", None), graph_pool=graph_pool)
     kv = _size("--kv-memory", flags.kv_memory or flags.default_kv_memory)
     budget = Budget(kv_cache_bytes=kv)
     plan = compile_plan(source.model, limits, budget, graph_pool=graph_pool)
     text = budget.describe() + ("" if flags.kv_memory else " (default --kv-memory)")
-    return PlannedBudget(plan=plan, budget=budget, flag="--kv-memory", text=text, as_json=_json(budget, "kv_memory", None))
+    return PlannedBudget(plan=plan, budget=budget, flag="--kv-memory", text=text,
+                         as_json=_json(budget, "kv_memory", None), graph_pool=graph_pool)

@@ -109,7 +109,7 @@ def plan_ranks(flags: BudgetFlags, source: ModelSource, limits: Limits, *, tp: i
         return plans[key]
 
     consensus = simulate_consensus(source.whole, limits, tp_size=tp, pp_size=pp, partition=partition,
-                                   compile_local=compile_local)
+                                   compile_local=compile_local, graph_pool=first.graph_pool)
     return RankedPlans(consensus=consensus, planned=first)
 
 

@@ -30,6 +30,7 @@ from graphkv.distributed.plans import ConsensusPlan, finalize
 from graphkv.distributed.reports import RankReport, budget_report
 from graphkv.errors import ConsensusError, Problem, SpecError
 from graphkv.extras import require
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -88,7 +89,8 @@ def _exchange(dist: Any, report: RankReport, group: Any, world: int, seconds: fl
 
 
 def compile_consensus(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None, *,
-                      group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT_SECONDS) -> ConsensusPlan:
+                      group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT_SECONDS,
+                      graph_pool: GraphPoolModel | None = None) -> ConsensusPlan:
     """Plan this rank's cache from its own ``budget`` and agree with every rank of ``group``.
 
     ``model`` is what this rank caches (``whole_model.shard(tp, tp_rank).stage(pp, pp_rank)``);
@@ -96,7 +98,9 @@ def compile_consensus(model: ModelKV, limits: Limits | None = None, budget: Budg
     replica (default: the world; gloo on CPU, nccl on GPU); ``timeout`` (seconds) bounds the wait
     for a missing rank. Returns the same :class:`ConsensusPlan` on every rank: the smallest
     ``num_blocks`` and shortest auto-fit ``max_model_len`` of all ranks, one plan per pipeline
-    stage (``result.plan_for(model)`` is this rank's).
+    stage (``result.plan_for(model)`` is this rank's). ``graph_pool``: the graph-memory calibration
+    (:meth:`GraphPoolModel.from_file`, the same on every rank) of this rank's plan and the agreed
+    stages; ``None``: the uncalibrated estimate.
 
     Raises :class:`ConsensusError` on every rank when a rank's own plan fails, when the ranks'
     models, limits or paging differ (naming the field and the ranks), or when a rank is missing
@@ -117,6 +121,6 @@ def compile_consensus(model: ModelKV, limits: Limits | None = None, budget: Budg
     if rank < 0:
         raise ConsensusError(Problem(field="group", value=group, limit="this process is not a member of the group",
                                      fix="pass the process group of this rank's model replica"))
-    report = budget_report(model, limits, budget, rank=rank)
+    report = budget_report(model, limits, budget, rank=rank, graph_pool=graph_pool)
     reports = _exchange(dist, report, group, dist.get_world_size(group), seconds)
-    return finalize(model, limits, agree(reports))
+    return finalize(model, limits, agree(reports), graph_pool=graph_pool)

@@ -15,6 +15,7 @@ import attrs
 
 from graphkv.distributed.agreement import Agreement
 from graphkv.plan import Plan, compile_plan
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import format_bytes
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -105,9 +106,11 @@ def _pinned(plan: Plan, num_blocks_reason: str, max_model_len_reason: str, note:
     return attrs.evolve(plan, capacity=capacity, notes=(*plan.notes, note))
 
 
-def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement) -> ConsensusPlan:
+def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement, *,
+             graph_pool: GraphPoolModel | None = None) -> ConsensusPlan:
     """Every stage's plan with the agreed ``num_blocks`` and ``max_model_len``, built from ``model``
-    (any rank's: each keeps the whole model). Pure; the same on every rank."""
+    (any rank's: each keeps the whole model), its graph memory from ``graph_pool`` (the ranks'
+    calibration; ``None``: the uncalibrated estimate). Pure; the same on every rank."""
     limits = Limits() if limits is None else limits
     whole = model.whole
     pp = agreement.pipeline_parallel_size
@@ -117,8 +120,8 @@ def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement) -> Con
     note = (f"agreed by {len(agreement.reports)} ranks (tp={agreement.tensor_parallel_size} x pp={pp}): "
             f"num_blocks={agreement.num_blocks}, max_model_len={agreement.max_model_len}")
     from_override = limits.num_blocks_override is not None  # the user fixed the page count, not a memory budget
-    stages = tuple(_pinned(compile_plan(whole.stage(pp, k, partition), pinned, None), blocks_reason, len_reason, note,
-                           from_override) for k in range(pp))
+    stages = tuple(_pinned(compile_plan(whole.stage(pp, k, partition), pinned, None, graph_pool=graph_pool),
+                           blocks_reason, len_reason, note, from_override) for k in range(pp))
     return ConsensusPlan(tensor_parallel_size=agreement.tensor_parallel_size, pipeline_parallel_size=pp,
                          num_blocks=agreement.num_blocks, max_model_len=agreement.max_model_len,
                          num_blocks_reason=blocks_reason, max_model_len_reason=len_reason,

@@ -14,6 +14,7 @@ import attrs
 
 from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -129,7 +130,9 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
 
 
 def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int,
-                  fingerprint: Fingerprint | None = None) -> RankReport:
-    """:func:`rank_report` with this rank's plan compiled by :func:`graphkv.compile` from ``budget``."""
-    return rank_report(model, limits, rank=rank, compile_local=lambda: compile_plan(model, limits, budget),
+                  fingerprint: Fingerprint | None = None, graph_pool: GraphPoolModel | None = None) -> RankReport:
+    """:func:`rank_report` with this rank's plan compiled by :func:`graphkv.compile` from ``budget``
+    (its graph memory from ``graph_pool``, ``None``: the uncalibrated estimate)."""
+    return rank_report(model, limits, rank=rank,
+                       compile_local=lambda: compile_plan(model, limits, budget, graph_pool=graph_pool),
                        fingerprint=fingerprint)

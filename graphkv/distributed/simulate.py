@@ -23,6 +23,7 @@ from graphkv.distributed.agreement import agree
 from graphkv.distributed.plans import ConsensusPlan, finalize
 from graphkv.distributed.reports import Fingerprint, RankReport, budget_report, model_fingerprint, rank_report
 from graphkv.plan import Plan
+from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -39,14 +40,15 @@ def rank_models(model: ModelKV, tp_size: int, pp_size: int, partition: Sequence[
 def simulate_consensus(model: ModelKV, limits: Limits | None,
                        budget: Budget | Callable[[int, ModelKV], Budget | None] | None = None, *,
                        tp_size: int, pp_size: int = 1, partition: Sequence[int] | None = None,
-                       compile_local: Callable[[int, ModelKV], Plan] | None = None
-                       ) -> ConsensusPlan:
+                       compile_local: Callable[[int, ModelKV], Plan] | None = None,
+                       graph_pool: GraphPoolModel | None = None) -> ConsensusPlan:
     """Plan every rank of ``tp_size x pp_size`` from ``model`` (whole, unsharded) and agree.
 
     ``budget`` is every rank's KV budget, or ``budget(rank, rank_model)`` each rank's (``None``:
     ``limits.num_blocks_override`` sizes the pool); ``compile_local(rank, rank_model)``
     (optional) replaces the default ``graphkv.compile`` of a rank and returns its plan (the
-    command line plans a GPU budget this way). Raises
+    command line plans a GPU budget this way); ``graph_pool``: the graph-memory calibration of
+    every rank's plan and of the agreed stages (``None``: the uncalibrated estimate). Raises
     :class:`~graphkv.errors.ConsensusError` exactly as the ranks of ``compile_consensus`` would.
     """
     models = rank_models(model, tp_size, pp_size, partition)
@@ -60,8 +62,9 @@ def simulate_consensus(model: ModelKV, limits: Limits | None,
         fingerprint = fingerprints[id(shard)][1]
         if compile_local is None:
             own = budget(rank, local) if callable(budget) else budget
-            reports.append(budget_report(local, limits, own, rank=rank, fingerprint=fingerprint))
+            reports.append(budget_report(local, limits, own, rank=rank, fingerprint=fingerprint,
+                                         graph_pool=graph_pool))
         else:
             reports.append(rank_report(local, limits, rank=rank, fingerprint=fingerprint,
                                        compile_local=lambda r=rank, m=local: compile_local(r, m)))  # type: ignore[misc]
-    return finalize(models[0], limits, agree(reports))
+    return finalize(models[0], limits, agree(reports), graph_pool=graph_pool)
