@@ -86,7 +86,9 @@ def _index_total(index: Any, path: str, field: str) -> int | None:
     if not isinstance(index, dict):  # an index is an object ({"metadata": ..., "weight_map": ...}); a list is no index
         raise _bad(field, path, f"is a JSON {type(index).__name__}, not the object a safetensors index holds")
     metadata = index.get("metadata")
-    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _bad(field, path, f"has metadata={_cut(metadata)}, not the object that holds total_size")
+    total = metadata.get("total_size") if metadata is not None else None
     if total is None:
         return None
     if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
@@ -97,23 +99,51 @@ def _index_total(index: Any, path: str, field: str) -> int | None:
     return total
 
 
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _index_shards(index: dict[str, Any], path: str, directory: str, field: str) -> list[str]:
+    """The shard files an index without ``metadata.total_size`` names in its ``weight_map``, each
+    checked to be a file name in ``directory``, which holds it."""
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise _bad(field, path, "has no metadata.total_size and no weight_map naming its shards: the weights' size "
+                                "cannot be read")
+    names = sorted(set(weight_map.values()), key=str)
+    for name in names:
+        if not isinstance(name, str) or not name.endswith(".safetensors") or os.path.basename(name) != name:
+            raise _bad(field, path, f"has a weight_map entry {_cut(name)}, not a .safetensors file name")
+    missing = [n for n in names if not os.path.lexists(os.path.join(directory, n))]
+    if missing:
+        raise _bad(field, path, f"has no metadata.total_size and names {len(missing)} shard(s) the directory does "
+                                f"not hold (first: {missing[0]!r}): the weights' size cannot be read")
+    return names
+
+
 def checkpoint_weights(directory: str, *, field: str = "--hf-config") -> CheckpointWeights | None:
     """The weight bytes of the checkpoint in ``directory``; ``None`` when it holds no safetensors.
 
     Reads ``model.safetensors.index.json``'s ``metadata.total_size`` when present, else sums the
-    data sizes of the ``*.safetensors`` headers. Malformed metadata is a :class:`SpecError` on
-    ``field`` (a wrong weight number would silently misplan the pool).
+    data sizes of the headers of the shards its ``weight_map`` names, else (no index) of every
+    ``*.safetensors`` file. Malformed metadata — ``metadata`` not an object, an index with neither
+    ``total_size`` nor a ``weight_map``, or naming shards the directory lacks — is a
+    :class:`SpecError` on ``field`` (a wrong weight number would silently misplan the pool).
     """
     index_path = os.path.join(directory, INDEX_NAME)
+    names: list[str] | None = None
     if os.path.lexists(index_path):
         index = read_json_file(index_path, field=field, what=f"a {INDEX_NAME}")
         total = _index_total(index, index_path, field)
         if total is not None:
             return CheckpointWeights(total_bytes=total, source=f"{INDEX_NAME} metadata.total_size")
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
-    except OSError as e:
-        raise _bad(field, directory, f"cannot be listed ({type(e).__name__}: {e})") from None
+        names = _index_shards(index, index_path, directory, field)
+    if names is None:
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+        except OSError as e:
+            raise _bad(field, directory, f"cannot be listed ({type(e).__name__}: {e})") from None
     if not names:
         return None
     if len(names) > _MAX_FILES:

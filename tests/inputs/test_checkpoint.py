@@ -43,6 +43,38 @@ def test_headers_are_summed_without_an_index(tmp_path: Path) -> None:
     assert weights.source == "headers of 2 .safetensors files"
 
 
+def test_an_index_without_total_size_sums_the_shards_it_names(tmp_path: Path) -> None:
+    """An index with a weight_map but no metadata.total_size: the headers of the shards it names are summed (a stray
+    .safetensors file beside them is not one of the checkpoint's)."""
+    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", [100, 28])
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", [1000])
+    write_safetensors(tmp_path / "stray.safetensors", [7])
+    (tmp_path / INDEX_NAME).write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                                  "b": "model-00002-of-00002.safetensors",
+                                                                  "c": "model-00002-of-00002.safetensors"}}))
+    weights = checkpoint_weights(str(tmp_path))
+    assert weights is not None and (weights.total_bytes, weights.source) == (1128, "headers of 2 .safetensors files")
+
+
+@pytest.mark.parametrize("index, why", [
+    ({"metadata": [1]}, r"has metadata=\[1\], not the object that holds total_size"),
+    ({"metadata": {}}, "has no metadata.total_size and no weight_map naming its shards"),
+    ({"weight_map": {"a": "model-00001-of-00002.safetensors"}},
+     r"has no metadata.total_size and names 1 shard\(s\) the directory does not hold \(first: "
+     r"'model-00001-of-00002.safetensors'\)"),
+    ({"weight_map": {"a": "../elsewhere.safetensors"}}, "has a weight_map entry '../elsewhere.safetensors', not a "
+                                                        ".safetensors file name"),
+    ({"weight_map": {"a": 3}}, "has a weight_map entry 3, not a .safetensors file name"),
+])
+def test_an_index_that_cannot_give_the_weights_is_refused(tmp_path: Path, index: dict, why: str) -> None:
+    """An index whose metadata is not an object, or that has no total_size and no shards to read, was planned as 0 B of
+    weights (the KV pool given the whole GPU): now a SpecError on the flag naming what is wrong."""
+    (tmp_path / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(SpecError, match=why) as info:
+        checkpoint_weights(str(tmp_path), field="--hf-config")
+    assert info.value.field == "--hf-config" and "give the weights with --weights-memory" in str(info.value)
+
+
 def test_directory_without_weights_is_none(tmp_path: Path) -> None:
     """A directory with only a config.json has no known weights."""
     (tmp_path / "config.json").write_text("{}")
