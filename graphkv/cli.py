@@ -310,7 +310,8 @@ def _vllm_command(source: ModelSource, planned: PlannedBudget, args: argparse.Na
                         gpu_name=gpu.name if gpu is not None else None,
                         gpu_bytes=gpu.total_memory_bytes if gpu is not None else None,
                         kv_cache_dtype=args.kv_cache_dtype, mamba_ssm_dtype=args.mamba_ssm_dtype,
-                        attention_backend=args.attention_backend)
+                        attention_backend=args.attention_backend,
+                        notes=(source.serve_note,) if source.serve_note is not None else ())
     return vllm_serve_command(plan, target)
 
 
@@ -408,7 +409,8 @@ def _in_flag_terms(error: GraphkvError, args: argparse.Namespace) -> GraphkvErro
         except GraphkvError:  # the config could not be read again: keep the problems as they were
             pass
     typed = {flag: getattr(args, name, None) for flag, name in (("--kv-memory", "kv_memory"), ("--gpu", "gpu"))}
-    return in_flag_terms(error, budget_flag=_budget_flag(args), typed=typed)
+    return in_flag_terms(error, budget_flag=_budget_flag(args), typed=typed,
+                         has_flag=lambda flag: hasattr(args, flag.lstrip("-").replace("-", "_")))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -113,6 +113,24 @@ def test_a_huge_capture_ceiling_is_one_line_naming_the_flags(capsys: pytest.Capt
     assert out == ""
 
 
+def test_emit_warns_when_vllm_would_read_another_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--emit vllm for a config file not named config.json serves its directory, whose config.json vLLM would read
+    instead: the command's first comment says so (absent, then another file); a checkpoint's config.json gets none."""
+    planned = tmp_path / "llama-2-layers.json"
+    planned.write_text(json.dumps(LLAMA_2_LAYERS))
+    code, out, err = run(capsys, "plan", "--hf-config", str(planned), "--emit", "vllm")
+    assert code == 0, err
+    warning = (f"# WARNING: the plan is for --hf-config {planned}, but vllm serve of its directory reads "
+               f"{tmp_path / 'config.json'}, which does not exist: copy the config into a checkpoint directory as "
+               "config.json and serve that directory")
+    assert out.splitlines()[1] == warning and f"vllm serve {tmp_path}" in out
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_LAYERS))
+    code, out, err = run(capsys, "plan", "--hf-config", str(planned), "--emit", "vllm")
+    assert code == 0 and out.splitlines()[1] == warning.replace("does not exist", "is another file")
+    code, out, err = run(capsys, "plan", "--hf-config", str(tmp_path / "config.json"), "--emit", "vllm")
+    assert code == 0 and "WARNING" not in out
+
+
 def test_unknown_preset_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown --preset is an error naming the flag and the known presets."""
     code, _, err = run(capsys, "plan", "--preset", "llama-9000")
@@ -203,6 +221,16 @@ def test_demo_serves_requests_and_says_what_capture_did(device: str, capsys: pyt
         keys = capture_keys(plan.cudagraph, plan.limits)  # decode steps of 1 and 2 requests
         assert f"\ndevice          {torch.cuda.get_device_name()}\n" in out
         assert f"\ncuda graphs     captured {len(keys)} CUDA graphs in " in out
+
+
+def test_demo_errors_name_only_flags_the_demo_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A demo pool too small for its fixed max_model_len (512) is refused naming max_model_len as a field, not
+    `--max-model-len` (graphkv demo has no such flag), and --kv-memory, which it has, as a flag."""
+    pytest.importorskip("torch")
+    code, out, err = run(capsys, "demo", "--requests", "2", "--new-tokens", "2", "--kv-memory", "64KiB")
+    assert_one_error(code, err, "graphkv: error: max_model_len=512: max seq len 512 needs 33 pages",
+                     "lower max_model_len to <= 96, or raise --kv-memory to >= 272.00 KiB")
+    assert "--max-model-len" not in err and out == ""
 
 
 def test_demo_rejects_a_non_positive_request_count(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import types
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import attrs
 
@@ -63,31 +63,36 @@ _IN_TEXT = re.compile(r"(?<![\w.\-])(" + "|".join(
     + r")(?!\w)")
 
 
-def _text(text: str) -> str:
-    return _IN_TEXT.sub(lambda m: FIELD_FLAGS[m.group(1)], text)
+def _text(text: str, flags: Mapping[str, str]) -> str:
+    return _IN_TEXT.sub(lambda m: flags.get(m.group(1), m.group(1)), text)
 
 
-def _problem(p: Problem, budget_flag: str, typed: Mapping[str, str | None]) -> Problem:
+def _problem(p: Problem, budget_flag: str, typed: Mapping[str, str | None], flags: Mapping[str, str]) -> Problem:
     field = p.field
     for owner in _OWNERS:
         if field.startswith(owner):
             field = field[len(owner):]
-    flag = budget_flag if field == "budget" else FIELD_FLAGS.get(field, p.field)
-    value, limit = p.value, _text(p.limit)
+    flag = budget_flag if field == "budget" else flags.get(field, p.field)
+    value, limit = p.value, _text(p.limit, flags)
     if field == "budget" and isinstance(p.value, str) and typed.get(flag) is not None:
         # the API names the pool's bytes ('1.00 KiB'); the user sees what they typed ('1KiB') and the bytes it gave
         value, limit = typed[flag], f"gives the KV pool {p.value}, which {limit}"
-    fix = _text(p.fix)
+    fix = _text(p.fix, flags)
     if budget_flag == "--kv-memory":  # the budget is that flag's size: say which flag to raise
         fix = fix.replace("the KV budget", budget_flag)
     return attrs.evolve(p, field=flag, value=value, limit=limit, fix=fix)
 
 
 def in_flag_terms(error: GraphkvError, *, budget_flag: str = "--kv-memory",
-                  typed: Mapping[str, str | None] | None = None) -> GraphkvError:
+                  typed: Mapping[str, str | None] | None = None, has_flag: Callable[[str], bool] | None = None
+                  ) -> GraphkvError:
     """The same error (same class) with fields and texts in flag terms; ``budget_flag`` stands for the
-    budget as a whole (``--kv-memory`` or ``--gpu``), ``typed`` maps flags to the text the user typed."""
-    return type(error)(*(_problem(p, budget_flag, typed or {}) for p in error.problems))
+    budget as a whole (``--kv-memory`` or ``--gpu``), ``typed`` maps flags to the text the user typed.
+    ``has_flag(flag)``: whether the command run has that flag (default: every flag of
+    :data:`FIELD_FLAGS`); a field whose flag it lacks keeps its name (``graphkv demo`` fixes
+    ``max_model_len``: "lower --max-model-len" would name a flag it does not take)."""
+    flags = FIELD_FLAGS if has_flag is None else {k: v for k, v in FIELD_FLAGS.items() if has_flag(v)}
+    return type(error)(*(_problem(p, budget_flag, typed or {}, flags) for p in error.problems))
 
 
 def tp_split_problems(error: GraphkvError, tp: int) -> tuple[Problem, ...]:

@@ -16,6 +16,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.inputs import CheckpointWeights, checkpoint_weights, read_json_file
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.presets.weights import preset_weight_bytes
+from graphkv.printable import printable
 from graphkv.spec.model import ModelKV
 from graphkv.spec.split_rules import MAX_TP_TRIED
 
@@ -35,6 +36,7 @@ class ModelSource:
     whole: ModelKV  # every head, unsharded: what ModelKV.shard splits for each rank
     config: Mapping[str, Any]  # the config.json the model was read from
     overrides: Mapping[str, Any]  # the dtype / backend overrides it was read with
+    serve_note: str | None = None  # why serve_name may not load this config (an --hf-config not named config.json)
 
     def tp_sizes(self, up_to: int = MAX_TP_TRIED) -> tuple[int, ...]:
         """The tensor-parallel sizes in ``1 .. up_to`` that split every head count of the model."""
@@ -65,8 +67,15 @@ def _from_hf_config(path: str, tp: int, overrides: dict[str, Any], read_weights:
     whole = model if tp == 1 else ModelKV.from_hf_config(config, **overrides)
     weights = checkpoint_weights(directory, field="--hf-config") if directory is not None and read_weights else None
     serve = directory if directory is not None else os.path.dirname(os.path.abspath(config_file))
+    note = None
+    if directory is None:  # a config file of another name: the engine reads the directory's config.json
+        there = os.path.join(serve, CONFIG_NAME)
+        holds = "is another file" if os.path.lexists(there) else "does not exist"
+        note = (f"WARNING: the plan is for --hf-config {printable(path)}, but vllm serve of its directory reads "
+                f"{printable(there)}, which {holds}: copy the config into a checkpoint directory as {CONFIG_NAME} and "
+                "serve that directory")
     return ModelSource(model=model, description={"hf_config": path}, serve_name=serve, weights=weights, whole=whole,
-                       config=config, overrides=overrides)
+                       config=config, overrides=overrides, serve_note=note)
 
 
 def _from_preset(name: str, tp: int, overrides: dict[str, Any]) -> ModelSource:

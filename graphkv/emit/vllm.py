@@ -48,7 +48,8 @@ class VllmTarget:
     page index, so the pinned per-GPU pool covers every stage); ``engine_block_size``: the
     page size the planner picks with no ``block_size`` given (the engine's own choice);
     ``gpu_name`` / ``gpu_bytes``: the GPU when planned with ``--gpu`` (``None``: unknown);
-    ``kv_cache_dtype``, ``mamba_ssm_dtype``, ``attention_backend``: the overrides given, if any.
+    ``kv_cache_dtype``, ``mamba_ssm_dtype``, ``attention_backend``: the overrides given, if any;
+    ``notes``: comments put first (e.g. that ``model`` holds another config than the one planned).
     """
 
     model: str
@@ -60,6 +61,7 @@ class VllmTarget:
     kv_cache_dtype: str | None = None
     mamba_ssm_dtype: str | None = None
     attention_backend: str | None = None
+    notes: tuple[str, ...] = ()  # said first in the command's comments (e.g. a config vllm serve will not read)
 
 
 def vllm_default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
@@ -90,7 +92,7 @@ def vllm_serve_command(plan: Plan, target: VllmTarget) -> str:
       --kv-cache-memory-bytes 1073741824
     """
     lim, cap = plan.limits, plan.capacity
-    notes: list[str] = []
+    notes: list[str] = list(target.notes)
     flags: list[tuple[str, str]] = [("--tensor-parallel-size", str(target.tensor_parallel_size))]
     if target.pipeline_parallel_size > 1:
         flags.append(("--pipeline-parallel-size", str(target.pipeline_parallel_size)))
