@@ -63,7 +63,8 @@ def _max_model_len(text: str) -> int | str:
 
 def _partition(text: str) -> tuple[int, ...]:
     parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() for part in parts):
+    # ASCII digits only ("²".isdigit() is true, but int() refuses it), at most 9 per count (a layer count)
+    if not all(part.isascii() and part.isdigit() and len(part) <= 9 for part in parts):
         raise argparse.ArgumentTypeError(f"{text[:40]!r} must be layer counts separated by commas, e.g. 10,12,12,10")
     return tuple(int(part) for part in parts)
 

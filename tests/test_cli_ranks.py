@@ -99,12 +99,15 @@ def test_tp_the_heads_cannot_split_stays_every_problem_in_the_python_api() -> No
         "config.linear_num_value_heads"]
 
 
-def test_partition_that_is_not_counts_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """--pp-partition ten,22 is refused by the parser in one line, exit 2."""
+@pytest.mark.parametrize("typed", ["ten,22", "²,46", "1" + "0" * 5000 + ",3"])
+def test_partition_that_is_not_counts_is_a_usage_error(capsys: pytest.CaptureFixture[str], typed: str) -> None:
+    """--pp-partition ten,22 (or a superscript digit, which str.isdigit accepts and int refuses, or a count too long
+    to convert) is refused by the parser in one line naming the flag, exit 2."""
     with pytest.raises(SystemExit) as info:
-        main(["plan", "--pp", "2", "--pp-partition", "ten,22"])
+        main(["plan", "--pp", "2", "--pp-partition", typed])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and err.startswith("graphkv: error: --pp-partition: 'ten,22' must be layer counts")
+    assert info.value.code == 2 and err.startswith(f"graphkv: error: --pp-partition: {typed[:40]!r} must be layer "
+                                                   "counts separated by commas, e.g. 10,12,12,10")
 
 
 def test_gpu_weights_split_over_every_rank(capsys: pytest.CaptureFixture[str]) -> None:

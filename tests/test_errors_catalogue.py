@@ -838,6 +838,10 @@ if importlib.util.find_spec("graphkv.spec.hf_config") is not None and importlib.
              SpecError, "config.per_layer_config", "names layer 99, but the model has 32 layers",
              "delete per_layer_config['99']",
              fixed=lambda: model_from_hf_config(_with("llama-3.1-8b", per_layer_config={}))),
+        Case("hf-per-layer-config-superscript-key",  # "²".isdigit() is true, and int("²") raised a raw ValueError
+             lambda: model_from_hf_config(_with("llama-3.1-8b", per_layer_config={"²": {"head_dim": 64}})),
+             SpecError, "config.per_layer_config", {"²": {"head_dim": 64}}, "copy per_layer_config",
+             fixed=lambda: model_from_hf_config(_with("llama-3.1-8b", per_layer_config={"2": {"head_dim": 128}}))),
         Case("hf-attn-config-a-list",
              lambda: model_from_hf_config(_with("llama-3.1-8b", num_key_value_heads=None, attn_config=[8])),
              SpecError, "config.attn_config", [8], "copy attn_config from the model's config.json",

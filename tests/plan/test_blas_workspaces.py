@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graphkv import Budget, FullAttentionSpec, Limits, ModelKV, compile_plan
+from graphkv.errors import SpecError
 from graphkv.plan.allocations.blas_workspaces import (WorkspaceSettings, blas_workspaces, cublas_workspace_bytes,
                                                        cublaslt_workspace_bytes, workspace_settings_from)
 from graphkv.spec.budget import GPU, KNOWN_GPUS, arch_of
@@ -42,6 +43,17 @@ def test_settings_are_read_from_an_environment_as_pytorch_reads_them() -> None:
     assert got == WorkspaceSettings(cublas_workspace_config=":16:8", cublaslt_workspace_size="64", unified=True)
     assert not got.is_default
     assert not workspace_settings_from({"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "true"}).unified  # PyTorch takes "1" only
+
+
+@pytest.mark.parametrize("name, text, read", [("CUBLAS_WORKSPACE_CONFIG", ":4096:2147483648", ":4096:2147483647"),
+                                              ("CUBLASLT_WORKSPACE_SIZE", "9" * 5000, "2147483647")])
+def test_a_workspace_number_beyond_32_bits_is_refused_naming_the_variable(name: str, text: str, read: str) -> None:
+    """A number PyTorch cannot read in its 32-bit std::stoi (5,000 digits raised a raw ValueError in int()) is a
+    SpecError on the variable; 2**31 - 1 itself is read."""
+    with pytest.raises(SpecError, match=rf"{name}=.*: holds a number above 2147483647") as info:
+        workspace_settings_from({name: text})
+    assert f"unset {name}" in str(info.value)
+    assert workspace_settings_from({name: read}) != WorkspaceSettings()
 
 
 def test_one_stream_on_hopper_allocates_what_an_h200_measured() -> None:

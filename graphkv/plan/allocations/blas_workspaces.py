@@ -33,6 +33,7 @@ from typing import Mapping
 
 import attrs
 
+from graphkv.errors import Problem, SpecError
 from graphkv.plan.allocations.rounding import charge_alone
 
 __all__ = ["BlasWorkspaces", "WorkspaceSettings", "blas_workspaces", "cublas_workspace_bytes",
@@ -60,9 +61,26 @@ class WorkspaceSettings:
         return self == WorkspaceSettings()
 
 
+_INT_MAX = 2**31 - 1  # std::stoi's range, how PyTorch reads each number (larger ones make it throw)
+_NUMBER = re.compile(r"[0-9]+")
+
+
 def workspace_settings_from(environ: Mapping[str, str]) -> WorkspaceSettings:
-    """The settings in ``environ`` (e.g. ``os.environ``), read as PyTorch reads them."""
+    """The settings in ``environ`` (e.g. ``os.environ``), read as PyTorch reads them. Raises
+    :class:`SpecError` naming the variable when a number in ``CUBLAS_WORKSPACE_CONFIG`` or
+    ``CUBLASLT_WORKSPACE_SIZE`` is beyond the 32-bit range PyTorch reads them in (also so that no
+    number of thousands of digits reaches ``int``)."""
     unified = environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") == "1"  # what PyTorch's check_env takes as true
+    for name in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
+        text = environ.get(name)
+        if text is not None and any(len(n) > 10 or int(n) > _INT_MAX for n in _NUMBER.findall(text)):
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise SpecError(Problem(field=name, value=shown,
+                                    limit=f"holds a number above {_INT_MAX}: PyTorch reads each with std::stoi, a "
+                                          "32-bit integer that cannot hold it, so the workspace it allocates is not "
+                                          "predictable",
+                                    fix=f"unset {name} or give sizes in KiB (e.g. CUBLAS_WORKSPACE_CONFIG=:4096:8, "
+                                        "CUBLASLT_WORKSPACE_SIZE=1024)"))
     return WorkspaceSettings(cublas_workspace_config=environ.get("CUBLAS_WORKSPACE_CONFIG"),
                              cublaslt_workspace_size=environ.get("CUBLASLT_WORKSPACE_SIZE"), unified=unified)
 

@@ -133,7 +133,9 @@ class AttentionReader:
             return {}
         overrides: dict[int, dict[str, Any]] = {}
         for key, fields in value.items():
-            index = int(key) if isinstance(key, str) and key.isdigit() else key
+            # ASCII digits only ("²".isdigit() is true, but int() refuses it), and short enough to convert
+            digits = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9
+            index = int(key) if digits else key
             if not isinstance(index, int) or isinstance(index, bool) or not isinstance(fields, Mapping):
                 self.cfg.problem("per_layer_config", {key: fields}, "must map layer indices to field overrides",
                                  "copy per_layer_config from the model's config.json")
