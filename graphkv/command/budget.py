@@ -58,7 +58,9 @@ class PlannedBudget:
 def _size(flag: str, text: str, *, allow_zero: bool = False) -> int:
     value = parse_bytes(text, field=flag)
     if value == 0 and not allow_zero:
-        raise SpecError(Problem(field=flag, value=text, limit="is zero", fix=f"give {flag} a size above 0, e.g. 40GiB"))
+        example = ("e.g. 512MiB, or leave it out: graphkv sizes it from the plan (static buffers, workspaces, graphs)"
+                   if flag == "--graph-reserve" else "e.g. 40GiB")
+        raise SpecError(Problem(field=flag, value=text, limit="is zero", fix=f"give {flag} a size above 0, {example}"))
     return value
 
 

@@ -104,7 +104,15 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)  # as every benchmark: memory does not depend on it, the run's time does less
-    options = MemoryBenchOptions(models=tuple(args.models or DEFAULT_MODELS), device=args.device,
+    models = tuple(args.models or DEFAULT_MODELS)
+    if args.full_depth and all(name == "demo" for name in models):
+        from graphkv.errors import Problem, SpecError
+
+        raise SpecError(Problem(field="--full-depth", value=" ".join(f"--model {name}" for name in models),
+                                limit="checks presets at their own depth against their shipped calibration; the "
+                                      "demo has neither",
+                                fix="add --model PRESET (`graphkv presets`), or drop --full-depth"))
+    options = MemoryBenchOptions(models=models, device=args.device,
                                  kv_memory=args.kv_memory, out=args.out,
                                  progress=not args.no_progress and sys.stderr.isatty(), full_depth=args.full_depth,
                                  compile=args.compile)

@@ -122,10 +122,17 @@ def plan_num_blocks(budget: Budget | None, limits: Limits, pool_bytes_per_block:
 
 
 def more_pages_fix(from_override: bool, pages: int, pool_bytes_per_block: int) -> str:
-    """The fix that gives the pool ``pages`` usable pages: the override, or the budget (rounded up, so it is enough)."""
+    """The fix that gives the pool ``pages`` usable pages: the override, or the budget (rounded up, so it is
+    enough); when that budget is above :data:`~graphkv.spec.budget.MAX_BYTES` (the largest a budget may be), it
+    says that no budget can."""
+    needed = (pages + 1) * pool_bytes_per_block
+    if needed > MAX_BYTES:
+        what = "num_blocks_override" if from_override else "the KV budget"
+        return (f"raise {what} (which cannot help: {pages} pages take {format_bytes(needed, rounding='up')}, more "
+                f"than the {format_bytes(MAX_BYTES)} a pool may be)")
     if from_override:
         return f"raise num_blocks_override to >= {pages + 1}"
-    return f"raise the KV budget to >= {format_bytes((pages + 1) * pool_bytes_per_block, rounding='up')}"
+    return f"raise the KV budget to >= {format_bytes(needed, rounding='up')}"
 
 
 def _largest_speculative(counter: PageCounter, usable_pages: int) -> int:

@@ -58,7 +58,13 @@ def check_concurrency(counter: PageCounter, max_model_len: int, usable_pages: in
 
 
 def max_num_seqs_note(limits: Limits, max_model_len: int, pages_per_request: int, usable_pages: int) -> str | None:
-    """A note when ``max_num_seqs`` exceeds the requests of ``max_model_len`` that fit at once."""
+    """A note when ``max_num_seqs`` exceeds the requests of ``max_model_len`` that fit at once, or
+    when ``concurrency`` exceeds ``max_num_seqs`` (the requests that can run at once)."""
+    if limits.concurrency is not None and limits.concurrency > limits.max_num_seqs:
+        return (f"concurrency={limits.concurrency} exceeds max_num_seqs={limits.max_num_seqs}: at most "
+                f"{limits.max_num_seqs} requests run at once, so max_model_len={max_model_len} is planned for "
+                f"{limits.concurrency - limits.max_num_seqs} request(s) that never run; raise max_num_seqs to >= "
+                f"{limits.concurrency}, or lower concurrency to <= {limits.max_num_seqs} for a longer max_model_len")
     fits = usable_pages // pages_per_request
     if limits.max_num_seqs <= fits:
         return None

@@ -125,6 +125,18 @@ def test_bench_memory_exit_status_follows_the_full_depth_verdict(monkeypatch) ->
         assert command.run_bench(args) == status
 
 
+def test_bench_memory_full_depth_of_the_demo_alone_is_refused(capsys) -> None:
+    """--full-depth checks presets against their shipped calibration: with only --model demo it checked nothing and
+    said nothing; now it exits 2 naming the flag and both fixes."""
+    from graphkv.cli import main
+
+    assert main(["bench", "memory", "--model", "demo", "--full-depth", "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("graphkv: error: --full-depth='--model demo': checks presets at their own depth against their "
+                   "shipped calibration; the demo has neither; add --model PRESET (`graphkv presets`), or drop "
+                   "--full-depth\n")
+
+
 def test_bench_memory_compile_flag_takes_piecewise_or_fused(capsys) -> None:
     """--compile names how a preset's captures compile its forward: anything but piecewise / fused is refused with
     exit code 2, naming the flag and the choices."""

@@ -60,6 +60,15 @@ def test_concurrency_where_even_one_token_does_not_fit(qwen3_next) -> None:
     assert "lower concurrency to <= 401" in str(info.value)
 
 
+def test_a_concurrency_no_pool_can_hold_says_more_memory_cannot_help(qwen3_next) -> None:
+    """2**31 - 1 requests of 4 pages need 104,448 TiB: the fix said "raise the KV budget to >= 104448.00 TiB", above
+    the 1 PiB any budget may be; now it says raising it cannot help."""
+    with pytest.raises(CapacityError) as info:
+        graphkv.compile(qwen3_next, Limits(concurrency=2**31 - 1), Budget.kv_bytes("20GiB"))
+    assert str(info.value).endswith("lower concurrency to <= 401, or raise the KV budget (which cannot help: "
+                                    "8589934588 pages take 104448.00 TiB, more than the 1024.00 TiB a pool may be)")
+
+
 def test_max_num_seqs_above_full_length_concurrency_is_a_note(llama) -> None:
     """max_num_seqs=256 with 16 full-length requests fitting plans, with a note giving both numbers."""
     plan = graphkv.compile(llama, Limits(concurrency=16), Budget.kv_bytes("16GiB"))
@@ -71,6 +80,17 @@ def test_max_num_seqs_above_full_length_concurrency_is_a_note(llama) -> None:
         "full-length requests, max_num_seqs <= 16",)
     quiet = graphkv.compile(llama, Limits(concurrency=16, max_num_seqs=16), Budget.kv_bytes("16GiB"))
     assert quiet.notes == (reader_note,)
+
+
+def test_concurrency_above_max_num_seqs_is_a_note(llama) -> None:
+    """concurrency=300 under max_num_seqs=256 plans the length for 300 requests, 44 of which can never run at once:
+    the note says so and gives both fixes; concurrency == max_num_seqs says nothing."""
+    plan = graphkv.compile(llama, Limits(concurrency=300, max_num_seqs=256), Budget.kv_bytes("16GiB"))
+    assert plan.notes[1:] == (
+        f"concurrency=300 exceeds max_num_seqs=256: at most 256 requests run at once, so max_model_len="
+        f"{plan.max_model_len} is planned for 44 request(s) that never run; raise max_num_seqs to >= 300, or lower "
+        "concurrency to <= 256 for a longer max_model_len",)
+    assert len(graphkv.compile(llama, Limits(concurrency=256), Budget.kv_bytes("16GiB")).notes) == 1
 
 
 def test_reverse_questions_from_the_plan(qwen3_next) -> None:

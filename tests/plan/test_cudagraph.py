@@ -122,6 +122,17 @@ def test_a_capture_ceiling_above_65536_tokens_is_refused_and_65536_is_planned():
     assert Limits(max_cudagraph_capture_size=2**31 - 1).max_cudagraph_capture_size == 2**31 - 1  # capped by 8192
 
 
+def test_a_capture_size_under_mode_none_is_said_to_have_no_effect():
+    """cudagraph_mode NONE captures nothing: a max_cudagraph_capture_size given with it is noted, not silently kept."""
+    model = ModelKV.from_specs("m", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
+    cg = compile_plan(model, Limits(cudagraph_mode=CudaGraphMode.NONE, max_cudagraph_capture_size=16),
+                      Budget.kv_bytes("1GiB")).cudagraph
+    assert cg.downgrades == ("max_cudagraph_capture_size=16 has no effect: cudagraph_mode NONE captures no graph",)
+    assert cg.capture_sizes.decode == cg.capture_sizes.mixed == ()
+    quiet = compile_plan(model, Limits(cudagraph_mode=CudaGraphMode.NONE), Budget.kv_bytes("1GiB"))
+    assert quiet.cudagraph.downgrades == ()
+
+
 def test_support_is_the_minimum_and_names_the_backend():
     """flash_attn (ALWAYS) + flashinfer (UNIFORM_SINGLE_TOKEN_DECODE): support is the latter, from flashinfer."""
     cg = fa_plus_flashinfer().cudagraph
