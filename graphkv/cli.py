@@ -271,7 +271,7 @@ def _source_and_limits(args: argparse.Namespace) -> tuple[ModelSource, Limits]:
     source = load_model_source(preset=args.preset, hf_config=args.hf_config, default_preset=DEFAULT_PRESET,
                                tp=args.tp, overrides=_overrides(args),
                                read_weights=args.gpu is not None and args.weights_memory is None)
-    check_pipeline_flags(source.whole, args.pp, args.pp_partition, tp=args.tp)
+    check_pipeline_flags(source.whole, args.pp, args.pp_partition, tp=args.tp, gpu=args.gpu is not None)
     return source, _build_limits(args)
 
 

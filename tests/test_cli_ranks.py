@@ -63,6 +63,37 @@ def test_the_agreed_plans_keep_the_graph_calibration(capsys: pytest.CaptureFixtu
     assert pool_lines and all(" calibrated: " in line and "UNCALIBRATED" not in line for line in pool_lines)
 
 
+def test_stages_paging_promoted_and_full_layers_alike_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-20b with the hybrid manager off pages its sliding layers as full attention: a stage holding only layer
+    0 (sliding, promoted) and one starting at layer 1 (full) page alike and agree (they were refused as 'groups[0]
+    differs' because one group's description said where its first layer was promoted from)."""
+    code, out, err = run(capsys, "plan", "--preset", "gpt-oss-20b", "--pp", "2", "--pp-partition", "1,23",
+                         "--disable-hybrid-kv-cache-manager", "--json")
+    assert code == 0, err
+    stages = json.loads(out)["consensus"]["stages"]
+    assert [len(stage["layers"]) for stage in stages] == [1, 23]
+    assert [[g["block_size"] for g in stage["groups"]] for stage in stages] == [[16], [16]]
+
+
+def test_a_simulation_of_minutes_is_refused_naming_what_fits(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """A 16384-layer config at --pp 1024 was accepted (57 s of planning, 213 s with --gpu): the work, each stage
+    planned over the whole model (three times with --gpu) and each tensor-parallel shard built once, is capped, and
+    the error names the most stages (or the largest --tp) that fit; --pp 16 still plans."""
+    config = dict(load_preset_config("llama-3.1-8b"), num_hidden_layers=16384)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, _, err = run(capsys, "plan", "--hf-config", str(path), "--pp", "1024")
+    assert code == 2 and ("16859136 stage-layer plans, more than 2097152" in err
+                          and "plan at most 123 stages at --tp 1" in err), err
+    code, _, err = run(capsys, "plan", "--hf-config", str(path), "--pp", "64", "--gpu", "H200", "--weights-memory",
+                       "1GiB")
+    assert code == 2 and "(--gpu fits each stage)" in err and "plan at most 41 stages at --tp 1" in err, err
+    code, _, err = run(capsys, "plan", "--hf-config", str(path), "--tp", "32", "--pp", "2")
+    assert code == 2 and "plan with --tp <= 25 at --pp 2" in err, err
+    code, out, err = run(capsys, "plan", "--hf-config", str(path), "--pp", "16")
+    assert code == 0, err
+
+
 def test_tp_only_json_keeps_one_plan_and_the_agreement(capsys: pytest.CaptureFixture[str]) -> None:
     """--tp 4 alone: one stage, so "consensus" holds no stage list; Qwen3-Next pages at 272 tokens."""
     code, out, _ = run(capsys, "plan", "--tp", "4", "--json")

@@ -842,6 +842,12 @@ if importlib.util.find_spec("graphkv.spec.hf_config") is not None and importlib.
              lambda: model_from_hf_config(_with("llama-3.1-8b", per_layer_config={"²": {"head_dim": 64}})),
              SpecError, "config.per_layer_config", {"²": {"head_dim": 64}}, "copy per_layer_config",
              fixed=lambda: model_from_hf_config(_with("llama-3.1-8b", per_layer_config={"2": {"head_dim": 128}}))),
+        Case("hf-layer-types-all-mlp",  # said "ModelKV[qwen3_next].layers=(): ... add LayerDecl entries"
+             lambda: model_from_hf_config(_with("qwen3-next-80b-a3b", layer_types=["mlp"] * 48)),
+             SpecError, "config.layer_types", "48 layers: mlp", "check layer_types: a decoder has at least one "
+                                                                  "attention or state layer",
+             fixed=lambda: model_from_hf_config(_with("qwen3-next-80b-a3b", layer_types=["mlp"] * 47
+                                                      + ["full_attention"]))),
         Case("hf-attn-config-a-list",
              lambda: model_from_hf_config(_with("llama-3.1-8b", num_key_value_heads=None, attn_config=[8])),
              SpecError, "config.attn_config", [8], "copy attn_config from the model's config.json",

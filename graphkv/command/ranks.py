@@ -24,9 +24,22 @@ from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 from graphkv.spec.stages import layer_partition, model_layer_count
 
-__all__ = ["MAX_RANK_LAYERS", "RankedPlans", "check_pipeline_flags", "plan_ranks"]
+__all__ = ["MAX_SIMULATION_WORK", "RankedPlans", "check_pipeline_flags", "plan_ranks", "simulation_work"]
 
-MAX_RANK_LAYERS = 1 << 24  # ranks x model layers the command simulates (a 16384-layer model at --tp 8 --pp 128)
+# The most work one command simulates, in stage-layer plans (one stage's plan of one model layer; about 4 us on a
+# 2-core CPU): about 9 s. A 16384-layer model at --pp 1024 (the former cap, on ranks x layers) took 57 s, 213 s with
+# --gpu. Real models stay far below it (deepseek-v3 at --tp 8 --pp 16 --gpu: 5,490).
+MAX_SIMULATION_WORK = 1 << 21
+_SHARD_WORK = 5  # a tensor-parallel shard of a layer (split, fingerprint, report) costs about 5 stage-layer plans
+_GPU_FIT_WORK = 3  # --gpu fits each stage's budget: about 3 plans per stage
+
+
+def simulation_work(layers: int, tp: int, pp: int, *, gpu: bool) -> int:
+    """The work of simulating ``tp x pp`` ranks of a ``layers``-layer model, in stage-layer plans: each distinct
+    tensor-parallel shard is built once, each stage planned once (about three times when ``gpu`` fits its
+    budget) over the whole model's layers (measured on a 2-core CPU: --tp 32 --pp 2 of 16384 layers took 10.4 s,
+    --pp 128 8.9 s, 27.9 s with --gpu)."""
+    return layers * (_SHARD_WORK * tp + pp * (_GPU_FIT_WORK if gpu else 1))
 
 
 @attrs.frozen(kw_only=True)
@@ -42,24 +55,30 @@ class RankedPlans:
         return max(self.consensus.stages, key=lambda plan: plan.pool_bytes_per_block)
 
 
-def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | None, *, tp: int = 1) -> None:
+def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | None, *, tp: int = 1,
+                         gpu: bool = False) -> None:
     """Refuse, in one short line naming the flag, ``--pp`` above the model's layer count, a
     ``--pp-partition`` that does not list ``--pp`` counts summing to the model's layers (``--pp`` is
     never inferred from the partition: a partition of 3 stages with ``--pp`` 1 is a mistake to name,
-    not a plan to change), and more ranks than this command simulates in seconds (``--tp x --pp``
-    ranks times the model's layers above :data:`MAX_RANK_LAYERS`). ``whole`` is the unstaged model."""
+    not a plan to change), and more ranks than this command simulates in seconds
+    (:func:`simulation_work` above :data:`MAX_SIMULATION_WORK`; ``gpu``: ``--gpu`` fits each stage's
+    budget). ``whole`` is the unstaged model."""
     layers = model_layer_count(whole)
     if pp > layers:
         raise SpecError(Problem(field="--pp", value=pp, limit=f"is more than the model's {layers} layers (every stage "
                                                               "holds at least one)", fix=f"use --pp <= {layers}"))
-    if tp * pp * layers > MAX_RANK_LAYERS:
-        stages = MAX_RANK_LAYERS // (tp * layers)
-        fewer = (f"plan at most {stages} stages at --tp {tp}" if stages >= 1
-                 else f"plan with --tp <= {max(1, MAX_RANK_LAYERS // layers)} and --pp 1")
+    work = simulation_work(layers, tp, pp, gpu=gpu)
+    if tp * pp > 1 and work > MAX_SIMULATION_WORK:
+        per_stage = layers * (_GPU_FIT_WORK if gpu else 1)
+        stages = (MAX_SIMULATION_WORK - layers * _SHARD_WORK * tp) // per_stage
+        most_tp = max(1, (MAX_SIMULATION_WORK - per_stage * pp) // (layers * _SHARD_WORK))
+        fewer = (f"plan at most {stages} stages at --tp {tp}" if stages >= 1 and pp > 1
+                 else f"plan with --tp <= {most_tp}" + (f" at --pp {pp}" if pp > 1 else ""))
         raise SpecError(Problem(field="--pp" if pp > 1 else "--tp", value=pp if pp > 1 else tp,
                                 limit=f"--tp {tp} x --pp {pp} = {tp * pp} ranks of a {layers}-layer model: every rank's "
-                                      f"plan and their agreement are simulated here, {tp * pp * layers} rank-layers, "
-                                      f"more than {MAX_RANK_LAYERS} (minutes of work)",
+                                      f"plan and their agreement are simulated here, {work} stage-layer plans"
+                                      f"{' (--gpu fits each stage)' if gpu else ''}, more than {MAX_SIMULATION_WORK} "
+                                      "(tens of seconds to minutes of work)",
                                 fix=f"{fewer}, or run graphkv.distributed.compile_consensus on the ranks themselves"))
     if partition is None:
         return

@@ -16,6 +16,7 @@ from graphkv.errors import GraphkvError, Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import Budget
+from graphkv.spec.layers import FullAttentionSpec, PromotedLocalSpec
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 from graphkv.spec.stages import model_layer_count
@@ -55,9 +56,17 @@ def _shape(plan: Plan) -> Fingerprint:
     """How the plan pages, which every rank of one stage must share (and every stage, but for layers)."""
     rows = [("block_size", str(plan.block_size)), ("mamba_block_size", str(plan.block.mamba_block_size)),
             ("kernel_block_sizes", str(plan.kernel_block_sizes)), ("groups (count)", str(len(plan.groups)))]
-    rows += [(f"groups[{g.index}]", f"{g.spec.describe()} block {g.block_size} kernel {g.kernel_block_size} page "
+    rows += [(f"groups[{g.index}]", f"{_paged_as(g.spec)} block {g.block_size} kernel {g.kernel_block_size} page "
                                     f"{g.page_size_bytes} B") for g in plan.groups]
     return tuple(rows)
+
+
+def _paged_as(spec: object) -> str:
+    """How a group's layers are paged: a local layer promoted to full attention pages as full attention (a stage
+    whose group starts at a promoted sliding layer pages like one that starts at a full one)."""
+    if isinstance(spec, PromotedLocalSpec):
+        return FullAttentionSpec.describe(spec)
+    return spec.describe()  # type: ignore[attr-defined]
 
 
 @attrs.frozen(kw_only=True)

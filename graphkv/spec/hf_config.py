@@ -45,7 +45,7 @@ from graphkv.spec.dtypes import DType, parse_cache_dtype, parse_dtype
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
-from graphkv.spec.hf.layout import read_layout
+from graphkv.spec.hf.layout import Role, read_layout
 from graphkv.spec.hf.sharing import kv_sources
 from graphkv.spec.hf.positions import read_position_cap
 from graphkv.spec.hf.source import ConfigSource, resolve_source
@@ -96,6 +96,15 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     assert layout is not None
     shared = kv_sources(cfg, layout.roles)
     layers, cacheless = build_layers(cfg, opts, layout, family, shared)
+    if not layers and not cfg.check.problems and all(role in (Role.MLP, Role.MOE) for role in layout.roles):
+        # named here, in the config's terms: ModelKV would say "layers=()"
+        key = layout.source.split(" ", 1)[0].split("=", 1)[0]
+        kinds = sorted({role.name.lower() for role in layout.roles})
+        cfg.problem(key, f"{len(layout.roles)} layers: {', '.join(kinds)}",
+                    "declares no attention or state layer, so the model holds no KV cache to plan (read from "
+                    f"{layout.source})",
+                    f"check {key}: a decoder has at least one attention or state layer (copy it from the model's "
+                    "config.json)")
     if attention_backend is not None:
         _check_backend_used(cfg, attention_backend, layers)
     cfg.raise_if_any()
