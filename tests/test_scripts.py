@@ -278,7 +278,7 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
-        "capture-cuda", "decode-kernel-cuda", "small-matmul", "serving-fused", "profile-b1", "kernel-sweep",
+        "capture-cuda", "decode-kernel-cuda", "serving-fused", "small-matmul", "profile-b1", "kernel-sweep",
         "demo-hf-fused", "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens"]
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),
@@ -291,7 +291,7 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     """Three stand-in steps under a 40 s budget from step 2: step 2 (a 100 s sleep) is cut at what is left of the
     budget less 5 s (TIMEOUT), step 3 is skipped and listed, summary.md holds both rows, the exit status is 1; a
     relative --out is taken from where the script was called, and --from past the last step is refused."""
-    steps = "one|10|true\nsleeper|100|sleep 100\nlast|10|true"
+    steps = "one|10|5|true\nsleeper|100|5|sleep 100\nlast|10|10|true"
     env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # its python is ours
     done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", "out"],
@@ -299,7 +299,8 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     assert done.returncode == 1, done.stderr[-2000:]
     rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
     assert [row.split("|")[2].strip() for row in rows] == ["sleeper", "last"]
-    assert rows[0].split("|")[3].strip() == "TIMEOUT" and 33 <= int(rows[0].split("|")[4]) <= 42
+    # cut at what is left less 5 s: 35 s less the summary header's reading (two Python starts) before step 1
+    assert rows[0].split("|")[3].strip() == "TIMEOUT" and 25 <= int(rows[0].split("|")[4]) <= 40
     assert rows[1].split("|")[3].strip().startswith("skipped")
     assert (tmp_path / "out" / "2-sleeper.log").exists() and "1 step(s) failed or timed out" in done.stdout
     import numpy
@@ -313,6 +314,45 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     past = subprocess.run(["bash", str(GPU_PRIORITY), "--from", "4"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=tmp_path)
     assert past.returncode == 2 and "--from 4 is past the last step (3)" in past.stderr
+
+
+def test_gpu_priority_runs_every_command_of_a_step_and_the_shorter_steps_that_fit(tmp_path: Path) -> None:
+    """A step of several commands runs them all (a failing first one no longer hides the rest) and fails; a step
+    needing more than is left is skipped while a later, shorter one still runs; summary.md's header is read once."""
+    steps = ("two|20|5|r=0; run() { \"$@\" || r=1; }; run false; run echo second ran; exit $r\n"
+             "long|50|1000|true\nshort|20|5|echo short ran")
+    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "60", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    rows = [line.split("|") for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert [(row[2].strip(), row[3].strip()) for row in rows] == [
+        ("two", "exit 1"), ("long", rows[1][3].strip()), ("short", "pass")]
+    assert rows[1][3].strip().startswith("skipped (") and rows[1][3].strip().endswith("s of the budget left, 1000 s "
+                                                                                      "needed)")
+    assert "second ran" in (tmp_path / "1-two.log").read_text()
+
+
+def test_gpu_priority_demo_step_fails_when_tokens_differ(tmp_path: Path) -> None:
+    """The real demo-hf-fused step (7) passes only when both demos print every request equal to model.generate: with
+    a stand-in python printing 4/4 it passes, with 3/4 it fails (graphkv demo itself exits 0 either way)."""
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/bash\ncase "$*" in *"graphkv.cli demo"*) echo "$STUB_DEMO" ;; '
+                    f'*) exec {sys.executable} "$@" ;; esac\n')
+    stub.chmod(0o755)
+    results = {}
+    for matching in ("4/4", "3/4"):
+        env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
+                   STUB_DEMO=f"transformers    greedy tokens equal model.generate(do_sample=False) for {matching} "
+                             "requests")
+        out = tmp_path / matching.replace("/", "-")
+        subprocess.run(["bash", str(GPU_PRIORITY), "--from", "7", "--budget", "85", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=120)
+        rows = [line.split("|") for line in (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
+        results[matching] = next(row[3].strip() for row in rows[2:] if row[2].strip() == "demo-hf-fused")
+    assert results == {"4/4": "pass", "3/4": "exit 1"}
 
 
 DEVICE_STACK = ROOT / "scripts" / "device_stack_check.sh"
