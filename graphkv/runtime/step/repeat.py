@@ -100,8 +100,8 @@ class RepeatStep:
                     return True
             except ValueError:
                 pass
-        # other lengths, or other types (numpy ints): compare values, and let the full path refuse a bool
-        return q == self.query_lens and not any(map(is_bool, q))
+        # other lengths, or other types (numpy ints): compare values, and let the full path refuse a bool or a float
+        return q == self.query_lens and all(isinstance(x, (int, np.integer)) and not is_bool(x) for x in q)
 
     def prepare(self, batch: Batch, shape: StepShape) -> bool:
         """Fill the buffers for ``batch`` (which :meth:`matches`) of ``shape`` and return True, or
@@ -124,9 +124,12 @@ class RepeatStep:
         full path); returns the requests' written tokens before it (for an undo)."""
         seq_mv, ctx_mv, pos_mv, written = self.views
         max_len = self.parts.plan.max_model_len
+        if len(seq_lens) != len(self.row_list):  # zip would pair what there is: the full path refuses it
+            return None
         old = []
         for row, q, s, cap, given in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list, query_lens):
-            if (type(given) is not int and is_bool(given)) or type(s) is not int or not q <= s <= max_len or s > cap \
+            # a query length of another type (a bool, a float equal to an int, a numpy int): the full path checks it
+            if type(given) is not int or type(s) is not int or not q <= s <= max_len or s > cap \
                     or s - q > written[row]:
                 return None
             old.append(written[row])

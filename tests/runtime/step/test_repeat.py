@@ -69,6 +69,28 @@ def test_a_repeated_step_refuses_what_the_full_path_refuses(n):
 
 
 @pytest.mark.parametrize("n", [3, PYTHON_TOKENS + 4])
+def test_a_repeated_step_with_a_length_list_of_another_size_or_float_lengths_is_refused(n):
+    """Too few or too many seq_lens (the repeat's zip paired what there was: a request left out kept the last step's
+    position and slot and overwrote its written K/V), or a query length of 1.0, are refused as on the full path,
+    nothing changed; the next decodes are exact."""
+    h = _live(n)
+    h.decode_all()
+    h.decode_all()
+    ids = tuple(h.step.active_requests)
+    seq = tuple(h.computed[r] + 1 for r in ids)
+    for query_lens, seq_lens, text in (((1,) * n, seq[:-1], "need one entry per request"),
+                                       ((1,) * n, (), "need one entry per request"),
+                                       ((1,) * n, seq + (5,), "need one entry per request"),
+                                       ((1.0,) + (1,) * (n - 1), seq, "query lengths must be integers")):
+        before = h.snapshot()
+        with pytest.raises(SpecError, match=text):
+            h.step.prepare(Batch(req_ids=ids, query_lens=query_lens, seq_lens=seq_lens))
+        h.assert_unchanged(before)
+    h.decode_all()
+    h.decode_all()
+
+
+@pytest.mark.parametrize("n", [3, PYTHON_TOKENS + 4])
 def test_a_repeated_step_past_the_pages_held_is_refused(n):
     """Requests whose page is full repeating a decode without new pages: CapacityError, nothing changed."""
     h = Harness("AA", num_blocks=4 * n + 8, max_num_seqs=n, budget=32 * n, max_model_len=64)
