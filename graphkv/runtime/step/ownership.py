@@ -12,7 +12,9 @@ page) and the group it is held in; per request row the tokens it has had written
   write into it), and a state (Mamba) page has one holder;
 - no token of a step is written into a page another live request holds;
 - a running request's context (``seq_len - query_len``) may shrink (speculative decoding rolls
-  back rejected drafts) but never exceed the tokens it has had written;
+  back rejected drafts) but never exceed the tokens it has had written; in a plan with state
+  (Mamba / gated-delta) groups it may not shrink either: the request's one state has absorbed
+  every written token, and reading them again would apply them twice;
 - a request joining with cached context needs a plan that can hold a prefix (no Mamba group in
   mamba_cache_mode ``none``), and each claimed page must hold the claimed tokens at the claimed
   page index: written by a live request that got that far, or by one that finished.
@@ -86,12 +88,25 @@ class PageOwnership:
         self.prefix_refusal = (f"mamba_cache_mode={plan.limits.mamba_cache_mode.value} keeps one state per request, "
                                "so no request can start from cached context"
                                if none and self.state_group.any() else None)
+        self.has_state = bool(self.state_group.any())  # a running request's context cannot shrink
 
     # ---- checks (no state changes) ----------------------------------------------------------
 
     def check_context(self, req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray, ctx: np.ndarray) -> None:
-        """Refuse a running request whose context exceeds its written tokens, and cached context for
-        a joining request where the plan cannot hold a prefix."""
+        """Refuse a running request whose context exceeds its written tokens (or, in a plan with state
+        groups, falls below them), and cached context for a joining request where the plan cannot hold a
+        prefix."""
+        if self.has_state:
+            behind = (ctx < self.written[rows]) & ~new
+            if behind.any():
+                i = int(np.flatnonzero(behind)[0])
+                raise SpecError(Problem(
+                    field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
+                    limit=f"the request has had {int(self.written[rows[i]])} tokens written, and the model's state "
+                          "(Mamba / gated-delta) layers keep one state per request that has absorbed them all: its "
+                          "context cannot shrink (rolled-back drafts would be applied twice)",
+                    fix="set seq_len to the tokens written so far plus this step's query_len (speculative decoding "
+                        "with state layers must not write rejected drafts, or must restart the request)"))
         ahead = (ctx > self.written[rows]) & ~new
         if ahead.any():
             i = int(np.flatnonzero(ahead)[0])

@@ -74,6 +74,7 @@ class RepeatStep:
         self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
         self.max_slens = np.minimum(self.capacity, parts.plan.max_model_len)  # the longest seq_len each may have, [n]
+        self.exact_context = parts.ownership.has_state  # state layers: the context is exactly the written tokens
         self.pack = struct.Struct(f"{rows.shape[0]}q").pack
         self.num_tokens = last.shape.num_tokens
         st = parts.staging
@@ -128,9 +129,10 @@ class RepeatStep:
             return None
         old = []
         for row, q, s, cap, given in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list, query_lens):
-            # a query length of another type (a bool, a float equal to an int, a numpy int): the full path checks it
-            if type(given) is not int or type(s) is not int or not q <= s <= max_len or s > cap \
-                    or s - q > written[row]:
+            # a query length of another type than an int or a numpy int (a bool, a float equal to an int): the full
+            # path checks it
+            if (type(given) is not int and not isinstance(given, np.integer)) or type(s) is not int or not q <= s <= max_len or s > cap \
+                    or s - q > written[row] or (self.exact_context and s - q < written[row]):
                 return None
             old.append(written[row])
         t = 0
@@ -159,7 +161,7 @@ class RepeatStep:
         old = written[self.rows]
         # ctx < 1, not ctx < 0: a seq_len struct packed from a bool (0 or 1) is at most its query_len; a
         # repeat with no context (the same prefill again) is rare, and the full path takes it
-        if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any():
+        if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any() or (self.exact_context and (ctx < old).any()):
             return None
         parts.staging.write_lengths(parts.tables, num_reqs, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens

@@ -93,6 +93,22 @@ def test_context_beyond_the_written_tokens_is_refused_and_a_rollback_is_allowed(
     h.decode_all()
 
 
+@pytest.mark.parametrize("decodes", [0, 2])
+def test_a_rollback_with_state_layers_is_refused(decodes: int):
+    """With Mamba groups the request's one state has absorbed every written token: rolling its context back (accepted
+    before: the state applied the rolled-back tokens twice, logits off by 0.04 on qwen3_next) is refused naming the
+    request, nothing changed, on the full path and on the repeat path (after decodes); the exact context still runs."""
+    h = _live("MAMA")
+    for _ in range(decodes):
+        h.decode_all()
+    written = h.computed["a"]
+    batch = Batch(req_ids=tuple(h.step.active_requests), query_lens=(1,) * len(h.step.active_requests),
+                  seq_lens=tuple(h.computed[r] + (0 if r == "a" else 1) for r in h.step.active_requests))
+    _refused(h, batch, SpecError, rf"\('a'\)='seq_len - query_len = {written - 1}': the request has had {written} "
+                                  r"tokens written, and the model's state \(Mamba / gated-delta\) layers keep one state")
+    h.decode_all()
+
+
 def test_cached_context_where_the_plan_cannot_hold_a_prefix_is_refused():
     """mamba_cache_mode none: a joining request claiming cached tokens is refused (its state would be empty)."""
     h = _live("MAMA")
