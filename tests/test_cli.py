@@ -107,9 +107,9 @@ def test_a_huge_capture_ceiling_is_one_line_naming_the_flags(capsys: pytest.Capt
     now it is refused at once in the flags' terms."""
     code, out, err = run(capsys, "plan", "--preset", "llama-3.1-8b", "--max-num-batched-tokens", "2147483647",
                          "--max-cudagraph-capture-size", "2147483647")
-    assert_one_error(code, err, "--max-cudagraph-capture-size=2147483647: must be <= 65536 tokens "
+    assert_one_error(code, err, "--max-cudagraph-capture-size=2147483647: must be <= 1048576 tokens "
                                 "(--max-num-batched-tokens=2147483647)",
-                     "lower --max-cudagraph-capture-size to <= 65536")
+                     "lower --max-cudagraph-capture-size to <= 1048576")
     assert out == ""
 
 

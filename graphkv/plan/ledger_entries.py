@@ -56,9 +56,9 @@ class Ledger:
         >>> model = ModelKV.from_specs("tiny", [(FullAttentionSpec(num_kv_heads=8, head_size=128), "flash_attn")] * 2)
         >>> plan = compile(model, Limits(max_model_len=4096, max_num_seqs=8), Budget.kv_bytes("1GiB"))
         >>> plan.ledger.runtime_bytes("cuda")  # 2 x 512 MiB pool slots + 369300 B of step buffers on the GPU
-        RuntimeBytes(device_bytes=1074111124, host_bytes=639977)
+        RuntimeBytes(device_bytes=1074111124, host_bytes=640041)
         >>> plan.ledger.runtime_bytes("cpu")  # no pinned twins; the host mirror is the persistent table
-        RuntimeBytes(device_bytes=1074086136, host_bytes=278785)
+        RuntimeBytes(device_bytes=1074086136, host_bytes=278849)
         """
         return RuntimeBytes.of(self.allocations(device))
 

@@ -14,10 +14,11 @@ __all__ = ["AUTO", "CudaGraphMode", "Limits", "MaxModelLen"]
 
 AUTO: Literal["auto"] = "auto"
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-# The largest step captured in a CUDA graph: 4,115 capture sizes (vLLM's 1, 2, 4, every 8 to 256, every 16 above).
-# A step that large spends its time computing, not launching, and each size captured costs capture time and graph
-# memory; the list of every 16th size up to 2**31 (134 million) never finished planning.
-MAX_CUDAGRAPH_CAPTURE_SIZE = 1 << 16
+# The largest step captured in a CUDA graph: 65,555 capture sizes (vLLM's 1, 2, 4, every 8 to 256, every 16 above),
+# planned in under a second. A step that large spends its time computing, not launching, and each size captured
+# costs capture time and graph memory (the plan warns long before); the list of every 16th size up to 2**31 (134
+# million) never finished planning.
+MAX_CUDAGRAPH_CAPTURE_SIZE = 1 << 20
 MaxModelLen = Union[int, Literal["auto"]]
 
 
@@ -65,7 +66,7 @@ class Limits:
       run uncaptured. ``None`` (the default) follows vLLM 0.33: ``min(2 x max_num_seqs x (1 +
       num_speculative_tokens), 512)``. Never more than ``max_num_batched_tokens``; set it to that to
       capture every step size (more capture time and graph memory). At most
-      :data:`MAX_CUDAGRAPH_CAPTURE_SIZE` (65,536) tokens after that cap;
+      :data:`MAX_CUDAGRAPH_CAPTURE_SIZE` (1,048,576) tokens after that cap;
     - ``max_concurrent_batches``: steps scheduled but not yet settled. ``None`` (the default)
       follows the pipeline depth as vLLM 0.33 does under its default async scheduling (Model Runner
       V2, ``VllmConfig.max_concurrent_batches``): ``stages + 1`` — 2 on one stage, 3 for a model

@@ -106,19 +106,19 @@ def test_a_capture_size_below_one_decode_step_is_refused():
     assert "raise max_cudagraph_capture_size to >= 4" in str(info.value)
 
 
-def test_a_capture_ceiling_above_65536_tokens_is_refused_and_65536_is_planned():
-    """Every 16th size up to 2**31 tokens (134 million graphs) never finished planning: a ceiling above 65,536 tokens
-    (after the max_num_batched_tokens cap) is refused naming both limits; 65,536 itself plans its 4,115 sizes, and a
-    huge max_cudagraph_capture_size under a small token budget is still just capped by it."""
-    with pytest.raises(SpecError, match=r"max_cudagraph_capture_size=2147483647: must be <= 65536 tokens "
+def test_a_capture_ceiling_above_2_to_the_20_tokens_is_refused_and_2_to_the_20_is_planned():
+    """Every 16th size up to 2**31 tokens (134 million graphs) never finished planning: a ceiling above 1,048,576
+    tokens (after the max_num_batched_tokens cap) is refused naming both limits; 1,048,576 itself has 65,555 sizes,
+    and a huge max_cudagraph_capture_size under a small token budget is still just capped by it."""
+    with pytest.raises(SpecError, match=r"max_cudagraph_capture_size=2147483647: must be <= 1048576 tokens "
                                         r"\(max_num_batched_tokens=2147483647\)") as info:
         Limits(max_cudagraph_capture_size=2**31 - 1, max_num_batched_tokens=2**31 - 1)
-    assert "lower max_cudagraph_capture_size to <= 65536" in str(info.value)
-    with pytest.raises(SpecError, match="must be <= 65536 tokens"):
-        Limits(max_cudagraph_capture_size=65537, max_num_batched_tokens=65537)
-    sizes = engine_capture_sizes(65536, 256, 65536)
-    assert len(sizes) == 4115 and sizes[-1] == 65536
-    Limits(max_cudagraph_capture_size=65536, max_num_batched_tokens=65536)
+    assert "lower max_cudagraph_capture_size to <= 1048576" in str(info.value)
+    with pytest.raises(SpecError, match="must be <= 1048576 tokens"):
+        Limits(max_cudagraph_capture_size=2**20 + 1, max_num_batched_tokens=2**20 + 1)
+    sizes = engine_capture_sizes(2**20, 256, 2**20)
+    assert len(sizes) == 65555 and sizes[-1] == 2**20
+    Limits(max_cudagraph_capture_size=2**20, max_num_batched_tokens=2**20)
     assert Limits(max_cudagraph_capture_size=2**31 - 1).max_cudagraph_capture_size == 2**31 - 1  # capped by 8192
 
 

@@ -89,6 +89,8 @@ def ownership_allocations(groups: Sequence[GroupPlan], *, num_blocks: int, max_n
                       reason=f"{why}, num_blocks={n}") for name, dtype, why in per_page]
     out += [Allocation(name="ownership.written", shape=(max_num_seqs,), dtype=_I64, placement=HOST,
                        reason=f"tokens written per request row (max_num_seqs={max_num_seqs})"),
+            Allocation(name="ownership.claimed", shape=(max_num_seqs,), dtype=_I64, placement=HOST,
+                       reason=f"cached tokens each request row joined with (max_num_seqs={max_num_seqs})"),
             Allocation(name="ownership.state_group", shape=(len(groups),), dtype=_BOOL, placement=HOST,
                        reason="which groups hold recurrent states"),
             Allocation(name="ownership.block_sizes", shape=(len(groups),), dtype=_I64, placement=HOST,

@@ -12,7 +12,9 @@ page) and the group it is held in; per request row the tokens it has had written
   write into it), and a state (Mamba) page has one holder;
 - no token of a step is written into a page another live request holds;
 - a running request's context (``seq_len - query_len``) may shrink (speculative decoding rolls
-  back rejected drafts) but never exceed the tokens it has had written; in a plan with state
+  back rejected drafts) but never exceed the tokens it has had written, nor fall below the cached
+  tokens it joined with (those pages are another request's writing: rewriting them would change
+  what the prefix cache says they hold); in a plan with state
   (Mamba / gated-delta) groups it may not shrink either: the request's one state has absorbed
   every written token, and reading them again would apply them twice;
 - a request joining with cached context needs a plan that can hold a prefix (no Mamba group in
@@ -59,7 +61,7 @@ class PageOwnership:
     ``group_of`` (int16, the group they hold it in, -1 when free), the row and page index of the
     request that writes it (``writer_row`` -1 when none is live), and for pages whose writer
     finished, the tokens it holds (``filled``) at which page index (``filled_at``). Per request
-    row: ``written`` tokens (int64).
+    row: ``written`` tokens and the cached tokens it joined with, ``claimed`` (int64).
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -77,6 +79,7 @@ class PageOwnership:
         self.filled_at = buffers.array("ownership.filled_at")
         self.filled_at.fill(-1)
         self.written = buffers.array("ownership.written")
+        self.claimed = buffers.array("ownership.claimed")  # set at each join: the cached tokens it claimed
         self.num_shared = 0  # pages with more than one holder
         self._stamp = buffers.array("ownership.stamp")  # scratch: finds repeated pages in one step
         self.state_group = buffers.array("ownership.state_group")
@@ -107,6 +110,15 @@ class PageOwnership:
                           "context cannot shrink (rolled-back drafts would be applied twice)",
                     fix="set seq_len to the tokens written so far plus this step's query_len (speculative decoding "
                         "with state layers must not write rejected drafts, or must restart the request)"))
+        into_claimed = (ctx < self.claimed[rows]) & ~new
+        if into_claimed.any():
+            i = int(np.flatnonzero(into_claimed)[0])
+            raise SpecError(Problem(
+                field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
+                limit=f"the request joined with {int(self.claimed[rows[i]])} cached tokens, which it did not write "
+                      "(read-only prefix pages): its context may shrink to them, not below",
+                fix=f"set seq_len - query_len to at least {int(self.claimed[rows[i]])} (or finish the request and "
+                    "start it again with fewer cached tokens)"))
         ahead = (ctx > self.written[rows]) & ~new
         if ahead.any():
             i = int(np.flatnonzero(ahead)[0])

@@ -75,6 +75,9 @@ class RepeatStep:
         self.capacity_list = self.capacity.tolist()
         self.max_slens = np.minimum(self.capacity, parts.plan.max_model_len)  # the longest seq_len each may have, [n]
         self.exact_context = parts.ownership.has_state  # state layers: the context is exactly the written tokens
+        claimed = parts.ownership.claimed[rows]
+        self.claimed = claimed if claimed.any() else None  # the context may not shrink below a join's cached tokens
+        self.claimed_list = claimed.tolist()
         self.pack = struct.Struct(f"{rows.shape[0]}q").pack
         self.num_tokens = last.shape.num_tokens
         st = parts.staging
@@ -128,11 +131,13 @@ class RepeatStep:
         if len(seq_lens) != len(self.row_list):  # zip would pair what there is: the full path refuses it
             return None
         old = []
-        for row, q, s, cap, given in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list, query_lens):
+        for row, q, s, cap, given, claimed in zip(self.row_list, self.query_lens, seq_lens, self.capacity_list,
+                                                  query_lens, self.claimed_list):
             # a query length of another type than an int or a numpy int (a bool, a float equal to an int): the full
             # path checks it
-            if (type(given) is not int and not isinstance(given, np.integer)) or type(s) is not int or not q <= s <= max_len or s > cap \
-                    or s - q > written[row] or (self.exact_context and s - q < written[row]):
+            if (type(given) is not int and not isinstance(given, np.integer)) or type(s) is not int \
+                    or not q <= s <= max_len or s > cap or s - q > written[row] or s - q < claimed \
+                    or (self.exact_context and s - q < written[row]):
                 return None
             old.append(written[row])
         t = 0
@@ -161,7 +166,8 @@ class RepeatStep:
         old = written[self.rows]
         # ctx < 1, not ctx < 0: a seq_len struct packed from a bool (0 or 1) is at most its query_len; a
         # repeat with no context (the same prefill again) is rare, and the full path takes it
-        if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any() or (self.exact_context and (ctx < old).any()):
+        if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any() or (self.exact_context and (ctx < old).any()) \
+                or (self.claimed is not None and (ctx < self.claimed).any()):
             return None
         parts.staging.write_lengths(parts.tables, num_reqs, self.num_tokens, slens, ctx, self.rows)
         written[self.rows] = slens

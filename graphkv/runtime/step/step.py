@@ -398,6 +398,8 @@ class Step:
                 for g, pages in written_pages:
                     own.check_writes(c.req_ids, pages, token_req, g)
             own.written[rows] = c.slens
+            if c.num_new:  # (a refused join frees its rows: a row's claim is set again when it is next taken)
+                own.claimed[rows[c.new]] = c.ctx[c.new]
             self.tables.sync(rows, shape.num_reqs_padded, same_rows=same_rows)
             self._staging.copy_to_device()
         except BaseException:

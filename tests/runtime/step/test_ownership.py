@@ -243,6 +243,31 @@ def test_the_shared_page_count_follows_three_holders_a_refused_join_and_leaves()
     h.check_accounting()
 
 
+def test_a_rollback_below_the_cached_tokens_a_request_joined_with_is_refused():
+    """c joins with 32 cached tokens of a's pages; rolling c back below them would rewrite pages it did not write
+    (accepted before, while the prefix cache still said they held a's tokens: a later claim read c's), so it is
+    refused on the full path and the repeat path, nothing changed; rolling back to them is exact."""
+    h = Harness("AA")
+    h.add("a", 40)
+    h.run({"a": 40})
+    shared, prefix = h.pages["a"][0][:2], h.tokens["a"][:32]
+    h.add("c", 0, prompt=prefix + [3, 1, 4, 1, 5], cached_pages=[shared], cached_tokens=32)
+    h.run({"c": 5, "a": 1})
+    h.decode_all()
+    h.decode_all()  # the repeat path holds c's claim too
+    ids = tuple(h.step.active_requests)
+    lens = {r: (h.computed[r] + 1) for r in ids}
+    lens["c"] = 31 + 1  # context 31: below the 32 cached tokens
+    batch = Batch(req_ids=ids, query_lens=(1,) * len(ids), seq_lens=tuple(lens[r] for r in ids))
+    _refused(h, batch, SpecError, r"\('c'\)='seq_len - query_len = 31': the request joined with 32 cached tokens, "
+                                  r"which it did not write .* set seq_len - query_len to at least 32")
+    h.computed["c"] = 32  # back to exactly the cached tokens: c writes its own tokens again
+    del h.tokens["c"][34:]
+    h.run({"c": 2})
+    h.decode_all()
+    h.check_accounting()
+
+
 def test_two_requests_reading_the_same_full_pages_equal_the_dense_reference():
     """Prefix caching: c joins with a's first two full pages as cached context; both decode exactly as dense."""
     h = Harness("AA")
