@@ -220,6 +220,8 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
     if not group_counts_ok:
         raise _group_count_error(pages, given, num_groups, req_ids)
     lists = list(_chain(pages))
+    if not set(map(type, lists)) <= _SEQUENCES:  # C-level; a set, a dict, bytes or a generator: named below
+        lists = [_page_list(one, s, given, num_groups, req_ids) for s, one in enumerate(lists)]
     try:
         lengths = list(map(len, lists))
         num = sum(lengths)
@@ -249,6 +251,27 @@ def flatten_new_pages(new_pages: Sequence[Any], num_groups: int, req_ids: Sequen
             req = np.asarray(given, dtype=np.int64)[req]
     return PageEntries(req=req, group=group, count=counts, ids=ids, id_range=(int(lo), int(hi)),
                        uniform_count=uniform)
+
+
+_SEQUENCES = frozenset((list, tuple, np.ndarray))  # page-id lists taken as they are
+
+
+def _page_list(one: Any, s: int, given: list[int] | None, num_groups: int, req_ids: Sequence[Any]) -> Any:
+    """Page-id list ``s`` (of request ``s // num_groups``'s group ``s % num_groups``) when it is not a list, tuple or
+    array: another ordered sequence as a list; a set or a dict (its order is no order of pages: a set reordered
+    them), bytes or a string (its items are characters or bytes, not ids) and anything not iterable are refused
+    naming the request and group."""
+    i, g = _request_of(s // num_groups, given), s % num_groups
+    field = f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})"
+    if isinstance(one, (str, bytes, bytearray)) or not _iterable(one):
+        raise SpecError(Problem(field=field, value=_shown_value(one), limit="must be a sequence of page ids",
+                                fix="pass a tuple or list of ints"))
+    return _ordered(one, field, "page ids")
+
+
+def _shown_value(value: Any) -> Any:
+    text = repr(value)
+    return value if len(text) <= 60 else text[:57] + "..."
 
 
 def _request_of(s: int, given: list[int] | None) -> int:

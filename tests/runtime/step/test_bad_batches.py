@@ -211,3 +211,26 @@ def test_numpy_arrays_as_a_requests_new_pages_are_read_as_page_ids():
         assert entries.ids.tolist() == expected.ids.tolist() == [1, 2]
         assert entries.count.tolist() == expected.count.tolist()
         assert entries.request_of_segment().tolist() == expected.request_of_segment().tolist()
+
+
+@pytest.mark.parametrize("pages, text", [
+    ({30, 45}, r"='set': is unordered \(set\), so its order is no order of page ids"),
+    ({30: 0, 45: 1}, r"='dict': is unordered \(dict\), so its order is no order of page ids"),
+    (b"\x1e\x2d", r"=b'\\x1e-': must be a sequence of page ids"),
+    ("30", r"='30': must be a sequence of page ids"),
+], ids=["set", "dict", "bytes", "str"])
+def test_a_page_list_that_is_no_sequence_of_ids_is_refused_naming_the_request_and_group(pages, text):
+    """A set as one group's page list was accepted in its own order ({6, 17} became table row [17 6]), a dict as its
+    keys and bytes as their byte values; each is refused naming the request and the group, nothing changed."""
+    from graphkv.runtime.tables.page_ids import flatten_new_pages
+
+    h = _live()
+    h.add("x", 20)
+    new = list(h.group_pages([30, 31], [32]))
+    g = h.attention[0]
+    new[g] = pages
+    batch = Batch(req_ids=("x",), query_lens=(20,), seq_lens=(20,), new_pages=(tuple(new),))
+    _refused(h, batch, rf"^batch.new_pages\[0\]\[{g}\] \('x'\){text}", ids=[1] * 20)
+    # an ordered iterable of another type (a generator, a range) is read in its order
+    entries = flatten_new_pages((((p for p in (6, 17)),), (range(3, 5),)), 1, ("a", "b"))
+    assert entries.ids.tolist() == [6, 17, 3, 4] and entries.count.tolist() == [2, 2]
