@@ -150,12 +150,23 @@ class DemoEngine:
         the vocabulary or a ``req_id`` already waiting, running or finished in this engine (its tokens
         would replace the other's), :class:`CapacityError` for a request the plan cannot hold; nothing is
         queued then."""
+        self._check(request, ())
+        self._enqueue(request)
+
+    def _enqueue(self, request: DemoRequest) -> None:
+        self._waiting.append(request)
+        self._waiting_ids.add(request.req_id)
+
+    def _check(self, request: DemoRequest, taken: "set[Hashable] | tuple[()]") -> None:
+        """Raise as :meth:`add` would for ``request``, ``taken`` holding the ids of requests checked
+        beside it (to be added in the same call); changes nothing."""
         if not isinstance(request, DemoRequest):
             raise SpecError(Problem(field="request", value=type(request).__name__, limit="must be a DemoRequest",
                                     fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
         rid = request.req_id
-        if rid in self._running or rid in self.finished or rid in self._waiting_ids:
-            where = "running" if rid in self._running else "finished" if rid in self.finished else "waiting"
+        if rid in self._running or rid in self.finished or rid in self._waiting_ids or rid in taken:
+            where = ("running" if rid in self._running else "finished" if rid in self.finished
+                     else "waiting" if rid in self._waiting_ids else "given twice in this run")
             raise SpecError(Problem(field="request.req_id", value=rid, limit=f"is {where} in this engine already",
                                     fix="give every request its own id (or read and del engine.finished[id] "
                                         "before reusing a finished one)"))
@@ -177,8 +188,6 @@ class DemoEngine:
                           "frees none that left a sliding window)",
                     fix="plan with max_concurrent_batches >= cdiv(max_model_len, max_num_batched_tokens) "
                         "(graphkv.hf.generation.sliding_tables_for), or shorten the request"))
-        self._waiting.append(request)
-        self._waiting_ids.add(request.req_id)
 
     @property
     def done(self) -> bool:
@@ -189,10 +198,11 @@ class DemoEngine:
             max_steps: int = 100_000, on_step: Callable[[EngineStats], None] | None = None) -> EngineStats:
         """Add ``requests``, then step until every request (including ``arrivals[step]``, added
         before that step) has finished, calling ``on_step(stats)`` after each step (progress).
-        Returns the stats. Raises :class:`SpecError`, before adding anything, for ``requests`` or an
-        arrival that is not a sequence of :class:`DemoRequest`, an arrival step that is not an int in
-        ``[stats.steps, max_steps)`` (such requests would never be added), a ``max_steps`` that is not
-        an int >= 0 or an ``on_step`` that is not callable."""
+        Returns the stats. Raises, before adding anything, what :meth:`add` raises for any of
+        ``requests`` and the arrivals (an id given twice among them included), and :class:`SpecError`
+        for ``requests`` or an arrival that is not a sequence of :class:`DemoRequest`, an arrival step
+        that is not an int in ``[stats.steps, max_steps)`` (such requests would never be added), a
+        ``max_steps`` that is not an int >= 0 or an ``on_step`` that is not callable."""
         steps = whole_int(max_steps)
         if steps is None or steps < 0:
             raise SpecError(Problem(field="max_steps", value=max_steps, limit="must be an int >= 0",
@@ -214,11 +224,15 @@ class DemoEngine:
                                         "from engine.stats.steps (or raise max_steps)"))
         requests = _requests("requests", requests)
         arrivals = {whole_int(k): _requests(f"arrivals[{k!r}]", v) for k, v in arrivals.items()}
+        taken: set[Hashable] = set()
+        for r in (*requests, *(r for later in arrivals.values() for r in later)):  # all checked before any is added
+            self._check(r, taken)
+            taken.add(r.req_id)
         for r in requests:
-            self.add(r)
+            self._enqueue(r)
         while not self.done or arrivals:
             for r in arrivals.pop(self.stats.steps, ()):
-                self.add(r)
+                self._enqueue(r)
             if self.stats.steps >= steps and self._sampled is not None:
                 sampled, self._sampled = self._sampled, None
                 self._read(sampled)  # the last step's tokens: reading them is no step

@@ -128,6 +128,28 @@ def test_a_request_id_in_use_is_refused(parts):
     assert len(engine.finished["a"]) == 2
 
 
+def test_run_adds_nothing_when_one_request_or_arrival_is_refused(parts):
+    """run([ok, too_long]) raised but left "ok" queued (a later run generated it, and resubmitting it was refused as
+    finished), and an arrival refused at its step dropped the good arrivals after it; now every request and arrival
+    is checked first, an id given twice among them too, and a refused run leaves the engine empty."""
+    from graphkv import CapacityError
+
+    plan, _, model = parts
+    engine = DemoEngine(plan, Step(plan), model)
+    ok, too_long = DemoRequest(req_id="ok", prompt=[1, 2], max_new_tokens=2), \
+        DemoRequest(req_id="big", prompt=[1] * 120, max_new_tokens=9)
+    with pytest.raises(CapacityError, match=r"request 'big'=\(120, 9\): needs 1 <= prompt \+ max_new_tokens <= "
+                                            r"max_model_len=128"):
+        engine.run([ok, too_long])
+    with pytest.raises(CapacityError, match="request 'big'"):
+        engine.run([ok], arrivals={2: [too_long], 4: [DemoRequest(req_id="later", prompt=[3], max_new_tokens=1)]})
+    with pytest.raises(SpecError, match=r"request.req_id='ok': is given twice in this run"):
+        engine.run([ok], arrivals={1: [DemoRequest(req_id="ok", prompt=[3], max_new_tokens=1)]})
+    assert engine.done and engine.stats.steps == 0 and not engine.finished
+    engine.run([ok])
+    assert list(engine.finished) == ["ok"] and len(engine.finished["ok"]) == 4
+
+
 def test_arrivals_before_the_current_step_are_refused(parts):
     """An arrival keyed by a step already past was never added, and run() stepped on empty until max_steps; it is
     refused before anything is added."""
