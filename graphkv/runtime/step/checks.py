@@ -110,11 +110,15 @@ class BatchChecker:
         qlens = int_array(q_t, "batch.query_lens", "query lengths", bools=True)
         slens = int_array(s_t, "batch.seq_lens", "sequence lengths", bools=True)
         max_len = self.plan.max_model_len
-        if n <= _SMALL:
-            q_min, s_min = min(q_t), min(s_t)
-            bad = q_min < 1 or max(s_t) > max_len or any(map(operator.lt, s_t, q_t))
-            num_tokens = int(sum(q_t))
-        else:
+        small = n <= _SMALL
+        if small:
+            try:
+                q_min, s_min = min(q_t), min(s_t)
+                bad = q_min < 1 or max(s_t) > max_len or any(map(operator.lt, s_t, q_t))
+                num_tokens = int(sum(q_t))
+            except TypeError:  # integers struct converts (their __index__) that do not compare: the arrays do
+                small = False
+        if not small:
             q_min, s_min = int(qlens.min()), int(slens.min())
             bad = bool(((qlens < 1) | (slens < qlens) | (slens > max_len)).any())
             num_tokens = int(qlens.sum())

@@ -261,6 +261,10 @@ class Step:
         before the error has advanced it — finish such requests or prefill them again.
         """
         captured = _is_captured(forward)
+        if not captured and not callable(forward):  # before anything changes (a call would fail after the prepare)
+            raise SpecError(Problem(field="forward", value=type(forward).__name__,
+                                    limit="must be a graphkv CapturedForward or a callable taking input_ids",
+                                    fix="pass the model (or graphkv.capture(...) of it) as the first argument"))
         vocab = self._vocab_size(vocab_size, forward, input_ids)
         shape, ids = self._prepare(batch, self._shape_of(forward if captured else None),
                                    lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device,
@@ -323,6 +327,10 @@ class Step:
 
         Its requests hold no pages (every table row is the null page, every slot ``PAD_SLOT_ID``),
         so capture writes nothing into live requests' pages and leaves their rows untouched."""
+        if not isinstance(key, GraphKey):
+            raise SpecError(Problem(field="key", value=type(key).__name__, limit="must be a GraphKey of the plan",
+                                    fix="pass one of graphkv.plan.graph_keys.capture_keys(plan.cudagraph, "
+                                        "plan.limits)"))
         shape = key_shape(key, graph_mode(self.plan.cudagraph, key), max_num_seqs=self.max_num_seqs)
         num_reqs = shape.num_reqs
         qlens = np.full(num_reqs, key.num_tokens // num_reqs, dtype=_I64)

@@ -234,3 +234,40 @@ def test_a_page_list_that_is_no_sequence_of_ids_is_refused_naming_the_request_an
     # an ordered iterable of another type (a generator, a range) is read in its order
     entries = flatten_new_pages((((p for p in (6, 17)),), (range(3, 5),)), 1, ("a", "b"))
     assert entries.ids.tolist() == [6, 17, 3, 4] and entries.count.tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("forward", [None, "model"], ids=["None", "str"])
+def test_a_forward_that_cannot_be_called_is_refused_before_the_step_changes(forward):
+    """Step.run(None, ...) prepared the step, then failed with a raw TypeError ("not callable"); it is a SpecError
+    naming the argument now, raised before anything changes."""
+    h = _live()
+    before = h.snapshot()
+    with pytest.raises(SpecError, match=r"^forward='(NoneType|str)': must be a graphkv CapturedForward or a callable "
+                                        r"taking input_ids"):
+        h.step.run(forward, _decode(h), input_ids=[1, 2])
+    h.assert_unchanged(before)
+    with pytest.raises(SpecError, match=r"^key='NoneType': must be a GraphKey of the plan"):
+        with h.step.capture_context(None):
+            pass
+    h.decode_all()
+
+
+def test_lengths_given_as_objects_with_an_index_are_read_as_ints():
+    """Lengths whose __index__ gives an int (struct converts them) but that do not compare with ints raised a raw
+    TypeError in the small-batch check; they are checked through their int values."""
+
+    class Index:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def __index__(self) -> int:
+            return self.value
+
+    h = _live()
+    before = h.snapshot(inputs=False)
+    batch = _decode(h, query_lens=(Index(1), Index(1)), seq_lens=tuple(Index(h.computed[r] + 1) for r in "ab"))
+    shape = h.step.prepare(batch)
+    assert (shape.num_tokens, shape.num_reqs) == (2, 2)
+    h.step.undo()
+    h.assert_unchanged(before)
+    h.decode_all()
