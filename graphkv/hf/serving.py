@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
+from graphkv.errors import Problem, SpecError
 from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.hf.model import PagedModel
 from graphkv.hf.support import family_of, vocab_size_of
@@ -64,6 +65,10 @@ class ServingLoop:
                  kernels: str = "auto", decode_attention: str | None = None,  # noqa: A002
                  merge_projections: bool = False, small_matmul: bool = False) -> None:
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
+        if not isinstance(capture_graphs, bool):  # "no" is truthy: it would capture
+            raise SpecError(Problem(field="capture_graphs", value=repr(capture_graphs), limit="must be a bool",
+                                    fix="pass True to capture the plan's CUDA graphs (rehearse them on a CPU), else "
+                                        "False"))
         self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.kernels = resolve_kernels(kernels, self.device)

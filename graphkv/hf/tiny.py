@@ -153,11 +153,28 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
 
 def tiny_model(model_type: str, *, seed: int = 0, **overrides: Any) -> Any:
     """A tiny random-weight causal LM of ``model_type`` (float32, CPU, eval mode), its weights
-    drawn from ``torch.manual_seed(seed)``."""
+    drawn from ``torch.manual_seed(seed)``. Raises :class:`SpecError` for another model type, a seed
+    that is not an int >= 0, or ``overrides`` transformers cannot build a model of (its message kept)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from graphkv.errors import Problem, SpecError
+    from graphkv.spec._checks import is_bool
+
+    if is_bool(seed) or not isinstance(seed, int) or seed < 0:
+        raise SpecError(Problem(field="seed", value=seed, limit="must be an int >= 0",
+                                fix="pass e.g. seed=0 (torch.manual_seed's seed)"))
+    if "vocab_size" in overrides and not (isinstance(overrides["vocab_size"], int) and overrides["vocab_size"] >= 2):
+        raise SpecError(Problem(field="vocab_size", value=overrides["vocab_size"], limit="must be an int >= 2",
+                                fix="leave it out (the tiny configs use 128) or pass e.g. vocab_size=128"))
     config = tiny_config(model_type, **overrides)
     torch.manual_seed(seed)
     attn = {"attn_implementation": "eager"} if model_type in _EAGER else {}
-    return AutoModelForCausalLM.from_config(config, **attn).eval()
+    try:
+        return AutoModelForCausalLM.from_config(config, **attn).eval()
+    except (ValueError, TypeError, RuntimeError, AttributeError) as error:
+        raise SpecError(Problem(field="overrides", value=overrides,
+                                limit=f"transformers cannot build a {model_type} model of them "
+                                      f"({type(error).__name__}: {str(error).splitlines()[0][:200]})",
+                                fix=f"change or drop the overrides (tiny_config({model_type!r}) lists the tiny "
+                                    "config's values)")) from error

@@ -281,3 +281,31 @@ def test_a_module_soft_capping_otherwise_than_set_up_is_refused() -> None:
         paged_attention_forward(module, q, q, q, None, softcap=30.0, graphkv=step)
     with pytest.raises(CaptureError, match=re.escape("layer 0.softcap=None")):
         paged_attention_forward(module, q, q, q, None, graphkv=step)
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"hidden_size": -4}, r"^overrides=\{'hidden_size': -4\}: transformers cannot build a qwen3 model of them "
+                          r"\(RuntimeError: "),
+    ({"seed": "x"}, r"^seed='x': must be an int >= 0"),
+    ({"seed": True}, r"^seed=True: must be an int >= 0"),
+    ({"vocab_size": 0}, r"^vocab_size=0: must be an int >= 2"),
+])
+def test_tiny_model_refuses_what_it_cannot_build(kwargs, text):
+    """tiny_model's seed and overrides: a torch RuntimeError, a ValueError and a model of vocabulary 0 (accepted)
+    became SpecErrors naming the argument."""
+    from graphkv.errors import SpecError
+    from graphkv.hf import tiny_model
+
+    with pytest.raises(SpecError, match=text):
+        tiny_model("qwen3", **kwargs)
+
+
+def test_capture_graphs_must_be_a_bool():
+    """capture_graphs="no" is truthy and captured; it is refused naming the argument."""
+    from graphkv import Budget, Limits
+    from graphkv.errors import SpecError
+    from graphkv.hf import ServingLoop, tiny_model
+
+    with pytest.raises(SpecError, match=r"^capture_graphs=\"'no'\": must be a bool"):
+        ServingLoop(tiny_model("qwen3"), limits=Limits(max_model_len=64), budget=Budget.kv_bytes("1MiB"),
+                    capture_graphs="no")
