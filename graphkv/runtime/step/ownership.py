@@ -29,7 +29,7 @@ page exists.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -99,34 +99,23 @@ class PageOwnership:
         """Refuse a running request whose context exceeds its written tokens (or, in a plan with state
         groups, falls below them), and cached context for a joining request where the plan cannot hold a
         prefix."""
+        written, claimed = self.written[rows], self.claimed[rows]
         if self.has_state:
-            behind = (ctx < self.written[rows]) & ~new
-            if behind.any():
-                i = int(np.flatnonzero(behind)[0])
-                raise SpecError(Problem(
-                    field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
-                    limit=f"the request has had {int(self.written[rows[i]])} tokens written, and the model's state "
-                          "(Mamba / gated-delta) layers keep one state per request that has absorbed them all: its "
-                          "context cannot shrink (rolled-back drafts would be applied twice)",
-                    fix="set seq_len to the tokens written so far plus this step's query_len (speculative decoding "
-                        "with state layers must not write rejected drafts, or must restart the request)"))
-        into_claimed = (ctx < self.claimed[rows]) & ~new
-        if into_claimed.any():
-            i = int(np.flatnonzero(into_claimed)[0])
-            raise SpecError(Problem(
-                field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
-                limit=f"the request joined with {int(self.claimed[rows[i]])} cached tokens, which it did not write "
-                      "(read-only prefix pages): its context may shrink to them, not below",
-                fix=f"set seq_len - query_len to at least {int(self.claimed[rows[i]])} (or finish the request and "
-                    "start it again with fewer cached tokens)"))
-        ahead = (ctx > self.written[rows]) & ~new
-        if ahead.any():
-            i = int(np.flatnonzero(ahead)[0])
-            raise SpecError(Problem(
-                field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
-                limit=f"the request has had {int(self.written[rows[i]])} tokens written; its context may shrink "
-                      "(rolled-back drafts) but not skip ahead, or attention would read slots nobody wrote",
-                fix="set seq_len to the tokens written so far plus this step's query_len"))
+            _refuse_context(req_ids, ctx, (ctx < written) & ~new, lambda i: (
+                f"the request has had {int(written[i])} tokens written, and the model's state (Mamba / gated-delta) "
+                "layers keep one state per request that has absorbed them all: its context cannot shrink "
+                "(rolled-back drafts would be applied twice)",
+                "set seq_len to the tokens written so far plus this step's query_len (speculative decoding with "
+                "state layers must not write rejected drafts, or must restart the request)"))
+        _refuse_context(req_ids, ctx, (ctx < claimed) & ~new, lambda i: (
+            f"the request joined with {int(claimed[i])} cached tokens, which it did not write (read-only prefix "
+            "pages): its context may shrink to them, not below",
+            f"set seq_len - query_len to at least {int(claimed[i])} (or finish the request and start it again with "
+            "fewer cached tokens)"))
+        _refuse_context(req_ids, ctx, (ctx > written) & ~new, lambda i: (
+            f"the request has had {int(written[i])} tokens written; its context may shrink (rolled-back drafts) but "
+            "not skip ahead, or attention would read slots nobody wrote",
+            "set seq_len to the tokens written so far plus this step's query_len"))
         if self.prefix_refusal is not None:
             claims = new & (ctx > 0)
             if claims.any():
@@ -308,3 +297,14 @@ class PageOwnership:
         i, g = int(req[k]), int(group[k])
         return Problem(field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})", value=page,
                        limit=f"request {req_ids[i]!r}, group {g}, page {page}: {why}", fix=fix)
+
+
+def _refuse_context(req_ids: Sequence[Hashable], ctx: np.ndarray, bad: np.ndarray,
+                    why: "Callable[[int], tuple[str, str]]") -> None:
+    """Raise :class:`SpecError` for the first request where ``bad`` holds: its context ``ctx`` and
+    ``why(i)``'s (limit, fix)."""
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        limit, fix = why(i)
+        raise SpecError(Problem(field=f"batch[{i}] ({req_ids[i]!r})", value=f"seq_len - query_len = {int(ctx[i])}",
+                                limit=limit, fix=fix))
