@@ -74,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if args.gpu else "cpu"
     pools = [p.strip() for p in args.pools.split(",") if p.strip()]
     model = tiny_model(args.model_type).to(device)
+    from graphkv.hf.declare import model_kv
+
+    if any(layer.spec.is_ssm for layer in model_kv(model).layers):
+        print(f"--model-type {args.model_type}: has state (Mamba / gated-delta) layers, whose one state per request "
+              "has absorbed every written token, so the same decode step cannot be timed again (graphkv refuses the "
+              "rollback); pick an attention-only family, e.g. qwen3 (the default)", file=sys.stderr)
+        return 2
     warnings.filterwarnings("ignore")
     print(f"compiled decode step ({NUM_REQS} requests, tiny {args.model_type}) against the pool size on {device}; "
           f"{setup}")

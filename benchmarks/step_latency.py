@@ -58,29 +58,25 @@ def demo_plan(max_batch: int) -> graphkv.Plan:
 
 
 class DecodeWorkload:
-    """``n`` requests of ``PROMPT`` tokens, prefilled; decode steps alternate between two lengths."""
+    """``n`` requests of ``PROMPT`` tokens, prefilled and decoded twice; each timed decode step is one token
+    longer than the last (a request's state has absorbed every token: its context cannot go back), and
+    :meth:`after_round` prefills them again, untimed, before they outgrow their one page per group."""
 
     def __init__(self, plan: graphkv.Plan, step: Step, n: int) -> None:
         self.n, self.step = n, step
-        for r in list(step.active_requests):
-            step.finish(r)
         groups = plan.groups
         self.attention = [g.index for g in groups if not g.is_ssm]
         self.state = [g.index for g in groups if g.is_ssm]
-        pages = [tuple((1 + i * len(groups) + g,) for g in range(len(groups))) for i in range(n)]
+        self.pages = [tuple((1 + i * len(groups) + g,) for g in range(len(groups))) for i in range(n)]
+        pages = self.pages
         self.req_ids = tuple(f"req{i}" for i in range(n))
-        per_step = plan.limits.max_num_batched_tokens // PROMPT
-        for i in range(0, n, per_step):
-            part = slice(i, min(n, i + per_step))
-            count = part.stop - part.start
-            step.prepare(Batch(req_ids=self.req_ids[part], query_lens=(PROMPT,) * count, seq_lens=(PROMPT,) * count,
-                               new_pages=tuple(pages[part])))
+        self.per_step = plan.limits.max_num_batched_tokens // PROMPT
         self.ones = (1,) * n
-        self.lengths = ((PROMPT + 1,) * n, (PROMPT + 2,) * n)
-        step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.lengths[0]))
-        step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.lengths[1]))
-        self.ids = [[5] * n, [6] * n]
         block = plan.groups[self.attention[0]].block_size
+        self.capacity = block  # tokens one page of an attention group holds
+        self.length = 0
+        self.refill()
+        self.ids = [[5] * n, [6] * n]
         self.seqs = [Seq(list(range(PROMPT + 1)), [list(p[g]) for g in range(len(groups))]) for p in pages]
         self.block = block
         self.v1 = V1DecodeInputs(plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens,
@@ -91,20 +87,40 @@ class DecodeWorkload:
                 table.append_row(list(p[g]), r)
         self.v1.num_computed[:n] = PROMPT
         self.scheduled = np.ones(n, dtype=np.int32)
-        self.k = 0
+
+    def refill(self) -> None:
+        """Finish the requests, prefill them again and decode twice (so the next decode repeats the last)."""
+        step, n = self.step, self.n
+        for r in list(step.active_requests):
+            step.finish(r)
+        for i in range(0, n, self.per_step):
+            part = slice(i, min(n, i + self.per_step))
+            count = part.stop - part.start
+            step.prepare(Batch(req_ids=self.req_ids[part], query_lens=(PROMPT,) * count, seq_lens=(PROMPT,) * count,
+                               new_pages=tuple(self.pages[part])))
+        for length in (PROMPT + 1, PROMPT + 2):
+            step.prepare(Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=(length,) * n))
+        self.length = PROMPT + 2
+
+    def next_batch(self) -> Batch:
+        """The next decode step: every request one token longer."""
+        self.length += 1
+        return Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=(self.length,) * self.n)
+
+    def after_round(self, _round: int = 0) -> None:
+        """Untimed: prefill again when a round of two more decodes would outgrow the page."""
+        if self.length + 2 > self.capacity:
+            self.refill()
 
     def steps(self) -> dict[str, Callable[[], None]]:
-        """One timed decode step per contender (graphkv's alternates between two lengths)."""
-        step, ids, ones = self.step, self.req_ids, self.ones
+        """One timed decode step per contender (graphkv's each one token longer than the last)."""
+        step = self.step
 
         def graphkv_prepare() -> None:
-            self.k ^= 1
-            step.prepare(Batch(req_ids=ids, query_lens=ones, seq_lens=self.lengths[self.k]))
+            step.prepare(self.next_batch())
 
         def graphkv_run() -> None:
-            self.k ^= 1
-            step.run(lambda input_ids: None, Batch(req_ids=ids, query_lens=ones, seq_lens=self.lengths[self.k]),
-                     input_ids=self.ids[self.k])
+            step.run(lambda input_ids: None, self.next_batch(), input_ids=self.ids[self.length & 1])
 
         def list_step() -> None:
             list_to_tensor_decode(self.seqs, self.attention, self.state, self.block)
@@ -122,7 +138,8 @@ def host_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
     step = Step(plan)
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
-        us = {name: s * 1e6 for name, s in interleaved_medians(DecodeWorkload(plan, step, n).steps(), repeats).items()}
+        work = DecodeWorkload(plan, step, n)
+        us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, work.after_round).items()}
         row: dict[str, Any] = {"batch": n, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
         for peer in ("list_to_tensor", "vllm_v1"):
             row[f"prepare_ratio_{peer}"] = round(us["graphkv_prepare"] / us[peer], 3)
@@ -161,8 +178,8 @@ def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
         def timed(forward: Callable[..., Any]) -> float:
             samples = []
             for _ in range(repeats):
-                work.k ^= 1
-                batch = Batch(req_ids=work.req_ids, query_lens=work.ones, seq_lens=work.lengths[work.k])
+                work.after_round()  # untimed: prefill again before the page is outgrown
+                batch = work.next_batch()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 step.run(forward, batch, input_ids=ids)

@@ -94,6 +94,13 @@ STEPS=(
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
   mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"
 fi
+for step in "${STEPS[@]}"; do
+  IFS='|' read -r name limit least cmd <<<"$step"
+  if ! [[ "$limit" =~ ^[0-9]+$ && "$least" =~ ^[0-9]+$ ]] || [ -z "$cmd" ]; then
+    echo "gpu_priority.sh: step '$name' is not 'name|limit seconds|minimum seconds|command'" >&2
+    exit 2
+  fi
+done
 if [ "$FROM" -gt "${#STEPS[@]}" ]; then
   echo "gpu_priority.sh: --from $FROM is past the last step (${#STEPS[@]}); see --list" >&2
   exit 2

@@ -280,6 +280,10 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
         "capture-cuda", "decode-kernel-cuda", "serving-fused", "small-matmul", "profile-b1", "kernel-sweep",
         "demo-hf-fused", "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens"]
+    old_format = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, GPU_PRIORITY_STEPS="a|10|true"))  # the former 3 fields
+    assert old_format.returncode == 2 and "step 'a' is not 'name|limit seconds|minimum seconds|command'" in \
+        old_format.stderr
     for argv, text in ((["--budget", "0"], "--budget '0' must be a whole number >= 1"),
                        (["--from", "x"], "--from 'x' must be a whole number >= 1"),
                        (["--fast"], "unknown argument '--fast'")):

@@ -71,9 +71,14 @@ def check_pipeline_flags(whole: ModelKV, pp: int, partition: Sequence[int] | Non
     if tp * pp > 1 and work > MAX_SIMULATION_WORK:
         per_stage = layers * (_GPU_FIT_WORK if gpu else 1)
         stages = (MAX_SIMULATION_WORK - layers * _SHARD_WORK * tp) // per_stage
-        most_tp = max(1, (MAX_SIMULATION_WORK - per_stage * pp) // (layers * _SHARD_WORK))
-        fewer = (f"plan at most {stages} stages at --tp {tp}" if stages >= 1 and pp > 1
-                 else f"plan with --tp <= {most_tp}" + (f" at --pp {pp}" if pp > 1 else ""))
+        most_tp = (MAX_SIMULATION_WORK - per_stage * pp) // (layers * _SHARD_WORK)
+        if stages >= 1 and pp > 1:
+            fewer = f"plan at most {stages} stages at --tp {tp}"
+        elif most_tp >= 1:
+            fewer = f"plan with --tp <= {most_tp}" + (f" at --pp {pp}" if pp > 1 else "")
+        else:  # neither alone is enough
+            fewer = (f"plan fewer ranks (at --tp 1, at most "
+                     f"{max(0, (MAX_SIMULATION_WORK - layers * _SHARD_WORK) // per_stage)} stages)")
         raise SpecError(Problem(field="--pp" if pp > 1 else "--tp", value=pp if pp > 1 else tp,
                                 limit=f"--tp {tp} x --pp {pp} = {tp * pp} ranks of a {layers}-layer model: every rank's "
                                       f"plan and their agreement are simulated here, {work} stage-layer plans"

@@ -70,10 +70,10 @@ class PagedModel(torch.nn.Module):
 
     ``forward(input_ids [T] int64) -> logits`` runs inside a step's forward context (``Step.run``).
     ``logits="last"`` (default) computes the output head only for the last token of each batch row —
-    ``[num_reqs_padded, vocab]`` (the step shape's padded requests: the graph key's for a replayed step, so a
-    speculative decode key of ``R`` requests x ``1 + k`` tokens gives ``R`` rows; ``min(T, max_num_seqs)`` outside
-    a step), row ``i`` for batch row ``i`` (rows past the step are unused) — as a server samples; ``"all"``: ``[T,
-    vocab]``, every packed token. ``compile``: compile each attention group's flex
+    ``[num_reqs_padded, vocab]`` (a replayed step's graph key's padded requests, so a speculative decode key of
+    ``R`` requests x ``1 + k`` tokens gives ``R`` rows; ``min(T, max_num_seqs)`` for an eager step), row ``i``
+    for batch row ``i`` (rows past the step are unused) — as a server samples; ``"all"``: ``[T, vocab]``, every
+    packed token. ``compile``: compile each attention group's flex
     attention once per phase (decode, mixed) as its own region
     (:class:`~graphkv.runtime.flex.region.FlexRegions`: the query's token count dynamic from the first call, no
     recompilation while serving; default: on a CUDA pool; on a CPU each region costs seconds once, then ~0.1-0.4
@@ -315,8 +315,10 @@ class PagedModel(torch.nn.Module):
                          phase="decode" if decode else "mixed", decode_kernel=decode_kernel)
         keep: int | torch.Tensor = 0
         if self.logits == "last":
-            # one row per (padded) request: a speculative decode key holds fewer requests than tokens / max_num_seqs
-            num_reqs_padded = (shape.num_reqs_padded if shape is not None
+            # one row per padded request of a graph key (a speculative decode key holds fewer requests than
+            # tokens); an eager step keeps min(tokens, max_num_seqs) rows, so that a first eager step of one
+            # request does not make the compiled forward's row count 1 (a static size: a second trace later)
+            num_reqs_padded = (shape.num_reqs_padded if shape is not None and shape.key is not None
                                else min(num_tokens, self.plan.limits.max_num_seqs))
             keep = (ctx.query_start_loc[1:num_reqs_padded + 1].long() - 1).clamp(min=0)
         ids, positions = input_ids[None], ctx.positions[:num_tokens][None]

@@ -66,7 +66,7 @@ class ServingLoop:
                  merge_projections: bool = False, small_matmul: bool = False) -> None:
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
         if not isinstance(capture_graphs, bool):  # "no" is truthy: it would capture
-            raise SpecError(Problem(field="capture_graphs", value=repr(capture_graphs), limit="must be a bool",
+            raise SpecError(Problem(field="capture_graphs", value=capture_graphs, limit="must be a bool",
                                     fix="pass True to capture the plan's CUDA graphs (rehearse them on a CPU), else "
                                         "False"))
         self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others

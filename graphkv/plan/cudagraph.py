@@ -121,7 +121,7 @@ def plan_cudagraph(groups: Sequence[GroupDraft], limits: Limits) -> CudaGraphPla
     mixed: tuple[int, ...] = ()
     if mode in MIXED_MODES:
         mixed = engine_capture_sizes(ceiling, limits.max_num_seqs, limits.max_num_batched_tokens)
-    if mode is CudaGraphMode.NONE and limits.max_cudagraph_capture_size is not None:
+    if limits.cudagraph_mode is CudaGraphMode.NONE and limits.max_cudagraph_capture_size is not None:
         notes.append(f"max_cudagraph_capture_size={limits.max_cudagraph_capture_size} has no effect: cudagraph_mode "
                      "NONE captures no graph")
     return CudaGraphPlan(support=support, limited_by=limited_by, requested_mode=limits.cudagraph_mode, mode=mode,

@@ -306,6 +306,6 @@ def test_capture_graphs_must_be_a_bool():
     from graphkv.errors import SpecError
     from graphkv.hf import ServingLoop, tiny_model
 
-    with pytest.raises(SpecError, match=r"^capture_graphs=\"'no'\": must be a bool"):
+    with pytest.raises(SpecError, match=r"^capture_graphs='no': must be a bool"):
         ServingLoop(tiny_model("qwen3"), limits=Limits(max_model_len=64), budget=Budget.kv_bytes("1MiB"),
                     capture_graphs="no")

@@ -96,9 +96,9 @@ class PageOwnership:
     # ---- checks (no state changes) ----------------------------------------------------------
 
     def check_context(self, req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray, ctx: np.ndarray) -> None:
-        """Refuse a running request whose context exceeds its written tokens (or, in a plan with state
-        groups, falls below them), and cached context for a joining request where the plan cannot hold a
-        prefix."""
+        """Refuse a running request whose context exceeds its written tokens, falls below the cached
+        tokens it joined with (``claimed``) or, in a plan with state groups, below its written tokens;
+        and cached context for a joining request where the plan cannot hold a prefix."""
         written, claimed = self.written[rows], self.claimed[rows]
         if self.has_state:
             _refuse_context(req_ids, ctx, (ctx < written) & ~new, lambda i: (

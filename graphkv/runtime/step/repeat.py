@@ -3,9 +3,10 @@
 That is a serving loop's commonest step (decode: every request one token longer). Everything
 but the lengths is unchanged: rows, query layout, state pages, the step's shape (padded sizes,
 graph key), block tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
-checks and writes only what changes, with the same checks as the full path: integer sequence
-lengths, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and a context
-(``seq_len - query_len``) never beyond a request's written tokens. Up to :data:`PYTHON_TOKENS`
+checks and writes only what changes, with the same checks as the full path: one integer sequence
+length per request, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and
+a context (``seq_len - query_len``) never beyond a request's written tokens, nor below the cached
+tokens it joined with, nor (in a plan with state layers) below its written tokens. Up to :data:`PYTHON_TOKENS`
 tokens the work is a plain Python loop over memoryviews (a numpy call costs more than a token's
 whole update, and the loop visits every token once per attention group); above that, a constant
 number of numpy calls. Anything unusual — a
