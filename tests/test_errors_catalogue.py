@@ -1214,7 +1214,7 @@ CLI_CASES = [
             fixed=("plan", "--hf-config", _config())),
     # 32768 ranks of a 4096-layer model ran for minutes with no output
     CliCase("ranks-beyond-what-plan-simulates", ("plan", "--hf-config", "{path}", "--tp", "8", "--pp", "4096"),
-            ("--pp=4096", "--tp 8 x --pp 4096 = 32768 ranks of a 4096-layer model", "plan at most 512 stages at --tp 8"),
+            ("--pp=4096", "--tp 8 x --pp 4096 = 32768 ranks of a 4096-layer model", "plan at most 472 stages at --tp 8"),
             setup="config:" + json.dumps({**LLAMA_MINI, "num_hidden_layers": 4096}),
             fixed=("plan", "--hf-config", _config(num_hidden_layers=4096), "--tp", "8", "--pp", "8")),
     CliCase("hf-config-duplicate-key", ("plan", "--hf-config", "{path}"),
