@@ -240,9 +240,17 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
                           cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
                           graph_keys=graph_keys, graph_pool_reason=graph_reason, blas=blas)
     beside_note = beside_pool_note(ledger, limits, budget, num_blocks * pool_bytes_per_block)
+    spec_note = None
+    if limits.num_speculative_tokens and any(g.is_ssm for g in groups):
+        # the runtime refuses the rollback a rejected draft needs (graphkv.runtime.step.ownership): said up front
+        spec_note = (f"num_speculative_tokens={limits.num_speculative_tokens} with state (Mamba / gated-delta) layers: "
+                     "the runtime keeps one state per request, which has absorbed every token written, so a running "
+                     "request's context cannot roll back: a step after rejected drafts is refused (write a draft's "
+                     "tokens only once verified)")
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
                 ledger=ledger, notes=(*model.notes, *grouping.notes, *((beside_note,) if beside_note else ()),
                                       *((promoted_note,) if promoted_note else ()),
-                                          *((seqs_note,) if seqs_note else ())),
+                                          *((seqs_note,) if seqs_note else ()),
+                                          *((spec_note,) if spec_note else ())),
                 cacheless=model.cacheless)

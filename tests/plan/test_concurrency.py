@@ -120,3 +120,17 @@ def test_concurrency_must_be_positive() -> None:
     """concurrency=0 is a SpecError naming the field."""
     with pytest.raises(graphkv.SpecError, match="Limits.concurrency=0: must be an integer > 0"):
         Limits(concurrency=0)
+
+
+def test_speculative_tokens_with_state_layers_are_noted(qwen3_next, llama) -> None:
+    """The runtime refuses the rollback a rejected draft needs when the plan has state layers: a plan with
+    num_speculative_tokens and gated-delta groups says so up front; one with attention only says nothing."""
+    plan = graphkv.compile(qwen3_next, Limits(num_speculative_tokens=2, max_num_seqs=64), Budget.kv_bytes("20GiB"))
+    assert plan.notes[-1] == (
+        "num_speculative_tokens=2 with state (Mamba / gated-delta) layers: the runtime keeps one state per request, "
+        "which has absorbed every token written, so a running request's context cannot roll back: a step after "
+        "rejected drafts is refused (write a draft's tokens only once verified)")
+    assert not any("num_speculative_tokens" in note
+                   for note in graphkv.compile(llama, Limits(num_speculative_tokens=2), Budget.kv_bytes("16GiB")).notes)
+    assert not any("num_speculative_tokens" in note
+                   for note in graphkv.compile(qwen3_next, Limits(), Budget.kv_bytes("20GiB")).notes)
