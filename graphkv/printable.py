@@ -11,7 +11,7 @@ text, non-ASCII letters included, is returned as it is.
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["printable", "shortened"]
 
 
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -40,3 +40,13 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def shortened(text: str, width: int = 60) -> str:
+    """``text`` cut to at most ``width`` characters, ``...`` marking a cut (a value quoted in an
+    error message stays one readable line).
+
+    >>> shortened("x" * 70, 10)
+    'xxxxxxx...'
+    """
+    return text if len(text) <= width else text[:width - 3] + "..."

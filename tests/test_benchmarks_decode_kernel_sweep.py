@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,11 +41,7 @@ def test_the_hnd_copy_holds_the_same_values_with_head_slabs_contiguous() -> None
     """hnd_copy keeps the logical shape and every value; each (kv, page, head) slab of kbs x dim is contiguous."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from decode_kernel_sweep import hnd_copy
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    hnd_copy = benchmark_module("decode_kernel_sweep").hnd_copy
     cache = torch.arange(2 * 5 * 16 * 8 * 4, dtype=torch.float32).reshape(2, 5, 16, 8, 4)
     hnd = hnd_copy(cache)
     assert hnd.shape == cache.shape and torch.equal(hnd, cache)

@@ -10,18 +10,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchmark_modules import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gpu_linear() -> ModuleType:
-    """benchmarks/gpu_linear.py as a module (its folder on sys.path only while it and its siblings import)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_linear
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return gpu_linear
+    """benchmarks/gpu_linear.py as a module."""
+    return benchmark_module("gpu_linear")
 
 
 def test_shapes_are_the_serving_models() -> None:

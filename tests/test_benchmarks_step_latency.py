@@ -3,21 +3,14 @@ a request's context never goes back) and times the repeat path."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_modules import benchmark_module
 
 
 def _step_latency() -> ModuleType:
-    """benchmarks/step_latency.py as a module (its folder on sys.path only while it and its siblings import)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import step_latency
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return step_latency
+    """benchmarks/step_latency.py as a module."""
+    return benchmark_module("step_latency")
 
 
 def test_the_decode_workload_runs_many_rounds_on_the_repeat_path() -> None:

@@ -17,6 +17,7 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 from graphkv.inputs.json_file import MAX_JSON_BYTES, read_json_file, regular_file_size
+from graphkv.printable import shortened
 from graphkv.spec.budget import MAX_BYTES, format_bytes
 
 __all__ = ["INDEX_NAME", "CheckpointWeights", "checkpoint_weights", "safetensors_data_bytes"]
@@ -87,7 +88,7 @@ def _index_total(index: Any, path: str, field: str) -> int | None:
         raise _bad(field, path, f"is a JSON {type(index).__name__}, not the object a safetensors index holds")
     metadata = index.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise _bad(field, path, f"has metadata={_cut(metadata)}, not the object that holds total_size")
+        raise _bad(field, path, f"has metadata={shortened(repr(metadata))}, not the object that holds total_size")
     total = metadata.get("total_size") if metadata is not None else None
     if total is None:
         return None
@@ -97,11 +98,6 @@ def _index_total(index: Any, path: str, field: str) -> int | None:
         raise _bad(field, path, f"has metadata.total_size={total}, more than {format_bytes(MAX_BYTES)}, more memory "
                                 "than any one machine has")
     return total
-
-
-def _cut(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _index_shards(index: dict[str, Any], path: str, directory: str, field: str) -> list[str]:
@@ -114,7 +110,7 @@ def _index_shards(index: dict[str, Any], path: str, directory: str, field: str) 
     names = sorted(set(weight_map.values()), key=str)
     for name in names:
         if not isinstance(name, str) or not name.endswith(".safetensors") or os.path.basename(name) != name:
-            raise _bad(field, path, f"has a weight_map entry {_cut(name)}, not a .safetensors file name")
+            raise _bad(field, path, f"has a weight_map entry {shortened(repr(name))}, not a .safetensors file name")
     missing = [n for n in names if not os.path.lexists(os.path.join(directory, n))]
     if missing:
         raise _bad(field, path, f"has no metadata.total_size and names {len(missing)} shard(s) the directory does "

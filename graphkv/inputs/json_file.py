@@ -18,6 +18,7 @@ import stat
 from typing import Any
 
 from graphkv.errors import Problem, SpecError
+from graphkv.printable import shortened
 from graphkv.spec.budget import format_bytes
 
 __all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "read_json_file", "regular_file_size"]
@@ -110,7 +111,7 @@ def read_json_file(path: str, *, field: str, what: str = "a JSON file", max_byte
 
 def _shown(values: list[Any]) -> str:
     """``values`` as ``a, b and c``, each value cut to a readable length."""
-    words = [text if len(text := repr(v)) <= 40 else text[:37] + "..." for v in values]
+    words = [shortened(repr(v), 40) for v in values]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 

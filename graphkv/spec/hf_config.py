@@ -96,9 +96,11 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     assert layout is not None
     shared = kv_sources(cfg, layout.roles)
     layers, cacheless = build_layers(cfg, opts, layout, family, shared)
-    if not layers and not cfg.check.problems and all(role in (Role.MLP, Role.MOE) for role in layout.roles):
-        # named here, in the config's terms: ModelKV would say "layers=()"
-        key = layout.source.split(" ", 1)[0].split("=", 1)[0]
+    if (not layers and not cfg.check.problems and layout.field is not None
+            and all(role in (Role.MLP, Role.MOE) for role in layout.roles)):
+        # named here, in the config's terms (only a per-layer list or pattern declares MLP layers): ModelKV would
+        # say "layers=()"
+        key = layout.field
         kinds = sorted({role.name.lower() for role in layout.roles})
         cfg.problem(key, f"{len(layout.roles)} layers: {', '.join(kinds)}",
                     "declares no attention or state layer, so the model holds no KV cache to plan (read from "

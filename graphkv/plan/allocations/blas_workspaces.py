@@ -35,6 +35,7 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.allocations.rounding import charge_alone
+from graphkv.printable import shortened
 
 __all__ = ["BlasWorkspaces", "WorkspaceSettings", "blas_workspaces", "cublas_workspace_bytes",
            "cublaslt_workspace_bytes", "workspace_settings_from"]
@@ -74,8 +75,7 @@ def workspace_settings_from(environ: Mapping[str, str]) -> WorkspaceSettings:
     for name in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
         text = environ.get(name)
         if text is not None and any(len(n) > 10 or int(n) > _INT_MAX for n in _NUMBER.findall(text)):
-            shown = text if len(text) <= 40 else text[:37] + "..."
-            raise SpecError(Problem(field=name, value=shown,
+            raise SpecError(Problem(field=name, value=shortened(text, 40),
                                     limit=f"holds a number above {_INT_MAX}: PyTorch reads each with std::stoi, a "
                                           "32-bit integer that cannot hold it, so the workspace it allocates is not "
                                           "predictable",

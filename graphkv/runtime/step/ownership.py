@@ -99,20 +99,20 @@ class PageOwnership:
         """Refuse a running request whose context exceeds its written tokens, falls below the cached
         tokens it joined with (``claimed``) or, in a plan with state groups, below its written tokens;
         and cached context for a joining request where the plan cannot hold a prefix."""
-        written, claimed = self.written[rows], self.claimed[rows]
+        written, claimed, running = self.written[rows], self.claimed[rows], ~new
         if self.has_state:
-            _refuse_context(req_ids, ctx, (ctx < written) & ~new, lambda i: (
+            _refuse_context(req_ids, ctx, (ctx < written) & running, lambda i: (
                 f"the request has had {int(written[i])} tokens written, and the model's state (Mamba / gated-delta) "
                 "layers keep one state per request that has absorbed them all: its context cannot shrink "
                 "(rolled-back drafts would be applied twice)",
                 "set seq_len to the tokens written so far plus this step's query_len (speculative decoding with "
                 "state layers must not write rejected drafts, or must restart the request)"))
-        _refuse_context(req_ids, ctx, (ctx < claimed) & ~new, lambda i: (
+        _refuse_context(req_ids, ctx, (ctx < claimed) & running, lambda i: (
             f"the request joined with {int(claimed[i])} cached tokens, which it did not write (read-only prefix "
             "pages): its context may shrink to them, not below",
             f"set seq_len - query_len to at least {int(claimed[i])} (or finish the request and start it again with "
             "fewer cached tokens)"))
-        _refuse_context(req_ids, ctx, (ctx > written) & ~new, lambda i: (
+        _refuse_context(req_ids, ctx, (ctx > written) & running, lambda i: (
             f"the request has had {int(written[i])} tokens written; its context may shrink (rolled-back drafts) but "
             "not skip ahead, or attention would read slots nobody wrote",
             "set seq_len to the tokens written so far plus this step's query_len"))

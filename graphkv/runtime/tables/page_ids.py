@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from graphkv.errors import Problem, SpecError
+from graphkv.printable import shortened
 from graphkv.spec._checks import is_bool
 
 __all__ = ["PageEntries", "bool_among", "flatten_new_pages", "has_bool", "int_array", "plain_int_bytes", "plain_ints"]
@@ -264,14 +265,10 @@ def _page_list(one: Any, s: int, given: list[int] | None, num_groups: int, req_i
     i, g = _request_of(s // num_groups, given), s % num_groups
     field = f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})"
     if isinstance(one, (str, bytes, bytearray)) or not _iterable(one):
-        raise SpecError(Problem(field=field, value=_shown_value(one), limit="must be a sequence of page ids",
+        shown = one if len(repr(one)) <= 60 else shortened(repr(one))
+        raise SpecError(Problem(field=field, value=shown, limit="must be a sequence of page ids",
                                 fix="pass a tuple or list of ints"))
     return _ordered(one, field, "page ids")
-
-
-def _shown_value(value: Any) -> Any:
-    text = repr(value)
-    return value if len(text) <= 60 else text[:57] + "..."
 
 
 def _request_of(s: int, given: list[int] | None) -> int:

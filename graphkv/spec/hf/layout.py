@@ -75,10 +75,12 @@ _STATE_KEYS = ("linear_key_head_dim", "linear_num_value_heads", "linear_head_dim
 
 @attrs.frozen(kw_only=True)
 class Layout:
-    """Each layer's role and the field that said it."""
+    """Each layer's role and the field that said it (``source``, in words; ``field``, the config key of a
+    per-layer list or pattern, where there is one)."""
 
     roles: tuple[Role, ...]
     source: str
+    field: str | None = None
 
 
 def has_attention_heads(cfg: ConfigReader) -> bool:
@@ -122,7 +124,7 @@ def _from_list(cfg: ConfigReader, key: str) -> Layout:
     if len(value) > CAPS["layers"]:
         cfg.fail(key, f"<{len(value)} entries>", f"must be <= {CAPS['layers']} layers (plausibility cap)",
                  f"check {key} against the model's config.json")
-    return Layout(roles=tuple(_WORDS[v] for v in value), source=f"{key} ({len(value)} layers)")
+    return Layout(roles=tuple(_WORDS[v] for v in value), source=f"{key} ({len(value)} layers)", field=key)
 
 
 def _from_letters(cfg: ConfigReader, key: str) -> Layout:
@@ -139,7 +141,8 @@ def _from_letters(cfg: ConfigReader, key: str) -> Layout:
     if count is not None and len(pattern) != count:
         cfg.fail(key, pattern, f"has {len(pattern)} letters but num_hidden_layers={count}",
                  f"make {key} one letter per layer")
-    return Layout(roles=tuple(_PATTERN_LETTERS[c] for c in pattern), source=f"{key} ({len(pattern)} layers)")
+    return Layout(roles=tuple(_PATTERN_LETTERS[c] for c in pattern), source=f"{key} ({len(pattern)} layers)",
+                  field=key)
 
 
 def _flags(cfg: ConfigReader, key: str, count: int, if_one: Role, if_zero: Role) -> Layout:
