@@ -150,3 +150,30 @@ def test_a_speculative_decode_step_on_its_graph_key_gives_one_row_per_request() 
     assert logits.shape == (4, model.config.vocab_size)
     torch.testing.assert_close(logits, torch.stack([own_logits(model, p + d)[-1] for p, d in zip(ids, drafts)]),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_speculative_decode_keys_share_one_trace_down_to_one_request() -> None:
+    """Under compile="piecewise" the decode keys of 8, 4, 2 and 1 requests x (1 + 3) tokens (the 1-request key
+    keeps one logits row, a size Dynamo specialises) all run the forward's one trace, rehearsed at construction and
+    then served: verification steps of 2 and 1 requests and a plain 1-token decode add no trace."""
+    limits = Limits(max_model_len=96, max_num_seqs=8, max_num_batched_tokens=32, num_speculative_tokens=3,
+                    cudagraph_mode=CudaGraphMode.FULL_DECODE_ONLY)
+    model = tiny_model("qwen3")
+    loop = ServingLoop(model, limits=limits, budget=workload_budget(model_kv(model), limits), kernels="triton",
+                       compile="piecewise")
+    assert [(k.num_tokens, k.num_reqs) for k in loop.capture_report.keys] == [(32, 8), (16, 4), (8, 2), (4, 1)]
+    assert len(loop.model.piecewise.splits) == 1  # the rehearsal ran every key
+    ids = prompts((5, 7), seed=1)
+    loop.run(Batch(req_ids=("a", "b"), query_lens=(5, 7), seq_lens=(5, 7), new_pages=(((1,),), ((2,),))),
+             input_ids=sum(ids, []))
+    drafts = prompts((4, 4, 4), seed=2)
+    logits = loop.run(Batch(req_ids=("a", "b"), query_lens=(4, 4), seq_lens=(9, 11)), input_ids=drafts[0] + drafts[1])
+    assert logits.shape == (2, model.config.vocab_size)
+    logits = loop.run(Batch(req_ids=("a",), query_lens=(4,), seq_lens=(13,)), input_ids=drafts[2])
+    assert logits.shape == (1, model.config.vocab_size)
+    torch.testing.assert_close(logits[0], own_logits(model, ids[0] + drafts[0] + drafts[2])[-1], atol=1e-4,
+                               rtol=1e-4)
+    logits = loop.run(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(14,)), input_ids=[7])
+    assert logits.shape == (1, model.config.vocab_size)
+    assert len(loop.model.piecewise.splits) == 1
