@@ -21,6 +21,12 @@ device (the runtime benchmarks run on a CPU, where a "device" op is real work):
 - :func:`list_to_tensor_decode` / :class:`V1DecodeInputs` — a decode step's inputs built from Python
   lists with ``torch.tensor`` (nano-vllm's ``prepare_decode``) and with V1's preallocated numpy
   buffers and one copy each (its ``_prepare_inputs``).
+- :class:`ListBlockManager` / :class:`V1Finish` — a finished request's pages given back: nano-vllm's
+  ``BlockManager.deallocate`` (a Python reference count per page, a free list and a used set), and
+  vLLM V1's ``KVCacheManager.free`` (per group: the request's block list popped, each block's
+  ``ref_cnt`` lowered, the freed ones linked onto the free-block queue, a doubly linked list) with
+  ``InputBatch.remove_request`` (the request's index and per-request sampling entries dropped; the
+  table row is left for the next condense).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["ListTables", "MRV2BlockTables", "V1BlockTable", "V1DecodeInputs", "list_to_tensor_decode"]
+__all__ = ["ListBlockManager", "ListTables", "MRV2BlockTables", "V1BlockTable", "V1DecodeInputs", "V1Finish",
+           "list_to_tensor_decode"]
 
 
 def kernel_block_table(pages: torch.Tensor, bpk: int, out: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -258,3 +265,110 @@ class V1DecodeInputs:
                                   (self.seq_lens, num_reqs), *((s, total) for s in self.slots),
                                   *((s, num_reqs) for s in self.states)):
             dev[:used].copy_(host[:used], non_blocking=True)  # CpuGpuBuffer.copy_to_gpu(n)
+
+
+class ListBlockManager:
+    """nano-vllm's ``BlockManager`` for the pages of one request per group: ``deallocate`` lowers each
+    page's reference count (last page first) and frees those at zero (off the used set, onto the free list)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.ref_count = [0] * num_blocks
+        self.free_ids: list[int] = []
+        self.used_ids: set[int] = set()
+
+    def allocate(self, seq: Seq, pages_per_group: Sequence[Sequence[int]]) -> None:
+        """Untimed set-up: ``seq`` holds ``pages_per_group`` (taken off the free list)."""
+        seq.block_tables = [list(p) for p in pages_per_group]
+        for pages in pages_per_group:
+            for page in pages:
+                self.ref_count[page] = 1
+                self.used_ids.add(page)
+        self.free_ids.clear()
+
+    def deallocate(self, seq: Seq) -> None:
+        """The request finished: its pages lose a reference; unreferenced ones are free again."""
+        for table in seq.block_tables:
+            for page in reversed(table):
+                self.ref_count[page] -= 1
+                if self.ref_count[page] == 0:
+                    self.used_ids.remove(page)
+                    self.free_ids.append(page)
+            table.clear()
+
+
+class _V1Block:
+    __slots__ = ("block_id", "is_null", "next_free", "prev_free", "ref_cnt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id, self.ref_cnt, self.is_null = block_id, 0, block_id == 0
+        self.prev_free: "_V1Block | None" = None
+        self.next_free: "_V1Block | None" = None
+
+
+class V1Finish:
+    """vLLM V1's host work when a request finishes: ``KVCacheManager.free`` over its groups (the
+    request's blocks popped from ``req_to_blocks``, ``ref_cnt`` lowered last block first, the freed
+    blocks appended to the doubly linked free-block queue, ``num_cached_block`` dropped) and
+    ``InputBatch.remove_request`` (its index and per-request sampling state dropped)."""
+
+    _SAMPLING_SETS = ("greedy_reqs", "random_reqs", "top_p_reqs", "top_k_reqs", "min_p_reqs", "frequency_penalties_reqs",
+                      "presence_penalties_reqs", "repetition_penalties_reqs", "has_allowed_token_ids", "spec_decode_reqs")
+
+    def __init__(self, num_blocks: int, num_groups: int, max_num_reqs: int) -> None:
+        self.blocks = [_V1Block(i) for i in range(num_blocks)]
+        self.head, self.tail = _V1Block(-1), _V1Block(-1)
+        self.head.next_free, self.tail.prev_free = self.tail, self.head
+        self.num_free = 0
+        self.req_to_blocks: list[dict[str, list[_V1Block]]] = [{} for _ in range(num_groups)]
+        self.num_cached_block: list[dict[str, int]] = [{} for _ in range(num_groups)]
+        self.req_id_to_index: dict[str, int] = {}
+        self.req_ids: list[str | None] = [None] * max_num_reqs
+        self.req_output_token_ids: list[list[int] | None] = [None] * max_num_reqs
+        self.sampling = {name: set() for name in self._SAMPLING_SETS}
+        self.generators: dict[int, object] = {}
+        self.num_logprobs: dict[str, int] = {}
+        self.removed: list[int] = []
+
+    def allocate(self, req_id: str, row: int, pages_per_group: Sequence[Sequence[int]]) -> None:
+        """Untimed set-up: ``req_id`` in batch row ``row`` holds ``pages_per_group`` (the queue emptied)."""
+        self.head.next_free, self.tail.prev_free, self.num_free = self.tail, self.head, 0
+        for g, pages in enumerate(pages_per_group):
+            blocks = [self.blocks[p] for p in pages]
+            for b in blocks:
+                b.ref_cnt, b.prev_free, b.next_free = 1, None, None
+            self.req_to_blocks[g][req_id] = blocks
+            self.num_cached_block[g][req_id] = len(blocks)
+        self.req_id_to_index[req_id] = row
+        self.req_ids[row] = req_id
+        self.req_output_token_ids[row] = []
+        self.sampling["greedy_reqs"].add(req_id)
+        self.removed.clear()
+
+    def _append_n(self, blocks: list[_V1Block]) -> None:
+        if not blocks:
+            return
+        last = self.tail.prev_free
+        for b in blocks:
+            b.prev_free = last
+            last.next_free = b
+            last = b
+        last.next_free = self.tail
+        self.tail.prev_free = last
+        self.num_free += len(blocks)
+
+    def finish(self, req_id: str) -> None:
+        """``KVCacheManager.free(request)`` then ``InputBatch.remove_request(req_id)``."""
+        for g, req_to_blocks in enumerate(self.req_to_blocks):
+            blocks = list(reversed(req_to_blocks.pop(req_id, [])))
+            for b in blocks:
+                b.ref_cnt -= 1
+            self._append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+            self.num_cached_block[g].pop(req_id, None)
+        index = self.req_id_to_index.pop(req_id)
+        self.req_ids[index] = None
+        self.req_output_token_ids[index] = None
+        for reqs in self.sampling.values():
+            reqs.discard(req_id)
+        self.generators.pop(index, None)
+        self.num_logprobs.pop(req_id, None)
+        self.removed.append(index)

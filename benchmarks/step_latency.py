@@ -15,9 +15,16 @@ side by side in one process, interleaved:
 
 Each contender's step is timed alone (median of ``--repeats`` interleaved samples, the garbage
 collector off while timing, as in ``timeit``), with ``torch.set_num_threads(1)`` (``--threads`` to
-change). Exit status 1 (with a message) when ``Step.prepare`` is slower than a peer anywhere.
+change). Exit status 1 (with a message) when ``Step.prepare`` is slower than a peer anywhere; where
+``Step.finish`` is, a line says so (not a failure: see :data:`FINISH_WORK`).
 
-Table 2 (``--gpu``, needs CUDA): one decode step of the demo model (``Step.run``), eager vs
+Table 2 (any machine): a finished request given back (``Step.finish``: its pages lose their holder,
+pages it wrote keep their token counts for prefix reuse, its table row returns to the null page) for
+a request holding 1-256 pages of the attention group and its state page, against nano-vllm's
+``BlockManager.deallocate`` and vLLM V1's ``KVCacheManager.free`` with ``InputBatch.remove_request``
+(``baselines.ListBlockManager``, ``baselines.V1Finish``); the request joins again, untimed, between rounds.
+
+Table 3 (``--gpu``, needs CUDA): one decode step of the demo model (``Step.run``), eager vs
 replaying a captured CUDA graph.
 
 Usage: ``python benchmarks/step_latency.py [--repeats N] [--max-batch 256]``; writes
@@ -37,7 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from baselines import Seq, V1DecodeInputs, list_to_tensor_decode
+from baselines import ListBlockManager, Seq, V1DecodeInputs, V1Finish, list_to_tensor_decode
 from timing import add_common_arguments, interleaved_medians, set_up
 
 import graphkv
@@ -46,6 +53,9 @@ from graphkv.models.tiny_hybrid import TinyHybridConfig, init_weights, model_kv
 from graphkv.runtime import Batch, Step, allocate
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FINISH_PAGES = (1, 16, 64, 256)  # attention pages of the finished request (256: 4,096 tokens, the longest)
+FINISH_WORK = ("graphkv's finish also returns the row's table entries to the null page (V1 leaves the row to its next "
+               "condense, nano-vllm clears a list) and records each written page's token count for prefix reuse")
 PROMPT = 8
 CONTENDERS = ("graphkv_prepare", "graphkv_run", "list_to_tensor", "vllm_v1")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "step_latency.json"
@@ -163,6 +173,70 @@ def format_host(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def finish_plan() -> graphkv.Plan:
+    """The demo model's plan for one request of up to 4,096 tokens (its ``max_position_embeddings``)."""
+    limits = graphkv.Limits(max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=4096)
+    return graphkv.compile(model_kv(TinyHybridConfig()), limits, graphkv.Budget.kv_bytes("16MiB"))
+
+
+class FinishWorkload:
+    """One request holding ``pages`` attention pages (full: ``pages * block_size`` tokens written) and its state
+    page, finished by each contender and joined again, untimed, after every round."""
+
+    def __init__(self, plan: graphkv.Plan, step: Step, pages: int) -> None:
+        self.step = step
+        groups = plan.groups
+        block = next(g.block_size for g in groups if not g.is_ssm)
+        self.tokens = pages * block
+        page_ids = iter(range(1, plan.num_blocks))
+        self.pages = tuple(tuple(next(page_ids) for _ in range(1 if g.is_ssm else pages)) for g in groups)
+        self.seq = Seq([0] * self.tokens, [])
+        self.lists = ListBlockManager(plan.num_blocks)
+        self.v1 = V1Finish(plan.num_blocks, len(groups), plan.limits.max_num_seqs)
+        self.join()
+
+    def join(self, _round: int = 0) -> None:
+        """Untimed: the request joins (prefilled whole) in each contender."""
+        self.step.prepare(Batch(req_ids=("r",), query_lens=(self.tokens,), seq_lens=(self.tokens,),
+                                new_pages=(self.pages,)))
+        self.lists.allocate(self.seq, self.pages)
+        self.v1.allocate("r", 0, self.pages)
+
+    def steps(self) -> dict[str, Callable[[], None]]:
+        """The timed finish of each contender."""
+        step, lists, v1, seq = self.step, self.lists, self.v1, self.seq
+        return {"graphkv_finish": lambda: step.finish("r"), "list_to_tensor": lambda: lists.deallocate(seq),
+                "vllm_v1": lambda: v1.finish("r")}
+
+
+def finish_table(repeats: int) -> list[dict[str, Any]]:
+    """Table 2 rows: median microseconds to give a finished request back, per contender, and graphkv's ratios."""
+    plan = finish_plan()
+    step = Step(plan)
+    rows = []
+    for pages in FINISH_PAGES:
+        work = FinishWorkload(plan, step, pages)
+        us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, work.join).items()}
+        row: dict[str, Any] = {"pages": pages, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
+        for peer in ("list_to_tensor", "vllm_v1"):
+            row[f"finish_ratio_{peer}"] = round(us["graphkv_finish"] / us[peer], 3)
+        rows.append(row)
+        step.finish("r")
+    return rows
+
+
+def format_finish(rows: list[dict[str, Any]]) -> str:
+    """The side-by-side finish table."""
+    head = f"{'pages':>5} | {'finish':>8} {'lists':>8} {'vLLM V1':>8} us | {'/lists':>7} {'/V1':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = [f"{x:.2f}" + ("!" if x > 1.0 else "") for x in (r["finish_ratio_list_to_tensor"],
+                                                                 r["finish_ratio_vllm_v1"])]
+        lines.append(f"{r['pages']:>5} | {r['graphkv_finish_us']:>8.1f} {r['list_to_tensor_us']:>8.1f} "
+                     f"{r['vllm_v1_us']:>8.1f} us | {cells[0]:>7} {cells[1]:>6}")
+    return "\n".join(lines)
+
+
 def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
     """Table 2 rows (GPU): one decode step eager vs replaying a captured graph."""
     plan = demo_plan(max_batch)
@@ -203,8 +277,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({set_up(args)}; ratio = graphkv / peer)")
     host = host_table(args.max_batch, args.repeats)
     print(format_host(host))
+    finish = finish_table(args.repeats)
+    print("\na finished request given back (its attention pages + one state page), host time; ratio = graphkv / peer")
+    print(format_finish(finish))
     result: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                              "threads": torch.get_num_threads(), "repeats": args.repeats, "host": host}
+                              "threads": torch.get_num_threads(), "repeats": args.repeats, "host": host,
+                              "finish": finish}
     if args.gpu:
         if not torch.cuda.is_available():
             print("--gpu: skipped, CUDA is not available on this machine (graphs cannot be captured on a CPU)")
@@ -220,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     slower = [f"batch {r['batch']}: {peer} ratio {r[f'prepare_ratio_{peer}']}" for r in host
               for peer in ("list_to_tensor", "vllm_v1") if r[f"prepare_ratio_{peer}"] > 1.0]
+    behind = [f"{r['pages']} pages ({peer} {r[f'finish_ratio_{peer}']})" for r in finish
+              for peer in ("list_to_tensor", "vllm_v1") if r[f"finish_ratio_{peer}"] > 1.0]
+    if behind:  # said, not failed: graphkv's finish does work the peers skip (see FINISH_WORK)
+        print(f"Step.finish is slower than a peer at {'; '.join(behind)}: {FINISH_WORK}")
     if slower:
         print("Step.prepare is slower than a peer at " + "; ".join(slower), file=sys.stderr)
         return 1

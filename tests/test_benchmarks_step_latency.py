@@ -34,3 +34,26 @@ def test_the_decode_workload_runs_many_rounds_on_the_repeat_path() -> None:
         work.after_round(round_)
     assert max(lengths) <= work.capacity and len(set(lengths)) > 2
     assert step.active_requests == ("req0", "req1", "req2")
+
+
+def test_the_finish_workload_gives_every_contenders_pages_back_each_round() -> None:
+    """Ten rounds of finishing a request of 64 attention pages (1,024 tokens) and one state page, joined again between
+    rounds: graphkv's step holds no request and no page after each finish, with each page's written tokens kept (16
+    each); the list engine frees all 65 pages; V1 links all 65 blocks onto its free queue and drops the request."""
+    from graphkv.runtime import Step
+
+    bench = _step_latency()
+    plan = bench.finish_plan()
+    step = Step(plan)
+    work = bench.FinishWorkload(plan, step, 64)
+    steps = work.steps()
+    own = step.ownership
+    for round_ in range(10):
+        for name in ("graphkv_finish", "list_to_tensor", "vllm_v1"):
+            steps[name]()
+        attention = [p for group in work.pages if len(group) == 64 for p in group]
+        assert step.active_requests == () and not own.holders.any() and own.num_shared == 0
+        assert own.filled[attention].tolist() == [16] * 64 and (own.group_of == -1).all()
+        assert sorted(work.lists.free_ids) == sorted(p for group in work.pages for p in group)
+        assert work.v1.num_free == 65 and "r" not in work.v1.req_id_to_index
+        work.join(round_)

@@ -92,6 +92,11 @@ class PageOwnership:
                                "so no request can start from cached context"
                                if none and self.state_group.any() else None)
         self.has_state = bool(self.state_group.any())  # a running request's context cannot shrink
+        self._columns = np.arange(max(g.pages_per_request for g in plan.groups), dtype=np.int64)  # page indices
+        self.block_size_list = [g.block_size for g in plan.groups]
+        # item access from Python (a few pages at a time)
+        self._items = tuple(memoryview(a) for a in (self.writer_row, self.holders, self.group_of, self.filled,
+                                                     self.filled_at))
 
     # ---- checks (no state changes) ----------------------------------------------------------
 
@@ -271,23 +276,58 @@ class PageOwnership:
         self.writer_col[undo.ids] = undo.writer_col
         self.num_shared = undo.num_shared
 
-    def release(self, row: int, pages_per_group: Sequence[np.ndarray]) -> None:
-        """A request left: its pages lose a holder; pages it wrote keep what it wrote (for prefix reuse)."""
-        pages = np.concatenate(pages_per_group) if len(pages_per_group) > 1 else pages_per_group[0]
-        if pages.shape[0] == 0:
-            return
-        columns = np.concatenate([np.arange(p.shape[0]) for p in pages_per_group])
-        bs = np.concatenate([np.full(p.shape[0], self.block_sizes[g]) for g, p in enumerate(pages_per_group)])
-        mine = self.writer_row[pages] == row
-        wrote = pages[mine]
-        self.filled[wrote] = np.clip(self.written[row] - columns[mine] * bs[mine], 0, bs[mine])
-        self.filled_at[wrote] = columns[mine]
-        self.writer_row[wrote] = -1
-        if self.num_shared:
-            self.num_shared -= int((self.holders[pages] == 2).sum())
-        self.holders[pages] -= 1
-        self.group_of[pages[self.holders[pages] == 0]] = -1
+    def release(self, row: int, pages_per_group: Sequence["list[int] | np.ndarray"]) -> None:
+        """A request left: its pages (per group, in page order) lose a holder; pages it wrote keep what it
+        wrote (for prefix reuse).
+
+        A row lists a page once (a page a request holds is never appended to it again). A group's pages given
+        as a list (a few, :meth:`BlockTables.held_pages`) are released item by item (a numpy call costs more
+        than a page's whole update); an array in a few numpy calls, fewer still when no page is shared and the
+        request joined with no cached tokens (then it holds its pages alone and wrote them all)."""
+        written = int(self.written[row])
+        alone = not self.num_shared and not self.claimed[row]
+        for bs, pages in zip(self.block_size_list, pages_per_group):
+            if isinstance(pages, list):
+                self._release_few(row, pages, bs, written)
+                continue
+            n = pages.shape[0]
+            if alone:  # every page held once (by this request), in page order, the first `written` tokens written
+                full, rest = divmod(written, bs)
+                self.filled[pages[:full]] = bs
+                if full < n:
+                    self.filled[pages[full]] = rest
+                    self.filled[pages[full + 1:]] = 0
+                self.filled_at[pages] = self._columns[:n]
+                self.writer_row[pages] = -1
+                self.holders[pages] = 0
+                self.group_of[pages] = -1
+                continue
+            mine = self.writer_row[pages] == row
+            wrote, at = pages[mine], self._columns[:n][mine]
+            self.filled[wrote] = np.minimum(np.maximum(written - at * bs, 0), bs)
+            self.filled_at[wrote] = at
+            self.writer_row[wrote] = -1
+            left = self.holders[pages] - 1
+            if self.num_shared:
+                self.num_shared -= int(np.count_nonzero(left == 1))
+            self.holders[pages] = left
+            self.group_of[pages[left == 0]] = -1
         self.written[row] = 0
+
+    def _release_few(self, row: int, pages: list[int], block_size: int, written: int) -> None:
+        """:meth:`release` of one group's few ``pages`` (page index = list index), item by item."""
+        writer_row, holders, group_of, filled, filled_at = self._items
+        for column, page in enumerate(pages):
+            if writer_row[page] == row:
+                filled[page] = min(max(written - column * block_size, 0), block_size)
+                filled_at[page] = column
+                writer_row[page] = -1
+            left = holders[page] - 1
+            holders[page] = left
+            if left == 0:
+                group_of[page] = -1
+            elif left == 1:
+                self.num_shared -= 1
 
     # ---- helpers ------------------------------------------------------------------------------
 

@@ -218,8 +218,7 @@ class Step:
         holder less each). The pages are the caller's to reuse; pages it wrote keep their contents
         for prefix reuse. Nothing on the device is cleared."""
         row = self.row_of(req_id)
-        held = self.tables.num_pages_np[:, row]
-        self.ownership.release(row, [self.tables.pages_np[g][row, :n] for g, n in enumerate(held.tolist())])
+        self.ownership.release(row, self.tables.held_pages(row))
         self.tables.remove(row)
         self._requests.release(req_id)
         self._forget_last()

@@ -45,7 +45,9 @@ from graphkv.runtime.tables.page_ids import PageEntries, flatten_new_pages, int_
 from graphkv.runtime.tables.staged_sync import StagedSync
 from graphkv.runtime.tables.lean_append import append_one_group
 
-__all__ = ["BlockTables"]
+__all__ = ["FEW_PAGES", "BlockTables"]
+
+FEW_PAGES = 32  # up to this many pages of a group, a row's pages are read and cleared item by item
 
 _ROWS_AT_ONCE = 1024  # from this many pages on, uniform appends are written row slice by row slice
 
@@ -251,9 +253,40 @@ class BlockTables:
         if shrunk.size:
             self._sync.edited(shrunk, np.full(shrunk.size, row), keep[shrunk])
 
+    def held_pages(self, req_index: int) -> list["list[int] | np.ndarray"]:
+        """The pages row ``req_index`` holds in each group, in page order: a list of ints where it holds at
+        most :data:`FEW_PAGES` (read item by item: cheaper than a numpy view), else a view of the mirror."""
+        row = self._check_row("req_index", req_index)
+        m = self.mirror
+        seqs, num_pages, pages = m.max_num_seqs, m.all_num_pages_mv, m.pages_mv
+        out: list[list[int] | np.ndarray] = []
+        for g, (start, width) in enumerate(zip(m.starts, m.max_pages)):
+            n = num_pages[g * seqs + row]
+            if n <= FEW_PAGES:
+                first = start + row * width
+                out.append(pages[first:first + n].tolist())
+            else:
+                out.append(self.pages_np[g][row, :n])
+        return out
+
     def remove(self, req_index: int) -> None:
-        """Free row ``req_index`` in every group (its entries return to the null page)."""
-        self.truncate(req_index, np.zeros(self.num_groups, dtype=np.int64))
+        """Free row ``req_index`` in every group (its entries return to the null page). A few element
+        writes per group that held pages (a finished request's row: it runs once per request)."""
+        row = self._check_row("req_index", req_index)
+        m = self.mirror
+        seqs, num_pages, pages = m.max_num_seqs, m.all_num_pages_mv, m.pages_mv
+        for g, (start, width) in enumerate(zip(m.starts, m.max_pages)):
+            n = num_pages[g * seqs + row]
+            if not n:
+                continue
+            if n <= FEW_PAGES:
+                first = start + row * width
+                for i in range(first, first + n):
+                    pages[i] = 0
+            else:
+                self.pages_np[g][row, :n] = 0
+            num_pages[g * seqs + row] = 0
+            self._sync.cleared(g, row)
 
     def move(self, src: int, dst: int) -> None:
         """Move row ``src`` to row ``dst`` in every group (``dst``'s old pages are dropped, ``src``

@@ -133,6 +133,10 @@ class HostSync:
         for g, r, lo in zip(groups.tolist(), rows.tolist(), from_column.tolist()):
             self._note(g, np.array([r]), int(lo), self._mirror.max_pages[g])
 
+    def cleared(self, g: int, row: int) -> None:
+        """Row ``row`` of group ``g`` was cleared (every column back to the null page)."""
+        self._note(g, np.array((row,)), 0, self._mirror.max_pages[g])
+
     def _note(self, g: int, rows: np.ndarray, lo: int, hi: int) -> None:
         self._touched[g].append(rows)
         band = self._band[g]

@@ -42,8 +42,10 @@ class PageMirror:
         self.pages_flat = pages if pages is not None else buffers.array("tables.mirror")
         self.pages_np = tuple(self.pages_flat[a:a + seqs * p].reshape(seqs, p) for a, p in zip(starts, self.max_pages))
         self.num_pages_np = buffers.array("tables.num_pages")
+        self.starts = tuple(starts[:-1])  # per group: where its rows start in pages_flat
         self.pages_mv = memoryview(self.pages_flat)  # item access from Python, for small steps
         self.num_pages_mv = memoryview(self.num_pages_np[0])
+        self.all_num_pages_mv = memoryview(self.num_pages_np.reshape(-1))  # group g, row r at g * max_num_seqs + r
         self.packers: dict[int, Callable[..., bytes]] = {}  # struct packers of n int32 page ids, by n
         group_ints = buffers.array("tables.group_ints")
         self.host_start, self.host_pages = group_ints  # per group: where its rows start in pages_flat, pages per row

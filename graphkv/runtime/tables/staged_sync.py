@@ -100,6 +100,11 @@ class StagedSync:
         self._stale_from[groups, rows] = np.minimum(self._stale_from[groups, rows], from_column)
         self._any_stale = True
 
+    def cleared(self, g: int, row: int) -> None:
+        """Row ``row`` of group ``g`` was cleared: its device copy is stale from column 0 on."""
+        self._stale_from[g, row] = 0
+        self._any_stale = True
+
     # ---- the step -------------------------------------------------------------------------------------
 
     def commit(self, mirror: bool = True) -> None:

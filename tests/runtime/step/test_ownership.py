@@ -8,6 +8,7 @@ from step_harness import Harness
 
 from graphkv import CapacityError, GraphkvError, SpecError
 from graphkv.runtime import Batch
+from graphkv.runtime.tables import block_tables
 
 
 def _live(pattern: str = "MAMA", **kw) -> Harness:
@@ -219,7 +220,35 @@ def test_every_refusal_is_a_graphkv_error():
     assert issubclass(SpecError, GraphkvError) and issubclass(CapacityError, GraphkvError)
 
 
-def test_the_shared_page_count_follows_three_holders_a_refused_join_and_leaves():
+@pytest.fixture(params=["python", "numpy"])
+def release_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Finished requests released item by item or by the numpy path (FEW_PAGES moved past or below every request's
+    page count)."""
+    monkeypatch.setattr(block_tables, "FEW_PAGES", 10**6 if request.param == "python" else 0)
+    return request.param
+
+
+def test_a_finished_writer_leaves_its_pages_filled_and_free(release_path: str):
+    """a (40 tokens, 16-token pages) and b (5 tokens) finish: their pages lose their one holder and group, keep the
+    tokens written in them at their page index (16, 16, 8 for a; 5 for b) for prefix reuse, and have no writer."""
+    h = Harness("AA")
+    h.add("a", 40)
+    h.add("b", 5)
+    h.run({"a": 40, "b": 5})
+    own = h.step.ownership
+    pages_a, pages_b = h.pages["a"][0], h.pages["b"][0]
+    assert own.writer_row[pages_a].tolist() == [h.step.row_of("a")] * 3
+    h.finish("a")
+    assert own.holders[pages_a].tolist() == [0, 0, 0] and own.group_of[pages_a].tolist() == [-1, -1, -1]
+    assert own.filled[pages_a].tolist() == [16, 16, 8] and own.filled_at[pages_a].tolist() == [0, 1, 2]
+    assert own.writer_row[pages_a].tolist() == [-1, -1, -1]
+    h.finish("b")
+    assert own.filled[pages_b].tolist() == [5] and own.filled_at[pages_b].tolist() == [0]
+    assert own.holders[pages_b].tolist() == [0] and own.written.tolist().count(0) == len(own.written)
+    h.check_accounting()
+
+
+def test_the_shared_page_count_follows_three_holders_a_refused_join_and_leaves(release_path: str):
     """num_shared, kept step by step (never counted over the pool): two requests joining a's two full pages in one
     step make them 3-held (2 shared pages, not 4); a refused join leaves the count as it was; it falls to 0 only when
     a single holder is left."""

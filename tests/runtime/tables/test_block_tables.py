@@ -8,6 +8,7 @@ import pytest
 import torch
 from runtime_plans import attention_plan, widths_plan
 
+import graphkv.runtime.tables.block_tables as tables_module
 import graphkv.runtime.tables.staged_sync as staged_module
 from graphkv import CapacityError, SpecError
 from graphkv.kernels.block_tables import write_pages
@@ -226,7 +227,27 @@ def test_append_batch_array_path_finds_a_bool_among_ids_0_and_1(values, ones, ba
         assert tables.num_pages_np[0, :3].tolist() == [0, 0, 0] and not tables.pages_flat.any()
 
 
-def test_overwrite_remove_move_keep_the_null_page_invariant(kernels, device):
+@pytest.fixture(params=["items", "arrays"])
+def row_access(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A row's pages read and cleared item by item (the few-page path) or through numpy views (FEW_PAGES moved
+    below every count)."""
+    monkeypatch.setattr(tables_module, "FEW_PAGES", 10**6 if request.param == "items" else 0)
+    return request.param
+
+
+def test_held_pages_lists_each_groups_pages_in_order(row_access):
+    """held_pages: row 1's pages per group, in page order (lists on the few-page path, views otherwise); an empty
+    group gives an empty list; a bad row is refused."""
+    tables = BlockTables(widths_plan())
+    tables.append(1, [[5, 2, 9], [4], []])
+    held = tables.held_pages(1)
+    assert [list(map(int, p)) for p in held] == [[5, 2, 9], [4], []]
+    assert all(isinstance(p, list if row_access == "items" else np.ndarray) for p in held[:2])
+    with pytest.raises(SpecError, match=r"^req_index=99: must be a row in \[0, max_num_seqs=\d+\)"):
+        tables.held_pages(99)
+
+
+def test_overwrite_remove_move_keep_the_null_page_invariant(kernels, device, row_access):
     """overwrite / remove / move leave every entry past a row's pages at the null page 0."""
     tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append(0, [[1, 2, 3], [4, 5], [6]])
@@ -344,7 +365,7 @@ def test_sync_pads_more_rows_with_the_null_page(kernels, device):
     assert [t[:3, 0].tolist() for t in tables.input_tables] == [[4, 0, 0], [22, 0, 0], [21, 0, 0]]
 
 
-def test_sync_after_remove_and_reuse_of_a_row_shows_the_new_pages(kernels, device):
+def test_sync_after_remove_and_reuse_of_a_row_shows_the_new_pages(kernels, device, row_access):
     """A row freed and given to a new request at the same batch row shows only the new request's pages."""
     tables = BlockTables(widths_plan(), device, kernels=kernels)
     tables.append(0, [[1, 2, 3], [4], [5]])
