@@ -92,7 +92,6 @@ class PageOwnership:
                                "so no request can start from cached context"
                                if none and self.state_group.any() else None)
         self.has_state = bool(self.state_group.any())  # a running request's context cannot shrink
-        self._columns = np.arange(max(g.pages_per_request for g in plan.groups), dtype=np.int64)  # page indices
         self.block_size_list = [g.block_size for g in plan.groups]
         # item access from Python (a few pages at a time)
         self._items = tuple(memoryview(a) for a in (self.writer_row, self.holders, self.group_of, self.filled,
@@ -297,13 +296,13 @@ class PageOwnership:
                 if full < n:
                     self.filled[pages[full]] = rest
                     self.filled[pages[full + 1:]] = 0
-                self.filled_at[pages] = self._columns[:n]
+                self.filled_at[pages] = np.arange(n)
                 self.writer_row[pages] = -1
                 self.holders[pages] = 0
                 self.group_of[pages] = -1
                 continue
             mine = self.writer_row[pages] == row
-            wrote, at = pages[mine], self._columns[:n][mine]
+            wrote, at = pages[mine], np.flatnonzero(mine)
             self.filled[wrote] = np.minimum(np.maximum(written - at * bs, 0), bs)
             self.filled_at[wrote] = at
             self.writer_row[wrote] = -1
