@@ -23,9 +23,9 @@ from typing import Callable, Sequence
 import attrs
 
 from graphkv.distributed.reports import Fingerprint, RankReport
-from graphkv.errors import ConsensusError, Problem
+from graphkv.errors import ConsensusError, Problem, SpecError
 
-__all__ = ["Agreement", "agree"]
+__all__ = ["Agreement", "agree", "first_difference"]
 
 _SAME_MODEL_FIX = ("build every rank's model from the same config and sizes (ModelKV.from_hf_config(config)"
                    ".shard(tp, tp_rank).stage(pp, pp_rank)) and pass the same Limits on every rank")
@@ -77,7 +77,7 @@ def _topology(reports: Sequence[RankReport]) -> list[Problem]:
     return []
 
 
-def _difference(a: Fingerprint, b: Fingerprint) -> tuple[str, str, str] | None:
+def first_difference(a: Fingerprint, b: Fingerprint) -> tuple[str, str, str] | None:
     """The first field where ``a`` and ``b`` differ, with both values."""
     if a is b or a == b:  # one C-level comparison when nothing differs (every rank, usually)
         return None
@@ -100,7 +100,7 @@ def _mismatch(reports: Sequence[RankReport], key: Callable[[RankReport], Fingerp
     def difference(r: RankReport) -> tuple[str, str, str] | None:
         theirs = key(r)
         if id(theirs) not in differences:
-            differences[id(theirs)] = (theirs, _difference(key(first), theirs))
+            differences[id(theirs)] = (theirs, first_difference(key(first), theirs))
         return differences[id(theirs)][1]
 
     for r in reports[1:]:
@@ -120,16 +120,35 @@ def _checked(problems: list[Problem]) -> None:
         raise ConsensusError(*problems)
 
 
+def _checked_reports(reports: Sequence[RankReport]) -> tuple[RankReport, ...]:
+    """``reports`` sorted by rank; a :class:`SpecError` unless they are RankReports, one per rank 0 .. n - 1."""
+    fix = "pass one RankReport per rank of the group (budget_report / rank_report), ranks 0 .. n - 1"
+    if isinstance(reports, (str, bytes)) or not isinstance(reports, Sequence) or not reports:
+        given = [] if isinstance(reports, (list, tuple)) else type(reports).__name__
+        raise SpecError(Problem(field="reports", value=given, limit="must be a non-empty sequence of RankReport",
+                                fix=fix))
+    wrong = [i for i, r in enumerate(reports) if not isinstance(r, RankReport)]
+    if wrong:
+        raise SpecError(Problem(field=f"reports[{wrong[0]}]", value=type(reports[wrong[0]]).__name__,
+                                limit="must be a RankReport", fix=fix))
+    ranks = sorted(r.rank for r in reports)
+    if ranks != list(range(len(reports))):
+        raise SpecError(Problem(field="reports (ranks)", value=ranks,
+                                limit=f"must be ranks 0 .. {len(reports) - 1}, each once", fix=fix))
+    return tuple(sorted(reports, key=lambda r: r.rank))
+
+
 def agree(reports: Sequence[RankReport]) -> Agreement:
     """Agree on one plan from every rank's report (see the module docstring). Pure and deterministic:
     every rank that runs it on the same reports gets the same result or raises the same
     :class:`ConsensusError`."""
-    reports = tuple(sorted(reports, key=lambda r: r.rank))
-    assert [r.rank for r in reports] == list(range(len(reports))), "one report per rank of the group"
+    reports = _checked_reports(reports)
     _checked(_failed(reports))
     _checked(_topology(reports))
     _checked(_mismatch(reports, lambda r: r.model, "every rank must plan the same model, sharded alike"))
     _checked(_mismatch(reports, lambda r: r.limits, "every rank must plan under the same limits"))
+    _checked(_mismatch(reports, lambda r: r.graph_pool, "every rank must reserve graph memory from the same "
+                                                        "calibration (graph_pool)"))
     _checked(_mismatch(reports, lambda r: r.plan.shape, "every rank must page alike (block size, kernel block sizes, "
                                                         "groups)"))  # type: ignore[union-attr]
     for stage in range(reports[0].pp_size):

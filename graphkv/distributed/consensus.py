@@ -5,23 +5,23 @@ Steps on every rank of ``group`` (default: the world):
 1. plan what this rank caches (its :meth:`ModelKV.shard <graphkv.spec.model.ModelKV.shard>` /
    :meth:`~graphkv.spec.model.ModelKV.stage`) from its own budget — an error is reported to the
    others instead of raised, so no rank is left waiting;
-2. a monitored barrier with ``timeout``: a rank that died or never calls ``compile_consensus``
-   makes the others raise :class:`~graphkv.errors.ConsensusError` within ``timeout`` (rank 0 names
-   the missing ranks) instead of hanging;
-3. ``all_gather_object`` of the small :class:`~graphkv.distributed.reports.RankReport` s;
-4. the pure :func:`~graphkv.distributed.agreement.agree` and
+2. the exchange of the small :class:`~graphkv.distributed.reports.RankReport` s through the process
+   group's store, each rank waiting at most ``timeout``: a rank that died, is stuck or never calls
+   ``compile_consensus`` makes every other rank raise :class:`~graphkv.errors.ConsensusError` naming it
+   within ``timeout`` instead of hanging (and a rank arriving after the others gave up raises too); no
+   collective runs, so the group's own timeout (30 minutes by default) never applies;
+3. the pure :func:`~graphkv.distributed.agreement.agree` and
    :func:`~graphkv.distributed.plans.finalize`, identical on every rank: the same
    :class:`~graphkv.distributed.plans.ConsensusPlan`, or the same error naming the ranks and field.
 
-The barrier and exchange run on a gloo group: the given one, or — for an nccl group — a gloo group
-over the same ranks created for the call (pass a gloo group to reuse one). The barrier bounds the
-wait for a missing rank; the exchange after it uses the group's own timeout (set ``timeout`` in
-``init_process_group`` too, so a rank dying between the two cannot stall the others for the
-30-minute default).
+The store is the one ``init_process_group`` set up (hosted by global rank 0: if that process dies, the
+others raise at once); any backend works (gloo, nccl), and nothing is sent over the group itself.
 """
 
 from __future__ import annotations
 
+import pickle
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -58,34 +58,67 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+def _failure(report: RankReport, world: int, seconds: float, why: str, err: BaseException | None) -> ConsensusError:
+    cause = f" (torch.distributed: {_first_line(err)})" if err is not None else ""
+    return ConsensusError(Problem(
+        field="timeout", value=seconds,
+        limit=f"on rank {report.rank}: {why} within {seconds:g} s of the {world}-rank group{cause}", fix=_SAME_CALL))
+
+
 def _exchange(dist: Any, report: RankReport, group: Any, world: int, seconds: float) -> list[RankReport]:
-    """Every rank's report, in rank order, after a monitored barrier bounded by ``seconds``."""
+    """Every rank's report, in rank order, through the process group's store: each rank posts its report
+    under this call's keys and waits at most ``seconds`` for the others' (every rank, rank 0 included, and
+    whatever the group's own timeout: a collective's wait is bounded by the group's timeout only, 30 minutes
+    by default). A rank that gives up marks the call failed, so a rank arriving later raises too."""
     if world == 1:
         return [report]
-    wait = timedelta(seconds=seconds)
-    cpu = group
-    if dist.get_backend(group) != "gloo":
-        cpu = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo", timeout=wait,
-                             use_local_synchronization=True)
+    from torch.distributed import distributed_c10d
+
+    ranks = dist.get_process_group_ranks(group)
+    base = "graphkv/consensus/" + ",".join(map(str, ranks))
     try:
-        dist.monitored_barrier(group=cpu, timeout=wait, wait_all_ranks=True)
+        store = distributed_c10d._get_default_store()
+        # this rank's calls in this group so far: the same count on every rank (they call in the same order)
+        call = store.add(f"{base}/calls/{dist.get_rank()}", 1)
+        prefix = f"{base}/{call}"
+        keys = [f"{prefix}/rank/{r}" for r in range(world)]
+        store.set(keys[report.rank], pickle.dumps(report))
     except RuntimeError as err:
-        raise ConsensusError(Problem(
-            field="timeout", value=seconds,
-            limit=(f"on rank {report.rank}: not every rank of the {world}-rank group reached the consensus within "
-                   f"{seconds:g} s — a rank died or is stuck before compile_consensus (torch.distributed: "
-                   f"{_first_line(err)})"),
-            fix=_SAME_CALL)) from err
-    gathered: list[Any] = [None] * world
+        raise _failure(report, world, seconds, "could not reach the group's store (its host, global rank 0, died?)",
+                       err) from err
+    # Polled (not store.wait: a client whose wait timed out can answer its next request wrongly), rank by rank, so
+    # the ranks still missing are known without asking the store again once the wait is over.
+    waiting, pending = list(range(world)), None  # pending: the ranks missing at the last answer
+    deadline, pause = time.monotonic() + seconds, 0.001
     try:
-        dist.all_gather_object(gathered, report, group=cpu)
+        while True:
+            pending = waiting = [r for r in waiting if not store.check([keys[r]])]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                try:
+                    store.set(f"{prefix}/failed", f"rank {report.rank}")
+                except RuntimeError:
+                    pass  # the store's host left meanwhile: ranks arriving later fail on it anyway
+                raise _failure(report, world, seconds, f"rank(s) {pending} did not reach the consensus (dead, or "
+                                                       "stuck before compile_consensus)", None)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        if store.check([f"{prefix}/failed"]):
+            raise _failure(report, world, seconds, f"{store.get(f'{prefix}/failed').decode()} gave up waiting before "
+                                                   "this rank arrived", None)
+        reports = [pickle.loads(store.get(key)) for key in keys]
     except RuntimeError as err:
-        raise ConsensusError(Problem(
-            field="group", value=f"{world} ranks",
-            limit=f"on rank {report.rank}: the exchange of plans failed after every rank arrived — a rank died "
-                  f"during it (torch.distributed: {_first_line(err)})",
-            fix=_SAME_CALL)) from err
-    return gathered
+        why = (f"rank(s) {pending} had not reached the consensus when the group's store (its host: global rank 0) "
+               "went away" if pending else "the group's store (its host: global rank 0) went away")
+        raise _failure(report, world, seconds, why, err) from err
+    try:
+        if store.add(f"{prefix}/read", 1) == world:  # the last reader removes the call's keys
+            for key in (*keys, f"{prefix}/read"):
+                store.delete_key(key)
+    except RuntimeError:
+        pass  # every report is read; keys left behind are a few bytes in the store
+    return reports
 
 
 def compile_consensus(model: ModelKV, limits: Limits | None = None, budget: Budget | None = None, *,
@@ -116,6 +149,11 @@ def compile_consensus(model: ModelKV, limits: Limits | None = None, budget: Budg
                                      limit="compile_consensus exchanges the ranks' plans over a process group",
                                      fix="call torch.distributed.init_process_group('gloo' or 'nccl', ...) on every "
                                          "rank first"))
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise SpecError(Problem(field="group", value=type(group).__name__,
+                                limit="must be a torch.distributed ProcessGroup (or None: the world)",
+                                fix="pass the process group of this rank's model replica, e.g. from "
+                                    "torch.distributed.new_group(ranks)"))
     group = dist.group.WORLD if group is None else group
     rank = dist.get_rank(group)
     if rank < 0:

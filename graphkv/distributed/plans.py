@@ -13,7 +13,9 @@ from typing import Any
 
 import attrs
 
-from graphkv.distributed.agreement import Agreement
+from graphkv.distributed.agreement import Agreement, first_difference
+from graphkv.distributed.reports import Fingerprint, limits_fingerprint, model_fingerprint
+from graphkv.errors import Problem, SpecError
 from graphkv.plan import Plan, compile_plan
 from graphkv.plan.graph_pool import GraphPoolModel
 from graphkv.spec.budget import format_bytes
@@ -57,9 +59,21 @@ class ConsensusPlan:
     ranks: tuple[RankFigures, ...]
     stages: tuple[Plan, ...]
     kv_tp_replicas: int = 1  # consecutive tensor-parallel ranks with identical caches (ModelKV.kv_tp_replicas)
+    agreed_model: Fingerprint = attrs.field(default=(), repr=False)  # model_fingerprint of the agreed model
 
     def plan_for(self, model: ModelKV) -> Plan:
-        """The plan of the stage ``model`` (this rank's shard / stage) belongs to."""
+        """The plan of the stage ``model`` (this rank's shard / stage) belongs to. Raises :class:`SpecError` for
+        a model of another parallel layout or (where the agreed model is recorded) another model."""
+        fix = "pass this rank's ModelKV: the whole model agreed on, .shard(tp, tp_rank).stage(pp, pp_rank)"
+        if not isinstance(model, ModelKV):
+            raise SpecError(Problem(field="model", value=type(model).__name__, limit="must be a ModelKV", fix=fix))
+        layout = (model.tensor_parallel_size, model.pipeline_parallel_size)
+        if layout != (self.tensor_parallel_size, self.pipeline_parallel_size):
+            raise SpecError(Problem(field="model", value=f"tp={layout[0]} x pp={layout[1]}",
+                                    limit=f"the ranks agreed on tp={self.tensor_parallel_size} x "
+                                          f"pp={self.pipeline_parallel_size}", fix=fix))
+        if self.agreed_model:
+            _check_same(model_fingerprint(model), self.agreed_model, "model", "the model the ranks agreed on", fix)
         return self.stages[model.pipeline_rank]
 
     def to_dict(self, *, stages: bool = True) -> dict[str, Any]:
@@ -106,12 +120,34 @@ def _pinned(plan: Plan, num_blocks_reason: str, max_model_len_reason: str, note:
     return attrs.evolve(plan, capacity=capacity, notes=(*plan.notes, note))
 
 
+def _check_same(given: Fingerprint, agreed: Fingerprint, field: str, what: str, fix: str) -> None:
+    diff = first_difference(given, agreed)
+    if diff is not None:
+        name, value_given, value_agreed = diff
+        raise SpecError(Problem(field=f"{field} ({name})", value=value_given,
+                                limit=f"differs from {what}: {value_agreed}", fix=fix))
+
+
 def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement, *,
-             graph_pool: GraphPoolModel | None = None) -> ConsensusPlan:
+             graph_pool: GraphPoolModel | None = None, fingerprint: Fingerprint | None = None) -> ConsensusPlan:
     """Every stage's plan with the agreed ``num_blocks`` and ``max_model_len``, built from ``model``
     (any rank's: each keeps the whole model), its graph memory from ``graph_pool`` (the ranks'
-    calibration; ``None``: the uncalibrated estimate). Pure; the same on every rank."""
+    calibration; ``None``: the uncalibrated estimate). Pure; the same on every rank. ``model`` and
+    ``limits`` must be those the ranks agreed on (:class:`SpecError` naming the first difference);
+    ``fingerprint``: ``model_fingerprint(model)`` where the caller has it."""
+    if not isinstance(model, ModelKV):
+        raise SpecError(Problem(field="model", value=type(model).__name__, limit="must be a ModelKV",
+                                fix="pass the model the ranks agreed on (any rank's shard / stage)"))
     limits = Limits() if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be a graphkv.Limits or None",
+                                fix="pass the limits the ranks agreed on"))
+    agreed = agreement.reports[0]
+    fingerprint = model_fingerprint(model) if fingerprint is None else fingerprint
+    _check_same(fingerprint, agreed.model, "model", "the model the ranks agreed on",
+                "finalize with the model the ranks reported (any rank's shard / stage of it)")
+    _check_same(limits_fingerprint(limits), agreed.limits, "limits", "the limits the ranks agreed on",
+                "finalize with the limits the ranks planned under")
     whole = model.whole
     pp = agreement.pipeline_parallel_size
     partition = model.pipeline.partition if model.pipeline is not None else None
@@ -125,4 +161,5 @@ def finalize(model: ModelKV, limits: Limits | None, agreement: Agreement, *,
     return ConsensusPlan(tensor_parallel_size=agreement.tensor_parallel_size, pipeline_parallel_size=pp,
                          num_blocks=agreement.num_blocks, max_model_len=agreement.max_model_len,
                          num_blocks_reason=blocks_reason, max_model_len_reason=len_reason,
-                         ranks=_figures(agreement), stages=stages, kv_tp_replicas=whole.kv_tp_replicas)
+                         ranks=_figures(agreement), stages=stages, kv_tp_replicas=whole.kv_tp_replicas,
+                         agreed_model=fingerprint)

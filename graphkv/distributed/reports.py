@@ -1,9 +1,10 @@
 """What each rank tells the others before they agree: its place, its model, its limits and its own plan.
 
-A :class:`RankReport` is plain data (ints, strings and tuples of them), small and picklable, so
-``torch.distributed.all_gather_object`` carries it and the single-process simulation builds the
-same thing. A rank whose own plan fails reports the error instead of raising, so every rank still
-reaches the exchange and all of them raise the same :class:`~graphkv.errors.ConsensusError`.
+A :class:`RankReport` is plain data (ints, strings and tuples of them), small and picklable, so the
+process group's store carries it (:func:`~graphkv.distributed.compile_consensus`) and the
+single-process simulation builds the same thing. A rank whose own plan fails reports the error instead
+of raising, so every rank still reaches the exchange and all of them raise the same
+:class:`~graphkv.errors.ConsensusError`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 from graphkv.spec.stages import model_layer_count
 
-__all__ = ["LocalPlan", "RankReport", "budget_report", "limits_fingerprint", "local_plan", "model_fingerprint",
-           "rank_report"]
+__all__ = ["LocalPlan", "RankReport", "budget_report", "graph_pool_fingerprint", "limits_fingerprint", "local_plan",
+           "model_fingerprint", "rank_report"]
 
 Fingerprint = tuple[tuple[str, str], ...]
 """``(field, value)`` pairs compared field by field, so a mismatch names the field."""
@@ -38,6 +39,14 @@ def model_fingerprint(model: ModelKV) -> Fingerprint:
                                           f"{x.model_layer}, {x.tp_replicas} replica(s))") for x in whole.layers]
     rows += [(f"model.cacheless[{x.name}]", f"{x.spec.describe()} (index {x.index})") for x in whole.cacheless]
     return tuple(rows)
+
+
+def graph_pool_fingerprint(graph_pool: GraphPoolModel | None) -> Fingerprint:
+    """The graph-memory calibration a rank plans with, field by field (``None``: the uncalibrated estimate): ranks
+    that reserve different graph memory would agree on stages whose ledgers differ."""
+    if graph_pool is None:
+        return (("graph_pool", "the uncalibrated estimate"),)
+    return tuple((f"graph_pool.{name}", str(value)) for name, value in attrs.asdict(graph_pool).items())
 
 
 def limits_fingerprint(limits: Limits) -> Fingerprint:
@@ -97,6 +106,7 @@ class RankReport:
     limits: Fingerprint
     plan: LocalPlan | None
     error: str | None = None  # "<ErrorClass>: <message>" when the rank's own plan failed
+    graph_pool: Fingerprint = ()  # the graph-memory calibration the rank plans with (graph_pool_fingerprint)
 
     @property
     def place(self) -> str:
@@ -115,10 +125,13 @@ def local_plan(plan: Plan, model: ModelKV) -> LocalPlan:
 
 
 def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
-                compile_local: Callable[[], Plan], fingerprint: Fingerprint | None = None) -> RankReport:
-    """The report of ``rank``: ``compile_local()`` plans this rank from its own budget; a
-    :class:`GraphkvError` it raises is reported, not raised. ``fingerprint``: ``model_fingerprint(model)``
-    when the caller has it (a simulation of many ranks computes it once per shard)."""
+                compile_local: Callable[[], Plan], fingerprint: Fingerprint | None = None,
+                graph_pool: GraphPoolModel | None = None) -> RankReport:
+    """The report of ``rank``: ``compile_local()`` plans this rank from its own budget (it must return a
+    :class:`Plan` of ``model``); a :class:`GraphkvError` it raises is reported, not raised.
+    ``fingerprint``: ``model_fingerprint(model)`` when the caller has it (a simulation of many ranks
+    computes it once per shard); ``graph_pool``: the graph-memory calibration the plan was made with
+    (every rank must use the same)."""
     limits = Limits() if limits is None else limits
     if not isinstance(model, ModelKV) or not isinstance(limits, Limits):
         wrong = "model" if not isinstance(model, ModelKV) else "limits"
@@ -130,12 +143,42 @@ def rank_report(model: ModelKV, limits: Limits | None, *, rank: int,
     common: dict[str, Any] = dict(rank=rank, tp_size=model.tensor_parallel_size, tp_rank=model.tensor_parallel_rank,
                                   pp_size=model.pipeline_parallel_size, pp_rank=model.pipeline_rank,
                                   model=model_fingerprint(model) if fingerprint is None else fingerprint,
-                                  limits=limits_fingerprint(limits))
+                                  limits=limits_fingerprint(limits), graph_pool=graph_pool_fingerprint(graph_pool))
     try:
         plan = compile_local()
+        _check_local(plan, model)
     except GraphkvError as err:
         return RankReport(plan=None, error=f"{type(err).__name__}: {err}", **common)
     return RankReport(plan=local_plan(plan, model), **common)
+
+
+def _kv_layers(layers: Any) -> tuple[tuple[str, Any, Any], ...]:
+    return tuple((d.name, getattr(d.spec, "num_kv_heads", None), getattr(d.spec, "head_size", None)) for d in layers)
+
+
+def _check_local(plan: object, model: ModelKV) -> None:
+    """Refuse a rank's own plan that is not a :class:`Plan` of ``model`` (its layers, heads per layer and
+    head sizes): agreeing on another model's pages (the unsharded model's, another stage's) would be silently
+    wrong."""
+    fix = "compile_local must return graphkv.compile(rank_model, ...) of the rank model it is given"
+    if not isinstance(plan, Plan):
+        raise SpecError(Problem(field="compile_local()", value=type(plan).__name__, limit="must return a Plan",
+                                fix=fix))
+    planned, expected = _kv_layers(plan.layers), _kv_layers(model.layers)
+    if planned != expected:
+        first = next((i for i, (a, b) in enumerate(zip(planned, expected)) if a != b),
+                     min(len(planned), len(expected)))
+
+        def at(rows: tuple[tuple[str, Any, Any], ...]) -> str:
+            if first >= len(rows):
+                return "<absent>"
+            name, heads, size = rows[first]
+            return f"{name}: {heads} KV heads x {size}"
+
+        raise SpecError(Problem(field="compile_local()", value=f"a plan of {len(planned)} cache layers",
+                                limit=f"must plan this rank's model ({len(expected)} cache layers); first difference "
+                                      f"at layer {first}: the plan's {at(planned)}, the model's {at(expected)}",
+                                fix=fix))
 
 
 def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, *, rank: int,
@@ -144,4 +187,4 @@ def budget_report(model: ModelKV, limits: Limits | None, budget: Budget | None, 
     (its graph memory from ``graph_pool``, ``None``: the uncalibrated estimate)."""
     return rank_report(model, limits, rank=rank,
                        compile_local=lambda: compile_plan(model, limits, budget, graph_pool=graph_pool),
-                       fingerprint=fingerprint)
+                       fingerprint=fingerprint, graph_pool=graph_pool)

@@ -22,8 +22,10 @@ from typing import Callable, Sequence
 from graphkv.distributed.agreement import agree
 from graphkv.distributed.plans import ConsensusPlan, finalize
 from graphkv.distributed.reports import Fingerprint, RankReport, budget_report, model_fingerprint, rank_report
+from graphkv.errors import Problem, SpecError
 from graphkv.plan import Plan
 from graphkv.plan.graph_pool import GraphPoolModel
+from graphkv.spec._checks import count_arg
 from graphkv.spec.budget import Budget
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -51,6 +53,11 @@ def simulate_consensus(model: ModelKV, limits: Limits | None,
     every rank's plan and of the agreed stages (``None``: the uncalibrated estimate). Raises
     :class:`~graphkv.errors.ConsensusError` exactly as the ranks of ``compile_consensus`` would.
     """
+    if not isinstance(model, ModelKV):
+        raise SpecError(Problem(field="model", value=type(model).__name__, limit="must be a ModelKV (whole, unsharded)",
+                                fix="pass graphkv.presets.preset_model(...) or ModelKV.from_hf_config(...)"))
+    tp_size = count_arg("tp_size", tp_size, 1, "pass the tensor-parallel size, e.g. tp_size=2")
+    pp_size = count_arg("pp_size", pp_size, 1, "pass the pipeline-parallel size, e.g. pp_size=1")
     models = rank_models(model, tp_size, pp_size, partition)
     reports: list[RankReport] = []
     # by shard (kept alive here, so no id is reused): a stage's fingerprint is its whole sharded model's
@@ -65,6 +72,7 @@ def simulate_consensus(model: ModelKV, limits: Limits | None,
             reports.append(budget_report(local, limits, own, rank=rank, fingerprint=fingerprint,
                                          graph_pool=graph_pool))
         else:
-            reports.append(rank_report(local, limits, rank=rank, fingerprint=fingerprint,
+            reports.append(rank_report(local, limits, rank=rank, fingerprint=fingerprint, graph_pool=graph_pool,
                                        compile_local=lambda r=rank, m=local: compile_local(r, m)))  # type: ignore[misc]
-    return finalize(models[0], limits, agree(reports), graph_pool=graph_pool)
+    return finalize(models[0], limits, agree(reports), graph_pool=graph_pool,
+                    fingerprint=fingerprints[id(models[0].whole)][1])

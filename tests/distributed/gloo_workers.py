@@ -89,8 +89,8 @@ def four_ranks(rank: int, world: int, port: int, out: str) -> None:
 
 
 def two_ranks(rank: int, world: int, port: int, out: str) -> None:
-    """Llama-3.1-8B over tp 2 with 8 and 6 GiB, different limits, a cpu:gloo group passed explicitly, then rank 0
-    (the store's host) dies."""
+    """Llama-3.1-8B over tp 2 with 8 and 6 GiB, different limits, a cpu:gloo group passed explicitly, rank 0 late,
+    then rank 0 (the store's host) dies."""
     from graphkv import Budget, Limits
     from graphkv.distributed import compile_consensus
     from graphkv.presets import preset_model
@@ -110,6 +110,15 @@ def two_ranks(rank: int, world: int, port: int, out: str) -> None:
     seen["composite_backend"] = dist.get_backend(composite)
     seen["composite"] = _outcome(lambda: compile_consensus(local, Limits(), Budget.kv_bytes("4GiB"), group=composite,
                                                            timeout=CONSENSUS_TIMEOUT_S))
+    # Rank 0 late (alive, calling after twice the timeout): rank 1 must not wait for the group's own 20 s.
+    late = 2 * CONSENSUS_TIMEOUT_S
+
+    def late_zero() -> Any:
+        if rank == 0:
+            time.sleep(late)
+        return compile_consensus(local, Limits(), Budget.kv_bytes("8GiB"), timeout=CONSENSUS_TIMEOUT_S)
+
+    seen["late_zero"] = _outcome(late_zero)
     _end_with_a_dead_rank(rank, 0, out, seen, lambda: compile_consensus(local, Limits(), Budget.kv_bytes("8GiB"),
                                                                         timeout=CONSENSUS_TIMEOUT_S))
 

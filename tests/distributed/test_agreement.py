@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from graphkv import (Budget, ConsensusError, FullAttentionSpec, IndexerKeySpec, Limits, MambaSpec, MLASpec, ModelKV,
-                     SlidingWindowSpec)
+                     SlidingWindowSpec, SpecError)
 from graphkv.distributed import agree, budget_report, rank_models, simulate_consensus
 from graphkv.plan.groups import build_groups
 from graphkv.plan.stage_groups import project_grouping
@@ -214,3 +214,101 @@ def test_a_simulation_shards_the_model_once_per_tensor_parallel_rank(monkeypatch
     assert len(models) == 32 and len(calls) == 4
     assert [(m.tensor_parallel_rank, m.pipeline_rank) for m in models[:5]] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1)]
     assert all(models[r].whole is models[r % 4].whole for r in range(32))
+
+
+def test_agree_refuses_what_is_not_one_report_per_rank():
+    """agree() of nothing, of a non-report, or of ranks missing / given twice: a SpecError naming the ranks."""
+    llama = preset_model("llama-3.1-8b")
+    reports = [budget_report(m, Limits(), Budget.kv_bytes("20GiB"), rank=i)
+               for i, m in enumerate(rank_models(llama, 2, 1))]
+    with pytest.raises(SpecError, match=r"^reports=\[\]: must be a non-empty sequence of RankReport"):
+        agree([])
+    with pytest.raises(SpecError, match=r"^reports\[1\]='str': must be a RankReport"):
+        agree([reports[0], "rank 1"])
+    with pytest.raises(SpecError, match=r"^reports \(ranks\)=\[0, 0\]: must be ranks 0 \.\. 1, each once"):
+        agree([reports[0], reports[0]])
+
+
+@pytest.mark.parametrize("sizes, text", [
+    ({"tp_size": 0}, r"^tp_size=0: must be an integer >= 1"),
+    ({"tp_size": 2, "pp_size": -1}, r"^pp_size=-1: must be an integer >= 1"),
+    ({"tp_size": "2"}, r"^tp_size='2': must be an integer >= 1 \(got str\)"),
+])
+def test_simulation_sizes_are_checked(sizes, text):
+    """simulate_consensus with a tensor- or pipeline-parallel size that is not a positive int: a SpecError (an
+    IndexError or TypeError before)."""
+    with pytest.raises(SpecError, match=text):
+        simulate_consensus(preset_model("llama-3.1-8b"), Limits(), Budget.kv_bytes("20GiB"), **sizes)
+
+
+def test_a_local_plan_of_another_model_or_not_a_plan_is_refused():
+    """compile_local returning the unsharded model's plan (8 KV heads a layer where the tp-2 shard has 4: it would
+    have agreed on 10240 pages instead of 20480) or None: every rank's report names it."""
+    import graphkv
+
+    llama, budget = preset_model("llama-3.1-8b"), Budget.kv_bytes("20GiB")
+    assert simulate_consensus(llama, Limits(), budget, tp_size=2).num_blocks == 20480
+    whole_plan = graphkv.compile(llama, Limits(), budget)
+    with pytest.raises(ConsensusError, match=r"must plan this rank's model \(32 cache layers\); first difference at "
+                                             r"layer 0: the plan's layers.0: 8 KV heads x 128, the model's "
+                                             r"layers.0: 4 KV"):
+        simulate_consensus(llama, Limits(), budget, tp_size=2, compile_local=lambda r, m: whole_plan)
+    with pytest.raises(ConsensusError, match=r"compile_local\(\)='NoneType': must return a Plan"):
+        simulate_consensus(llama, Limits(), budget, tp_size=2, compile_local=lambda r, m: None)
+
+
+def test_finalize_and_plan_for_refuse_another_model_or_layout():
+    """finalize() of a llama agreement with qwen3-next or other limits, and plan_for() of another model or of a stage
+    outside the agreed pipeline: SpecErrors naming the first difference (before: a plan of the wrong model, or an
+    IndexError)."""
+    from graphkv.distributed import finalize
+
+    llama, qwen = preset_model("llama-3.1-8b"), preset_model("qwen3-next-80b-a3b")
+    reports = [budget_report(m, Limits(), Budget.kv_bytes("20GiB"), rank=i)
+               for i, m in enumerate(rank_models(llama, 2, 1))]
+    agreement = agree(reports)
+    with pytest.raises(SpecError, match=r"^model \(model.max_position_embeddings\)='262144': differs from the "
+                                        r"model the ranks agreed on: 131072"):
+        finalize(qwen.shard(2, 0), Limits(), agreement)
+    with pytest.raises(SpecError, match=r"^limits \(limits.max_num_seqs\)='8': differs from the limits the "
+                                        r"ranks agreed"):
+        finalize(llama.shard(2, 0), Limits(max_num_seqs=8), agreement)
+    agreed = simulate_consensus(llama, Limits(), Budget.kv_bytes("20GiB"), tp_size=2, pp_size=2)
+    assert agreed.plan_for(llama.shard(2, 1).stage(2, 1)) is agreed.stages[1]
+    with pytest.raises(SpecError, match=r"^model='tp=1 x pp=4': the ranks agreed on tp=2 x pp=2"):
+        agreed.plan_for(llama.stage(4, 3))
+    with pytest.raises(SpecError, match=r"^model \(model.max_position_embeddings\)='262144'"):
+        agreed.plan_for(qwen.shard(2, 0).stage(2, 1))
+
+
+def test_ranks_with_different_graph_memory_calibrations_are_named():
+    """A rank planning with a calibration and one without would agree on stages whose graph-memory ledgers differ:
+    refused, naming graph_pool."""
+    from graphkv.plan.graph_pool import GraphPoolModel
+
+    llama = preset_model("llama-3.1-8b")
+    calibrated = GraphPoolModel(per_graph_bytes=4096.0, output_bytes_per_token=64.0, workspace_bytes_per_token=32.0,
+                                calibrated=True, source="a test calibration", hidden_size=4096)
+    reports = [budget_report(m, Limits(), Budget.kv_bytes("20GiB"), rank=i, graph_pool=calibrated if i else None)
+               for i, m in enumerate(rank_models(llama, 2, 1))]
+    with pytest.raises(ConsensusError, match=r"^graph_pool=.*rank 0: the uncalibrated estimate; rank 1: <absent>.*"
+                                             r"differs between rank 0 and rank\(s\) \[1\]: every rank must "
+                                             r"reserve graph memory from the same calibration"):
+        agree(reports)
+
+
+def test_a_group_that_is_not_a_process_group_is_refused(tmp_path):
+    """compile_consensus(group="world") on an initialised one-rank gloo world: a SpecError naming the group (a raw
+    ValueError from torch before); group=None plans alone."""
+    dist = pytest.importorskip("torch.distributed")
+    from graphkv.distributed import compile_consensus
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        llama = preset_model("llama-3.1-8b")
+        with pytest.raises(SpecError, match=r"^group='str': must be a torch.distributed ProcessGroup \(or None: the "
+                                            r"world\)"):
+            compile_consensus(llama, Limits(), Budget.kv_bytes("20GiB"), group="world")
+        assert compile_consensus(llama, Limits(), Budget.kv_bytes("20GiB")).num_blocks == 10240
+    finally:
+        dist.destroy_process_group()
