@@ -2,7 +2,9 @@
 
 Calling convention: the forward takes named tensor inputs whose token dimension (dim 0 unless
 ``token_dims`` says otherwise) has ``num_tokens`` entries, and returns a tensor or a
-tuple / list / dict of tensors whose dim 0 is tokens. Per-request metadata (block tables, query
+tuple / list / dict of tensors whose dim 0 is tokens or requests (a namedtuple or a dict subclass
+such as ``ModelOutput`` comes back as itself; a 0-dim output, which would include the padding
+rows, is refused at capture). Per-request metadata (block tables, query
 start locations, sequence lengths) lives in persistent buffers the step fills in place and the
 layers read through :func:`graphkv.runtime.step.context.forward_context`.
 
@@ -43,22 +45,27 @@ from typing import Any, Callable, ContextManager, Mapping
 import attrs
 import torch
 
-from graphkv.errors import CaptureError, Problem
+from graphkv.errors import CaptureError, GraphkvError, Problem
 from graphkv.plan.plan import Plan
+from graphkv.printable import shortened
 from graphkv.runtime.capture import piecewise
+from graphkv.runtime.capture.checks import (check_callable, check_forward_parameters, check_plan, enter_prepared,
+                                            refuse_other_plan)
+from graphkv.runtime.capture.cut import bad_shape, check_outputs, cut_to_step
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
-from graphkv.runtime.capture.shape import ShapeMemo, StepShape, shape_context
+from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape, shape_context
 from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.static_inputs import StaticInputs
 from graphkv.runtime.capture.weak import tree_map, weak_outputs
 from graphkv.spec.backends import CudaGraphSupport
 from graphkv.spec.limits import CudaGraphMode
 
-__all__ = ["CPU_UNAVAILABLE", "CaptureReport", "CapturedForward", "capture"]
+__all__ = ["CPU_UNAVAILABLE", "MODE_NONE", "CaptureReport", "CapturedForward", "capture"]
 
 logger = logging.getLogger(__name__)
 
 CPU_UNAVAILABLE = "CUDA graphs unavailable: torch.cuda.is_available() is False (CPU build / no GPU); running eagerly"
+MODE_NONE = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
 _NOT_CAPTURED = "running eagerly: graphs not captured yet (call .capture() first)"
 _FULL_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
 
@@ -110,17 +117,29 @@ class CapturedForward:
     grad mode keeps a compiled forward from recompiling between capture and serving). ``stream``
     (optional): the ``torch.cuda.Stream`` every key is warmed up and captured on (default: one side
     stream made at the first :meth:`capture`; see :func:`capture`).
+
+    Refused with :class:`CaptureError` at construction: a ``plan`` that is not a :class:`Plan`
+    (a ``GpuPlan``'s is its ``.plan``, a ``ConsensusPlan``'s this rank's ``plan_for(model)``), an
+    ``fn`` that is not callable, static input names that are no parameter of ``fn``, and what
+    :class:`~graphkv.runtime.capture.static_inputs.StaticInputs` refuses (buffers that are not
+    tensors with a token dim, overlapping buffers, pad values their dtype cannot hold).
     """
 
     def __init__(self, fn: Callable[..., Any], plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
                  pad_values: Mapping[str, float] | None = None, token_dims: Mapping[str, int] | None = None,
                  copy_outputs: bool = False, pool: Any = None, stream: Any = None) -> None:
+        plan = check_plan(plan)
+        check_callable("fn", fn, "wrap the model's forward: graphkv.capture(plan, ...)(model.forward)", optional=False)
+        if not isinstance(copy_outputs, bool):  # "no" is truthy: it would clone
+            raise CaptureError(Problem(field="copy_outputs", value=copy_outputs, limit="must be a bool",
+                                       fix="pass True to get clones of replayed outputs, else False"))
         self.fn = fn
         self.plan = plan
         self.copy_outputs = copy_outputs
         self.pool = pool
         self.stream = stream
         self.inputs = StaticInputs(static_inputs, pad_values=pad_values, token_dims=token_dims)
+        check_forward_parameters(fn, self.inputs.buffers, "static_inputs")
         self._graphs: dict[GraphKey, _Captured] = {}
         self._shapes = ShapeMemo(plan.limits.max_num_seqs)  # decode steps' shapes (cleared by capture)
         self._rehearsed = False
@@ -131,10 +150,10 @@ class CapturedForward:
         self._priming: Any = None  # the graph that put the capture stream's cuBLAS workspaces in the pool (kept)
         self._num_piece_graphs = 0  # piece graphs captured by the last ``capture()``
         functools.update_wrapper(self, fn, updated=())
-        if not torch.cuda.is_available():
-            self.unavailable_reason: str | None = CPU_UNAVAILABLE
-        elif plan.cudagraph.mode is CudaGraphMode.NONE:
-            self.unavailable_reason = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
+        if plan.cudagraph.mode is CudaGraphMode.NONE:  # the plan's own choice, on any device
+            self.unavailable_reason: str | None = MODE_NONE
+        elif not torch.cuda.is_available():
+            self.unavailable_reason = CPU_UNAVAILABLE
         else:
             self.unavailable_reason = self._off_device_reason()
 
@@ -216,6 +235,14 @@ class CapturedForward:
             self._logged.add(reason)
             logger.log(level, "%s%s (logged once per reason)", reason, detail)
 
+    def _forget(self) -> None:
+        """Drop what an earlier :meth:`capture` rehearsed: every step runs eagerly."""
+        if self._graphs and self._rehearsed:
+            self._graphs.clear()
+            self._rehearsed = False
+            self._piecewise_missing = None
+            self._shapes.clear()
+
     @torch.no_grad()
     def capture(self, progress: bool = True, *, prepare: Callable[[GraphKey], ContextManager[Any]] | None = None,
                 example_inputs: Mapping[str, torch.Tensor] | None = None,
@@ -237,26 +264,41 @@ class CapturedForward:
         CPU (PIECEWISE keys count only where the forward has piecewise runners, as on a GPU).
 
         Raises :class:`CaptureError` when the plan asks for FULL graphs and a group's backend
-        support is NEVER (on CPU too). Without CUDA and without ``rehearse`` it captures nothing,
-        logs and returns :data:`CPU_UNAVAILABLE` as ``unavailable_reason``; every call then runs
-        eagerly on its own sizes.
+        support is NEVER (on CPU too); for static inputs too small for the largest key, or
+        ``example_inputs`` beside ``static_inputs`` (on every device); for a ``prepare`` or
+        ``on_key`` that is not callable, a ``prepare`` that returns no context manager or belongs to a
+        ``Step`` of another plan (``prepare=step.capture_context``), and a forward that raises while
+        warming up or being captured (naming the key; the forward's exception is the cause). Without
+        CUDA (or in mode NONE) and without ``rehearse`` it captures nothing, logs and returns
+        :data:`CPU_UNAVAILABLE` (:data:`MODE_NONE`) as ``unavailable_reason``; every call then runs
+        eagerly on its own sizes, an earlier rehearsal included (the report says what the forward does).
         """
+        check_callable("prepare", prepare, "pass a function of a GraphKey returning a context manager, e.g. "
+                                           "prepare=step.capture_context")
+        check_callable("on_key", on_key, "pass a function on_key(phase, key), or None")
+        for name, flag in (("progress", progress), ("rehearse", rehearse)):
+            if not isinstance(flag, bool):  # "no" is truthy
+                raise CaptureError(Problem(field=name, value=flag, limit="must be a bool", fix=f"pass {name}=True "
+                                           "or False"))
+        refuse_other_plan(self.plan, prepare)
         self._refuse_never_groups()
+        keys = capture_keys(self.plan.cudagraph, self.plan.limits) if self.mode is not CudaGraphMode.NONE else ()
+        if self.inputs.buffers or example_inputs is not None:  # checked on every device: a CPU run catches them
+            # every step's rows, not just the largest key's: steps above it run eagerly on the buffers
+            self.inputs.ensure(example_inputs, keys[0].num_tokens if keys else 0,
+                               self.plan.limits.max_num_batched_tokens)
+            check_forward_parameters(self.fn, self.inputs.buffers, "example_inputs")
+            if self.unavailable_reason is None:  # the buffers may be new (example_inputs)
+                self.unavailable_reason = self._off_device_reason()
         if self.unavailable_reason is not None and not (rehearse and self.mode is not CudaGraphMode.NONE):
+            self._forget()  # an earlier rehearsal: from now on every step runs eagerly, as the report says
             self._log_once(self.unavailable_reason, logging.WARNING)
             return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
-        keys = capture_keys(self.plan.cudagraph, self.plan.limits)
         if not keys:
             return CaptureReport(keys=(), seconds=0.0, skipped=(f"the plan's cudagraph support {self.support.name} "
                                                                 f"allows no key of mode {self.mode.value}",),
                                  rehearsed=rehearse)
-        # every step's rows, not just the largest key's: steps above it run eagerly on the buffers
-        self.inputs.ensure(example_inputs, keys[0].num_tokens, self.plan.limits.max_num_batched_tokens)
-        if self.unavailable_reason is None:  # the buffers may be new (example_inputs)
-            self.unavailable_reason = self._off_device_reason()
-        if self.unavailable_reason is not None and not rehearse:
-            self._log_once(self.unavailable_reason, logging.WARNING)
-            return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
+        self.inputs.require()
         if self._priming is not None and not rehearse:
             raise CaptureError(Problem(
                 field="capture", value=f"{len(self._graphs)} keys captured already",
@@ -313,7 +355,8 @@ class CapturedForward:
                 if progress:
                     sys.stderr.write(f"\rgraphkv: {phase} {i + 1}/{len(keys)} {key}".ljust(80))
                     sys.stderr.flush()
-                with prepare(key) if prepare is not None else contextlib.nullcontext():
+                with contextlib.ExitStack() as stack:
+                    enter_prepared(stack, prepare, key)
                     step(key)
                 if on_key is not None:
                     on_key("warm-up" if step == self._warm_up else "capture", key)
@@ -323,16 +366,24 @@ class CapturedForward:
         return phase_seconds
 
     def _failed(self, key: GraphKey, what: str, error: Exception) -> CaptureError:
-        return CaptureError(Problem(field="forward", value=str(key), limit=f"{what} failed: {error}",
-                                    fix="keep host syncs (.item(), .cpu(), data-dependent shapes) out of the forward, "
-                                        "or use cudagraph_mode='NONE'"))
+        if isinstance(error, (RuntimeError, AssertionError)):  # torch's errors; Inductor's size / stride checks
+            limit = f"{what} failed: {error}"
+            fix = ("keep host syncs (.item(), .cpu(), data-dependent shapes) out of the forward, or use "
+                   "cudagraph_mode='NONE'")
+        else:
+            limit = f"{what} failed: the forward raised {type(error).__name__}: {shortened(str(error), 200)}"
+            fix = (f"make the forward run on an all-padding step of {key.num_tokens} tokens, called with the static "
+                   f"inputs {sorted(self.inputs.buffers)} as keyword arguments (the forward's exception is the cause)")
+        return CaptureError(Problem(field="forward", value=str(key), limit=limit, fix=fix))
 
     def _warm_up(self, key: GraphKey) -> None:
         views = self.inputs.pad_all(key.num_tokens)
         try:  # torch's recipe: warm up on a side stream (here the capture stream) before capture
             with self._on_capture_stream():
                 self.fn(**views)
-        except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
+        except GraphkvError:  # graphkv's own (a step context's refusal): already says what and why
+            raise
+        except Exception as e:  # the forward's own errors, torch's, Inductor's size / stride checks
             raise self._failed(key, "warm-up", e) from e
 
     @contextlib.contextmanager
@@ -352,25 +403,30 @@ class CapturedForward:
         if mode is CudaGraphMode.PIECEWISE and self._piecewise_missing:
             return
         views = self.inputs.pad_all(key.num_tokens)
+        shape = key_shape(key, mode, max_num_seqs=self.plan.limits.max_num_seqs)
         try:
             if mode is CudaGraphMode.FULL:
                 if self._rehearsed:
-                    self.fn(**views)
+                    check_outputs(self.fn(**views), shape)
                     self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=True)
                     return
                 graph, outputs = piecewise.capture_graph(lambda: self.fn(**views), self.pool, self.stream,
                                                          release_workspaces=False)  # primed: in the pool
+                check_outputs(outputs, shape)
                 # weak views: the outputs' blocks go back to the pool, so every key's outputs share them
                 self._graphs[key] = _Captured(graph=graph, outputs=weak_outputs(outputs))
                 return
             with piecewise.piecewise_capture(self.pool, rehearse=self._rehearsed, stream=self.stream,
                                              staging=self._staging, workspaces_in_pool=True) as scope, \
                     self._on_capture_stream():
-                self.fn(**views)
-        except (RuntimeError, AssertionError) as e:  # torch's errors; Inductor's size / stride checks
+                outputs = self.fn(**views)
+        except GraphkvError:  # graphkv's own (outputs it cannot cut, a step context's refusal): said already
+            raise
+        except Exception as e:  # the forward's own errors, torch's, Inductor's size / stride checks
             raise self._failed(key, f"{mode.value} capture", e) from e
         self._num_piece_graphs += scope.num_captured
         if scope.num_captured or scope.num_replayed or scope.num_rehearsed:
+            check_outputs(outputs, shape)
             self._graphs[key] = _Captured(graph=None, outputs=None, rehearsed=self._rehearsed)
         else:
             self._piecewise_missing = (
@@ -392,7 +448,10 @@ class CapturedForward:
         an input left out is read from its static buffer as the caller filled it. Returns the
         forward's outputs with dim 0 sliced to ``num_tokens``; replayed outputs are shared
         graph-pool memory (overwritten by the next replay of any key) unless ``copy_outputs``. The step's metadata must
-        have been filled for that shape (``Step.prepare(batch, forward=self)`` does).
+        have been filled for that shape (``Step.prepare(batch, forward=self)`` does). Raises
+        :class:`CaptureError` for an impossible step (see :func:`~graphkv.runtime.capture.keys.dispatch`), an
+        input with a static buffer that is not a tensor of its dtype with ``num_tokens`` rows (replayed or eager
+        alike), and an input left out on a step larger than its buffer.
         """
         shape = self.shape_of(self._dispatch(num_tokens, num_reqs, uniform), num_tokens, num_reqs, uniform)
         with shape_context(shape):
@@ -402,47 +461,53 @@ class CapturedForward:
     def run(self, shape: StepShape, *, inputs: Mapping[str, torch.Tensor]) -> Any:
         """:meth:`__call__` for a step whose :class:`StepShape` is decided (``Step.run`` and
         ``Step.prepare(batch, forward=self)`` decide it once, from :meth:`shape_of`). A replayed
-        (or rehearsed) shape must be a key of this forward: :class:`CaptureError` otherwise."""
+        (or rehearsed) shape must be a key of this forward, with that key's padded sizes (an eager one
+        unpadded); ``inputs`` a mapping of tensors, each of its static buffer's dtype with ``num_tokens``
+        rows on its token dim (on eager steps too): :class:`CaptureError` otherwise."""
+        if type(shape) is not StepShape:
+            raise CaptureError(Problem(field="shape", value=type(shape).__name__, limit="must be a StepShape",
+                                       fix="decide it with this forward: Step.prepare(batch, forward=fwd) or "
+                                           "fwd.shape_of(...)"))
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):
+            raise CaptureError(Problem(field="inputs", value=type(inputs).__name__, limit="must be a mapping of "
+                                       "input name -> tensor", fix="pass inputs={'input_ids': ids} (or {})"))
         self.inputs.check_names(inputs)
-        num_tokens = shape.num_tokens
-        if shape.key is None:
+        num_tokens, key = shape.num_tokens, shape.key
+        if key is None:
+            if type(num_tokens) is not int or num_tokens < 1 or shape.num_tokens_padded != num_tokens \
+                    or shape.num_reqs_padded != shape.num_reqs:
+                raise bad_shape(shape, "an eager shape runs on its own sizes: num_tokens an int >= 1, "
+                                       "num_tokens_padded == num_tokens and num_reqs_padded == num_reqs")
             detail = f" (first at num_tokens={num_tokens}, num_reqs={shape.num_reqs}, uniform={shape.uniform})"
             reason = shape.eager_reason or "running eagerly"
             # The plan's own reasons (a size above the largest captured, a mode without such keys) are expected;
             # graphs that could exist but do not are worth a warning.
             warn = reason in (self.unavailable_reason, self._piecewise_missing, _NOT_CAPTURED)
             return self._eager(reason, logging.WARNING if warn else logging.INFO, num_tokens, inputs, detail)
-        captured = self._graphs.get(shape.key)
+        try:
+            captured = self._graphs.get(key)
+        except TypeError:  # an unhashable key
+            captured = None
         if captured is None:
-            raise CaptureError(Problem(field="shape.key", value=str(shape.key),
+            raise CaptureError(Problem(field="shape.key", value=str(key),
                                        limit=f"this forward holds no graph of that key (it holds {len(self._graphs)})",
                                        fix="decide the shape with this forward: Step.prepare(batch, forward=fwd) or "
                                            "fwd.shape_of(...)"))
+        reqs = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, self._shapes.max_num_seqs)
+        if not (shape.num_tokens_padded == key.num_tokens and shape.num_reqs_padded == reqs and type(num_tokens) is int
+                and 0 < num_tokens <= key.num_tokens and type(shape.num_reqs) is int and 0 < shape.num_reqs <= reqs
+                and (shape.uniform or not key.uniform)):
+            raise bad_shape(shape, f"does not fit its key: a step on {key} has num_tokens_padded={key.num_tokens} "
+                                   f"and num_reqs_padded={reqs}, 1 <= num_tokens <= {key.num_tokens}, 1 <= num_reqs "
+                                   f"<= {reqs}" + (" and uniform=True" if key.uniform else ""))
         self.inputs.stage(inputs, num_tokens, shape.num_tokens_padded)
         if captured.graph is not None:
             captured.graph.replay()
             outputs = captured.outputs
         else:  # PIECEWISE (the compiled forward's runners replay their pieces) or a rehearsal (eager, padded)
             outputs = self.fn(**self.inputs.views(shape.num_tokens_padded))
-        outputs = tree_map(lambda t: _cut(t, shape), outputs)
+        outputs = tree_map(lambda t: cut_to_step(t, shape), outputs)
         return tree_map(torch.clone, outputs) if self.copy_outputs else outputs
-
-
-def _cut(t: torch.Tensor, shape: StepShape) -> torch.Tensor:
-    """A padded step's output cut to the step: dim 0 is its padded tokens (cut to ``num_tokens``)
-    or its padded request rows (one row per request, e.g. the last token's logits: cut to at most
-    ``num_tokens`` rows, as the eager forward returns them); anything else is refused."""
-    if not t.dim():
-        return t
-    rows = t.shape[0]
-    if rows == shape.num_tokens_padded:
-        return t.narrow(0, 0, shape.num_tokens)
-    if rows == shape.num_reqs_padded:
-        return t.narrow(0, 0, min(shape.num_tokens, rows))
-    raise CaptureError(Problem(field="forward output", value=tuple(t.shape),
-                               limit=f"dim 0 must be the step's padded tokens ({shape.num_tokens_padded}) or its "
-                                     f"padded request rows ({shape.num_reqs_padded})",
-                               fix="return token-major outputs ([num_tokens, ...]) or one row per request"))
 
 
 def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = None,
@@ -461,8 +526,12 @@ def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = No
     Hopper, not one per warm-up stream); ``.capture()`` allocates that set inside the graph pool
     before its first capture (:func:`~graphkv.runtime.capture.piecewise.prime_blas_workspaces`), so
     that no graph records a workspace a later release could free under it. Returns a
-    :class:`CapturedForward`; call ``.capture()`` once the model is loaded.
+    :class:`CapturedForward`; call ``.capture()`` once the model is loaded. Raises
+    :class:`CaptureError` for a ``plan`` that is not a :class:`Plan` (at once) and for what
+    :class:`CapturedForward` refuses (when wrapping).
     """
+    check_plan(plan)
+
     def wrap(fn: Callable[..., Any]) -> CapturedForward:
         return CapturedForward(fn, plan, static_inputs=static_inputs, pad_values=pad_values, token_dims=token_dims,
                                copy_outputs=copy_outputs, pool=pool, stream=stream)

@@ -19,23 +19,46 @@ them. Only CUDA memory a graph pool hands out is viewed weakly; everything else 
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
+
+from graphkv.errors import CaptureError, Problem
 
 __all__ = ["tree_map", "weak_outputs", "weak_view"]
 
 
 def tree_map(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
-    """``fn`` applied to every tensor of ``value`` (a tensor, or tuples, lists and dicts of them);
-    anything else is returned as it is."""
+    """``fn`` applied to every tensor of ``value`` (a tensor, or tuples, lists and dicts of them, of
+    their own types: a namedtuple, a ``torch.return_types`` result, a dict subclass such as
+    transformers' ``ModelOutput`` — copied, then each item set — come back as what they were);
+    anything else is returned as it is. A container that cannot be rebuilt so is refused with
+    :class:`CaptureError`."""
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(tree_map(fn, v) for v in value)
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(tree_map(fn, v) for v in value)
+    if kind is dict:
         return {k: tree_map(fn, v) for k, v in value.items()}
-    return value
+    if not isinstance(value, (tuple, list, dict)):
+        return value
+    try:
+        if isinstance(value, dict):  # a copy keeps its class and what it holds beside the items (ModelOutput's
+            out = copy.copy(value)  # attributes, which its __setitem__ keeps in step)
+            for k, v in value.items():
+                out[k] = tree_map(fn, v)
+            return out
+        items = [tree_map(fn, v) for v in value]
+        if isinstance(value, tuple) and hasattr(kind, "_fields") and not hasattr(kind, "n_fields"):
+            return kind(*items)  # a namedtuple (a torch.return_types structseq takes one sequence)
+        return kind(items)
+    except Exception as e:  # a container class graphkv cannot rebuild
+        raise CaptureError(Problem(field="forward output", value=kind.__qualname__,
+                                   limit=f"a {kind.__qualname__} could not be rebuilt around its cut tensors ({e})",
+                                   fix="return a tensor, a tuple, list or dict of tensors, a namedtuple or a "
+                                       "ModelOutput")) from e
 
 
 def weak_view(t: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ import torch
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
+from graphkv.runtime.capture.checks import plan_difference
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, graph_mode
 from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape
 from graphkv.runtime.device import resolve_device
@@ -140,6 +141,7 @@ class Step:
         self._repeat: RepeatStep | None = None
         self._forward_vocab: tuple[Any, int | None] = (None, None)  # the last forward run and its vocab_size
         self._eager_shapes = ShapeMemo(self.max_num_seqs)  # a plain callable's shapes (decode ones remembered)
+        self._same_plan: Plan | None = None  # another forward's plan found equal to this step's (checked once)
 
     # ---- the persistent buffers ----------------------------------------------------------------
 
@@ -233,7 +235,8 @@ class Step:
         step; its graphs (captured, or rehearsed on a CPU) decide the padded sizes, which every
         buffer is filled for. Without one (an eager forward) nothing is padded. Raises
         :class:`SpecError` / :class:`CapacityError` for a batch that is inconsistent or would corrupt
-        another request's pages; nothing has changed then. :meth:`undo` takes the step back (e.g.
+        another request's pages, and :class:`SpecError` for a ``forward`` built under a plan that
+        differs from this Step's (naming what differs); nothing has changed then. :meth:`undo` takes the step back (e.g.
         when your forward raised). Not capture-safe (host work); call it before the forward, inside
         ``with forward_context(step.context, shape):``.
         """
@@ -247,7 +250,8 @@ class Step:
         a CPU rehearsal of one, or runs eagerly; the step's :class:`StepShape` is decided once for
         all of them) or a plain callable taking ``input_ids``. ``input_ids``: ``[num_tokens]`` integer
         token ids, packed in batch order, on the CPU or the step's device. Returns the forward's
-        output for the step's ``num_tokens`` tokens. Raises as :meth:`prepare` does, and
+        output for the step's ``num_tokens`` tokens. Raises as :meth:`prepare` does (a captured forward of
+        another plan included), and
         :class:`SpecError` for ``input_ids`` of another length, dtype or device, and with
         ``vocab_size`` (the model's embedding rows, an int >= 1) for a token id outside
         ``[0, vocab_size)`` naming its request and position (one host reduction; a device tensor costs
@@ -325,11 +329,24 @@ class Step:
         ``capture(prepare=...)``); the forward context holds the key's own :class:`StepShape`.
 
         Its requests hold no pages (every table row is the null page, every slot ``PAD_SLOT_ID``),
-        so capture writes nothing into live requests' pages and leaves their rows untouched."""
+        so capture writes nothing into live requests' pages and leaves their rows untouched. Raises
+        :class:`SpecError` for a key this Step cannot stage: more request rows than ``max_num_seqs``
+        or more tokens than ``max_num_batched_tokens`` (a key of a forward planned otherwise)."""
         if not isinstance(key, GraphKey):
             raise SpecError(Problem(field="key", value=type(key).__name__, limit="must be a GraphKey of the plan",
                                     fix="pass one of graphkv.plan.graph_keys.capture_keys(plan.cudagraph, "
                                         "plan.limits)"))
+        reqs = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, self.max_num_seqs)
+        if not (type(key.num_tokens) is int and type(reqs) is int and 1 <= reqs <= min(key.num_tokens,
+                                                                                        self.max_num_seqs)
+                and key.num_tokens <= self.max_num_tokens):
+            raise SpecError(Problem(
+                field="key", value=str(key),
+                limit=f"this Step cannot stage it: its plan has max_num_seqs={self.max_num_seqs} and "
+                      f"max_num_batched_tokens={self.max_num_tokens} (a key needs 1 <= request rows <= min(num_tokens, "
+                      "max_num_seqs) and num_tokens <= max_num_batched_tokens)",
+                fix="pass a key of this Step's plan (capture_keys(step.plan.cudagraph, step.plan.limits)); a forward "
+                    "planned otherwise: wrap the model with graphkv.capture(step.plan, ...)"))
         shape = key_shape(key, graph_mode(self.plan.cudagraph, key), max_num_seqs=self.max_num_seqs)
         num_reqs = shape.num_reqs
         qlens = np.full(num_reqs, key.num_tokens // num_reqs, dtype=_I64)
@@ -352,7 +369,23 @@ class Step:
             raise SpecError(Problem(field="forward", value=type(forward).__name__,
                                     limit="must be a graphkv CapturedForward (its graphs decide the padding) or None",
                                     fix="pass the graphkv.capture(...) wrapper, or nothing for an eager forward"))
+        plan = getattr(forward, "plan", None)
+        if plan is not self.plan and plan is not self._same_plan:  # O(1) per step once found equal
+            self._check_plan_of(forward, plan)
         return forward.shape_of
+
+    def _check_plan_of(self, forward: Any, plan: Any) -> None:
+        """Refuse a captured forward planned otherwise than this step: its keys would not be the step's (a decode
+        key of 8 requests on a step of 4, or steps of 3 requests eager for want of a key of 4)."""
+        if not isinstance(plan, Plan):  # a forward that decides shapes without a plan: nothing to compare
+            return
+        diff = plan_difference(plan, self.plan)
+        if diff is not None:
+            raise SpecError(Problem(
+                field="forward", value=f"{type(forward).__name__} of plan {plan.model_name!r}",
+                limit=f"was built under another plan than this Step's (forward's vs Step's: {diff})",
+                fix="wrap the model with graphkv.capture(step.plan, ...) (or build the Step from the forward's plan)"))
+        self._same_plan = plan
 
     def _eager_shape(self, dispatch: StepDispatch, num_tokens: int, num_reqs: int, uniform: bool) -> StepShape:
         """The shape of a step a plain callable runs: its own sizes."""

@@ -3,13 +3,18 @@
 import contextlib
 import logging
 
+import attrs
+import numpy as np
 import pytest
 import torch
 
 from capture_toys import GraphEmulator, ToyModel, backend_with, make_plan, with_mode
-from graphkv import CaptureError, CudaGraphMode, CudaGraphSupport
-from graphkv.runtime.capture.graphs import CPU_UNAVAILABLE, CapturedForward, _Captured, capture
-from graphkv.runtime.capture.keys import GraphKey
+from graphkv import Budget, CaptureError, CudaGraphMode, CudaGraphSupport, SpecError
+from graphkv.distributed.plans import ConsensusPlan
+from graphkv.plan.gpu_fit import GpuPlan
+from graphkv.runtime import Batch, Step
+from graphkv.runtime.capture.graphs import CPU_UNAVAILABLE, MODE_NONE, CapturedForward, _Captured, capture
+from graphkv.runtime.capture.keys import GraphKey, dispatch
 
 PLAN = make_plan("flash_attn", max_num_seqs=16, max_num_batched_tokens=64, cudagraph_mode="FULL")
 LOGGER = "graphkv.runtime.capture.graphs"
@@ -337,3 +342,324 @@ def test_full_capture_flow_with_emulated_graphs_equals_eager(monkeypatch):
         assert emulator.replays == before + 1
         with torch.no_grad():
             torch.testing.assert_close(out, model(**inputs), rtol=1e-5, atol=1e-6)
+
+
+# ---- refusals: every wrong argument is a CaptureError naming it (never a raw TypeError, a silent cast, a hang) ----
+
+SMALL = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")  # 7 keys, 8 largest
+
+
+def ids(n: int = 8) -> torch.Tensor:
+    """An int64 token-id buffer of ``n`` rows."""
+    return torch.zeros(n, dtype=torch.int64)
+
+
+def column(input_ids):
+    """A token-major forward: one output row per token."""
+    return input_ids[:, None] * 10
+
+
+def rehearsed(fn=column, plan=SMALL, **options) -> CapturedForward:
+    """``fn`` wrapped under ``plan`` with an 8-row input_ids buffer, every key rehearsed."""
+    options.setdefault("static_inputs", {"input_ids": ids()})
+    fwd = capture(plan, **options)(fn)
+    fwd.capture(progress=False, rehearse=True)
+    return fwd
+
+
+def shape_of(fwd: CapturedForward, num_tokens: int, num_reqs: int, uniform: bool):
+    """The StepShape ``fwd`` decides for a step (as Step.prepare asks it)."""
+    d = dispatch(fwd.plan.cudagraph, fwd.plan.limits, num_tokens=num_tokens, num_reqs=num_reqs, uniform=uniform)
+    return fwd.shape_of(d, num_tokens, num_reqs, uniform)
+
+
+def test_a_plan_of_another_kind_is_refused_naming_where_its_plan_is():
+    """A GpuPlan, a ConsensusPlan, a dict or None as the plan is a CaptureError saying where the Plan is (was: a raw
+    AttributeError on .limits)."""
+    gpu = GpuPlan(plan=SMALL, budget=Budget.kv_bytes("1GiB"), reserve_is_auto=True, beside_bytes=0)
+    with pytest.raises(CaptureError, match=r"^plan='GpuPlan': must be a graphkv Plan; pass its \.plan \(the Plan "
+                                           r"compile_for_gpu sized to the GPU\): graphkv\.capture\(gpu_plan\.plan"):
+        capture(gpu)
+    consensus = ConsensusPlan(tensor_parallel_size=1, pipeline_parallel_size=1, num_blocks=SMALL.num_blocks,
+                              max_model_len=SMALL.max_model_len, num_blocks_reason="", max_model_len_reason="",
+                              ranks=(), stages=(SMALL,))
+    with pytest.raises(CaptureError, match=r"^plan='ConsensusPlan': must be a graphkv Plan; pass this rank's stage "
+                                           r"plan: consensus\.plan_for\(model\) \(that is consensus\.stages\["):
+        capture(consensus, static_inputs={"input_ids": ids()})(column)
+    for plan, kind in (({}, "dict"), (None, "NoneType")):
+        with pytest.raises(CaptureError, match=rf"^plan='{kind}': must be a graphkv Plan; build it with graphkv\."
+                                               r"compile\(model, limits, budget\)$"):
+            CapturedForward(column, plan)
+
+
+@pytest.mark.parametrize("static, message", [
+    (ids(), r"^static_inputs='Tensor': must be a mapping of input name -> value \(or None\)"),
+    ({"input_ids": [0] * 8}, r"^static_inputs\['input_ids'\]='list': must be a torch\.Tensor \(a persistent buffer"),
+    ({"input_ids": np.zeros(8, np.int64)}, r"^static_inputs\['input_ids'\]='ndarray': must be a torch\.Tensor"),
+    ({"input_ids": torch.tensor(0)}, r"^static_inputs\['input_ids'\]='a 0-dim tensor': must have a token dim"),
+    ({0: ids()}, r"^static_inputs=0: names must be str \(got int\)"),
+    ({"input_ids": torch.zeros(8, dtype=torch.int64, device="meta")},
+     r"^static_inputs\['input_ids'\]='\(8,\) on meta': a meta tensor has no memory a forward could read"),
+    ({"input_ids": torch.zeros(1, dtype=torch.int64).expand(8)},
+     r"^static_inputs\['input_ids'\]='shape \(8,\) strides \(0,\)': its elements overlap in memory \(an expanded"),
+])
+def test_static_inputs_that_are_no_buffers_are_refused(static, message):
+    """static_inputs must map str names to tensors with a token dim and memory of their own per element: a tensor, a
+    list, an ndarray, a 0-dim tensor, an int name, a meta tensor or an expanded view is refused naming it (was: raw
+    RuntimeError, AttributeError or IndexError at capture)."""
+    with pytest.raises(CaptureError, match=message):
+        capture(SMALL, static_inputs=static)(column)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"token_dims": {"input_ids": 5}}, r"^token_dims\['input_ids'\]=5: must be an int dim of the 1-dim buffer "
+                                       r"\(8,\); pass the dim that counts tokens, 0 <= dim < 1$"),
+    ({"token_dims": {"input_ids": "0"}}, r"^token_dims\['input_ids'\]='0': must be an int dim"),
+    ({"token_dims": [0]}, r"^token_dims='list': must be a mapping of input name -> value"),
+    ({"pad_values": {"input_ids": "a"}}, r"^pad_values\['input_ids'\]='a': must be a number \(an int or a float\)"),
+    ({"pad_values": {"input_ids": 1e30}}, r"^pad_values\['input_ids'\]=1e\+30: a torch\.int64 buffer cannot hold "
+                                          r"it: padding rows would hold another value"),
+])
+def test_token_dims_and_pad_values_of_the_wrong_kind_are_refused(options, message):
+    """A token dim out of range or not an int, token_dims not a mapping, a pad value that is no number or overflows
+    int64 are refused when wrapping (was: raw IndexError, TypeError or RuntimeError at capture)."""
+    with pytest.raises(CaptureError, match=message):
+        capture(SMALL, static_inputs={"input_ids": ids()}, **options)(column)
+
+
+def test_pad_values_a_buffer_cannot_hold_are_refused():
+    """PAD_SLOT_ID -1 (the default pad of a slot_mapping) in a uint8 buffer would become slot 255 and 2.7 in an
+    int64 buffer 2: both refused when wrapping; -1 in int8, 0.1 in float32 and a negative token dim are taken and
+    padded with."""
+    with pytest.raises(CaptureError, match=r"^pad_values\['slot_mapping'\]=-1: the default pad value \(PAD_SLOT_ID "
+                                           r"for names ending in slot_mapping\): a torch\.uint8 buffer cannot hold "
+                                           r"it: padding rows would hold another value \(a real slot"):
+        capture(SMALL, static_inputs={"slot_mapping": torch.zeros(8, dtype=torch.uint8)})(lambda slot_mapping: 0)
+    with pytest.raises(CaptureError, match=r"^pad_values\['input_ids'\]=2\.7: a torch\.int64 buffer cannot hold it"):
+        capture(SMALL, static_inputs={"input_ids": ids()}, pad_values={"input_ids": 2.7})(column)
+    with pytest.raises(CaptureError, match=r"^pad_values\['h'\]=1e\+39: a torch\.float32 buffer cannot hold it"):
+        capture(SMALL, static_inputs={"h": torch.zeros(8)}, pad_values={"h": 1e39})(lambda h: h)
+    slots, h = torch.zeros(2, 8, dtype=torch.int8), torch.zeros(8, 3)
+    fwd = rehearsed(lambda slot_mapping, h: h, static_inputs={"slot_mapping": slots, "h": h},
+                    pad_values={"h": 0.1}, token_dims={"slot_mapping": -1})
+    fwd(num_tokens=3, num_reqs=3, uniform=True, slot_mapping=torch.ones(2, 3, dtype=torch.int8), h=torch.ones(3, 3))
+    assert slots[:, :4].tolist() == [[1, 1, 1, -1]] * 2 and h[3].tolist() == [torch.tensor(0.1).item()] * 3
+
+
+def test_static_input_names_the_forward_does_not_take_are_refused():
+    """Static inputs are passed as keyword arguments: a name that is no parameter of the forward is refused when
+    wrapping, naming its parameters (was: a raw TypeError at capture); a forward taking **kwargs takes any name."""
+    with pytest.raises(CaptureError, match=r"^static_inputs=\['ids'\]: name no parameter of the forward column"
+                                           r"\(input_ids\), which is called with every static input as a keyword "
+                                           r"argument; name the static inputs after the forward's parameters"):
+        capture(SMALL, static_inputs={"ids": ids()})(column)
+    assert list(rehearsed(lambda **kw: kw["ids"], static_inputs={"ids": ids()}).static_inputs) == ["ids"]
+
+
+@pytest.mark.parametrize("error", [ValueError("no such head"), KeyError("layers.3"), TypeError("bad"),
+                                   RuntimeError("CUDA error")])
+def test_a_forward_that_raises_while_capturing_is_a_capture_error_naming_the_key(error):
+    """Whatever the forward raises while warming up, or while its key is captured, is a CaptureError naming the key,
+    with the forward's exception as its cause (was: only RuntimeError and AssertionError were wrapped)."""
+    def raises(input_ids):
+        raise error
+
+    with pytest.raises(CaptureError, match=r"^forward='mixed\(num_tokens=8\)': warm-up failed: ") as info:
+        rehearsed(raises)
+    assert info.value.__cause__ is error
+    calls = []
+
+    def raises_at_capture(input_ids):  # 7 warm-ups, then the first capture
+        calls.append(input_ids.shape[0])
+        if len(calls) == 8:
+            raise error
+        return column(input_ids)
+
+    with pytest.raises(CaptureError, match=r"^forward='mixed\(num_tokens=8\)': FULL capture failed: ") as info:
+        rehearsed(raises_at_capture)
+    assert info.value.__cause__ is error and calls == [8, 4, 4, 2, 2, 1, 1, 8]
+
+
+def test_run_refuses_inputs_and_shapes_of_the_wrong_kind():
+    """On a replayed (rehearsed) step a list, an ndarray, a meta tensor or a view overlapping the rows it would be
+    copied into is refused naming the input; run() refuses inputs=None and a shape that is no StepShape (was: raw
+    AttributeError, NotImplementedError, RuntimeError or TypeError)."""
+    fwd = rehearsed()
+    for given, kind in (([1, 2, 3], "'list'"), (np.arange(3), "'ndarray'"),
+                        (torch.arange(3, device="meta"), r"'\(3,\) torch\.int64 on meta'")):
+        with pytest.raises(CaptureError, match=rf"^input_ids={kind}: must be \(3,\) torch\.int64 for num_tokens=3; "
+                                               r"pass a tensor of the static buffer's dtype"):
+            fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=given)
+    with pytest.raises(CaptureError, match=r"^input_ids='\(3,\) torch\.int64 on cpu': cannot be copied into its "
+                                           r"static rows: "):
+        fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=fwd.static_inputs["input_ids"][1:4])
+    shape = shape_of(fwd, 3, 3, True)
+    with pytest.raises(CaptureError, match=r"^inputs='NoneType': must be a mapping of input name -> tensor"):
+        fwd.run(shape, inputs=None)
+    with pytest.raises(CaptureError, match=r"^shape='NoneType': must be a StepShape; decide it with this forward"):
+        fwd.run(None, inputs={})
+    assert fwd.run(shape, inputs={"input_ids": torch.tensor([1, 2, 3])}).tolist() == [[10], [20], [30]]
+
+
+def test_eager_steps_check_their_inputs_as_replays_do():
+    """A step above every key runs eagerly and refuses what a replay refuses: 10 tokens with a 5-row input (was: 5
+    rows returned) or a float input; an input left out above its buffer's 8 rows is refused too (was: a raw
+    RuntimeError); 10 tokens with 10 rows run."""
+    fwd = rehearsed()
+    with pytest.raises(CaptureError, match=r"^input_ids='\(5,\) torch\.int64': must be \(10,\) torch\.int64 for "
+                                           r"num_tokens=10"):
+        fwd(num_tokens=10, num_reqs=2, uniform=False, input_ids=torch.arange(5))
+    with pytest.raises(CaptureError, match=r"^input_ids='\(10,\) torch\.float32': must be \(10,\) torch\.int64"):
+        fwd(num_tokens=10, num_reqs=2, uniform=False, input_ids=torch.zeros(10))
+    with pytest.raises(CaptureError, match=r"^num_tokens=100: exceeds the static buffer 'input_ids' \(8 rows on its "
+                                           r"token dim\), which an input left out is read from; pass input_ids= with "
+                                           r"the step's 100 rows"):
+        fwd(num_tokens=100, num_reqs=2, uniform=False)
+    assert fwd(num_tokens=10, num_reqs=2, uniform=False, input_ids=torch.arange(10)).shape == (10, 1)
+    assert shape_of(fwd, 10, 2, False).key is None
+
+
+def test_run_refuses_a_shape_whose_padded_sizes_are_not_its_keys():
+    """A hand-made StepShape naming the decode key of 4 tokens must carry that key's padded sizes: 8 padded tokens (a
+    GPU replay would run 4 and cut 6 silently), 5 tokens, 8 padded requests or uniform=False are refused; an eager
+    shape must be unpadded."""
+    fwd = rehearsed()
+    good = shape_of(fwd, 3, 3, True)
+    assert good.key == GraphKey(num_tokens=4, num_reqs=4, uniform=True)
+    for bad in (attrs.evolve(good, num_tokens=6, num_tokens_padded=8), attrs.evolve(good, num_tokens=5),
+                attrs.evolve(good, num_reqs_padded=8), attrs.evolve(good, uniform=False)):
+        with pytest.raises(CaptureError, match=r"^shape='num_tokens=\d, num_reqs=3, .*': does not fit its key: a step "
+                                               r"on decode\(num_tokens=4, num_reqs=4\) has num_tokens_padded=4 and "
+                                               r"num_reqs_padded=4, 1 <= num_tokens <= 4, 1 <= num_reqs <= 4 and "
+                                               r"uniform=True"):
+            fwd.run(bad, inputs={})
+    eager = attrs.evolve(good, key=None, mode=CudaGraphMode.NONE)  # still padded to 4
+    with pytest.raises(CaptureError, match=r"^shape='.*': an eager shape runs on its own sizes"):
+        fwd.run(eager, inputs={})
+
+
+def test_a_0_dim_output_is_refused_at_capture_and_on_a_padded_replay(monkeypatch):
+    """A reduction over the tokens (a 0-dim output) would include a replay's padding rows (a mean of 1.5 for 2.0):
+    refused at capture saying why, and on a padded step of a graph holding such an output."""
+    def mean(input_ids):
+        return input_ids.float().mean()
+
+    with pytest.raises(CaptureError, match=r"^forward output='a 0-dim tensor': has no token or request dim to cut to "
+                                           r"the step's tokens: computed over the 8 padded rows of "
+                                           r"mixed\(num_tokens=8\) it includes the padding rows of every shorter step"):
+        rehearsed(mean)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fwd = capture(SMALL, static_inputs={"input_ids": ids()})(mean)
+    key = GraphKey(num_tokens=4, num_reqs=4, uniform=True)
+    fwd._graphs[key] = _Captured(graph=ReplayOnCPU(mean, {"input_ids": fwd.static_inputs["input_ids"][:4]}),
+                                 outputs=torch.tensor(1.5))
+    with pytest.raises(CaptureError, match=r"^forward output='a 0-dim tensor': .* the 4 padded rows of decode"):
+        fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3]))
+
+
+def test_static_inputs_over_one_buffer_are_refused():
+    """Two names over one buffer, or views of one tensor whose spans overlap, are refused (staging positions
+    overwrote input_ids silently); disjoint rows of one tensor are taken and staged apart."""
+    b = torch.zeros(2, 8, dtype=torch.int64)
+
+    def both(input_ids, positions):
+        return torch.stack([input_ids, positions], 1)
+
+    for a, p in ((b[0], b[0]), (b.view(-1)[:9], b.view(-1)[8:])):
+        with pytest.raises(CaptureError, match=r"^static_inputs=\['input_ids', 'positions'\]: lie in overlapping "
+                                               r"memory \(one buffer twice, or views of one tensor whose spans "
+                                               r"overlap\): staging one would overwrite the other's rows"):
+            capture(SMALL, static_inputs={"input_ids": a, "positions": p})(both)
+    fwd = rehearsed(both, static_inputs={"input_ids": b[0], "positions": b[1]})
+    out = fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3]),
+              positions=torch.tensor([10, 11, 12]))
+    assert out.tolist() == [[1, 10], [2, 11], [3, 12]]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"prepare": 5}, r"^prepare='5': must be callable or None; pass a function of a GraphKey returning a context "
+                     r"manager, e\.g\. prepare=step\.capture_context$"),
+    ({"on_key": 1}, r"^on_key='1': must be callable or None"),
+    ({"prepare": lambda key: None}, r"^prepare='prepare\(mixed\(num_tokens=8\)\) -> NoneType': must return a "
+                                    r"context manager"),
+    ({"prepare": lambda key: {}[key]}, r"^prepare='mixed\(num_tokens=8\)': prepare\(mixed\(num_tokens=8\)\) "
+                                       r"failed: KeyError: "),
+    ({"rehearse": "yes"}, r"^rehearse='yes': must be a bool"),
+    ({"example_inputs": {"input_ids": ids(1)}}, r"^example_inputs=\['input_ids'\]: the forward has static_inputs "
+                                                r"\['input_ids'\] already .*; drop example_inputs=$"),
+])
+def test_capture_arguments_of_the_wrong_kind_are_refused(options, message):
+    """A prepare or on_key that is not callable, a prepare returning None or raising, a rehearse that is no bool and
+    example_inputs beside static_inputs (was: silently ignored) are refused naming the argument (was: raw
+    TypeError)."""
+    fwd = capture(SMALL, static_inputs={"input_ids": ids()})(column)
+    with pytest.raises(CaptureError, match=message):
+        fwd.capture(progress=False, **{"rehearse": True, **options})
+
+
+@pytest.mark.parametrize("examples, message", [
+    (torch.ones(3), r"^example_inputs='Tensor': must be a mapping of input name -> value"),
+    ({"input_ids": [1, 2]}, r"^example_inputs\['input_ids'\]='list': must be a torch\.Tensor"),
+    ({"input_ids": torch.tensor(1)}, r"^example_inputs\['input_ids'\]='a 0-dim tensor': must have a token dim"),
+])
+def test_example_inputs_of_the_wrong_kind_are_refused(examples, message):
+    """example_inputs that are no mapping, hold no tensor or a 0-dim one are refused (was: raw AttributeError or
+    IndexError)."""
+    with pytest.raises(CaptureError, match=message):
+        capture(SMALL)(column).capture(progress=False, rehearse=True, example_inputs=examples)
+
+
+def test_a_forward_planned_otherwise_than_its_step_is_refused_naming_both():
+    """A forward planned for 8 requests captured with a Step of 4 (was: a raw numpy ValueError), or one planned for 2
+    served by a Step of 4 (was: every decode step eager, "graphs not captured yet"), is refused naming the limit that
+    differs; the Step refuses a key it cannot stage; a forward of an equal plan compiled apart runs."""
+    step = Step(SMALL)
+    wide = capture(make_plan("flash_attn", max_num_seqs=8, max_num_batched_tokens=8, cudagraph_mode="FULL"),
+                   static_inputs={"input_ids": step.input_ids})(column)
+    with pytest.raises(CaptureError, match=r"^prepare='Step\.capture_context': belongs to a Step of another plan "
+                                           r"than the forward's \(forward's vs Step's: limits\.max_num_seqs: 8 vs 4\)"):
+        wide.capture(progress=False, prepare=step.capture_context, rehearse=True)
+    with pytest.raises(SpecError, match=r"^key='decode\(num_tokens=8, num_reqs=8\)': this Step cannot stage it: its "
+                                        r"plan has max_num_seqs=4 and max_num_batched_tokens=8"):
+        with step.capture_context(GraphKey(num_tokens=8, num_reqs=8, uniform=True)):
+            pass
+    narrow = rehearsed(plan=make_plan("flash_attn", max_num_seqs=2, max_num_batched_tokens=8, cudagraph_mode="FULL"),
+                       static_inputs={"input_ids": step.input_ids})
+    batch = Batch(req_ids=("a", "b", "c"), query_lens=(1, 1, 1), seq_lens=(1, 1, 1), new_pages=(((1,),), ((2,),),
+                                                                                                  ((3,),)))
+    with pytest.raises(SpecError, match=r"^forward=\"CapturedForward of plan 'toy'\": was built under another plan "
+                                        r"than this Step's \(forward's vs Step's: limits\.max_num_seqs: 2 vs 4\)"):
+        step.run(narrow, batch, input_ids=[1, 2, 3])
+    assert step.active_requests == ()
+    same = rehearsed(plan=make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL"),
+                     static_inputs={"input_ids": step.input_ids})
+    assert step.run(same, batch, input_ids=[1, 2, 3]).tolist() == [[10], [20], [30]]
+    assert step.shape.key == GraphKey(num_tokens=4, num_reqs=4, uniform=True)
+
+
+def test_capture_after_a_rehearsal_reports_what_the_forward_does():
+    """capture() where no graph can be captured, after capture(rehearse=True), drops the rehearsal: its report (no
+    keys, the reason) is what the forward does (was: the report said no keys while 7 rehearsed keys kept padding)."""
+    fwd = rehearsed()
+    assert len(fwd.keys) == 7 and fwd.rehearsed and shape_of(fwd, 3, 3, True).num_tokens_padded == 4
+    report = fwd.capture(progress=False)
+    assert report.keys == fwd.keys == () and not fwd.rehearsed and not report.rehearsed
+    assert report.unavailable_reason is not None and report.unavailable_reason == fwd.unavailable_reason
+    shape = shape_of(fwd, 3, 3, True)
+    assert (shape.key, shape.num_tokens_padded, shape.eager_reason) == (None, 3, fwd.unavailable_reason)
+
+
+def test_static_inputs_are_checked_at_capture_on_every_device_and_mode_none_says_so():
+    """A buffer smaller than the largest key (8 tokens) is refused by capture() without rehearse, on a CPU as on a GPU
+    (was: accepted on a CPU, failing on a GPU); a plan of mode NONE gives that reason, not the CPU's."""
+    with pytest.raises(CaptureError, match=r"^static_inputs=\{'input_ids': 4\}: token dim must hold the largest "
+                                           r"capture size 8"):
+        capture(SMALL, static_inputs={"input_ids": ids(4)})(column).capture(progress=False)
+    none = capture(make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="NONE"),
+                   static_inputs={"input_ids": ids()})(column)
+    assert none.unavailable_reason == MODE_NONE == ("CUDA graphs disabled: the plan's cudagraph mode is NONE; running "
+                                                    "eagerly")
+    for rehearse in (False, True):
+        report = none.capture(progress=False, rehearse=rehearse)
+        assert report.keys == () and report.unavailable_reason == MODE_NONE
+    assert CPU_UNAVAILABLE not in str(report)

@@ -1,12 +1,15 @@
 """Graph outputs shared by every key of a pool (weak views) and the staging arena PIECEWISE pieces read eager
 outputs from."""
 
+import collections
 import contextlib
 
 import pytest
 import torch
 
 from capture_toys import ATTENTION_OP, GraphEmulator, ToyModel, make_plan
+from graphkv import CaptureError
+from graphkv.runtime.capture.graphs import capture
 from graphkv.runtime.capture.piecewise import piecewise_backend, split_at_attention
 from graphkv.runtime.capture.staging import STAGING_ALIGN_BYTES, StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
@@ -213,3 +216,63 @@ def test_priming_captures_matmuls_into_the_pool_on_the_stream_after_a_release(mo
     with pytest.raises(RuntimeError, match="CUBLAS_STATUS_ALLOC_FAILED"):
         piecewise.prime_blas_workspaces("pool", "stream")
     assert calls[-2:] == [("end",), ("stream done",)]
+
+
+class LogitsOutput(collections.OrderedDict):
+    """Stands in for transformers' ModelOutput: an OrderedDict whose items are attributes too (set together)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        object.__setattr__(self, key, value)
+
+
+Pair = collections.namedtuple("Pair", "logits hidden")
+
+
+class Rows(list):
+    """A list subclass."""
+
+
+class TwoArgs(tuple):
+    """A tuple subclass whose constructor takes two arguments: graphkv cannot rebuild it."""
+
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+
+def test_tree_map_keeps_container_types():
+    """A namedtuple, a torch.return_types result, a dict subclass (a ModelOutput stand-in, its attributes too) and a
+    list subclass come back as their own types with every tensor mapped (a namedtuple raised TypeError, a dict
+    subclass came back a plain dict); one that cannot be rebuilt is a CaptureError naming its type."""
+    t = torch.arange(4.0)
+    pair = tree_map(lambda x: x + 1, Pair(t, [t]))
+    assert type(pair) is Pair and pair.logits.tolist() == [1.0, 2.0, 3.0, 4.0] and type(pair.hidden) is list
+    top = tree_map(lambda x: x * 2, torch.max(t.view(2, 2), 0))
+    assert type(top) is type(torch.max(t.view(2, 2), 0)) and top.values.tolist() == [4.0, 6.0]
+    out = tree_map(lambda x: x[:2], LogitsOutput(logits=t, rows=Rows([t])))
+    assert type(out) is LogitsOutput and list(out) == ["logits", "rows"] and out.logits.tolist() == [0.0, 1.0]
+    assert out["logits"] is out.logits and type(out.rows) is Rows and out.rows[0].shape == (2,)
+    with pytest.raises(CaptureError, match=r"^forward output='TwoArgs': a TwoArgs could not be rebuilt around its "
+                                           r"cut tensors"):
+        tree_map(lambda x: x, TwoArgs(t, t))
+
+
+def test_replayed_and_eager_steps_return_the_forwards_own_containers():
+    """A rehearsed forward returning a ModelOutput-like dict or a namedtuple gives the same type on a replayed step
+    (cut to its 3 tokens) as on an eager one; a container it cannot rebuild is refused at capture."""
+    plan = make_plan("flash_attn", max_num_seqs=4, max_num_batched_tokens=8, cudagraph_mode="FULL")
+
+    def rehearsed(fn):
+        fwd = capture(plan, static_inputs={"input_ids": torch.zeros(8, dtype=torch.int64)})(fn)
+        fwd.capture(progress=False, rehearse=True)
+        return fwd
+
+    for fn, kind, logits in ((lambda input_ids: LogitsOutput(logits=input_ids[:, None] * 1.0), LogitsOutput,
+                              [[1.0], [2.0], [3.0]]),
+                             (lambda input_ids: Pair(input_ids * 2, input_ids), Pair, [2, 4, 6])):
+        fwd = rehearsed(fn)
+        replayed = fwd(num_tokens=3, num_reqs=3, uniform=True, input_ids=torch.tensor([1, 2, 3]))
+        eager = fwd(num_tokens=10, num_reqs=2, uniform=False, input_ids=torch.arange(10))
+        assert type(replayed) is kind and type(eager) is kind and replayed.logits.tolist() == logits
+    with pytest.raises(CaptureError, match=r"^forward output='TwoArgs': a TwoArgs could not be rebuilt"):
+        rehearsed(lambda input_ids: TwoArgs(input_ids, input_ids))
