@@ -66,6 +66,9 @@ class AttentionBinding:
     softcap: float | None = None  # the layer's attention-logit soft-cap (Gemma-2; None: none)
     workspace: torch.Tensor | None = None  # the decode kernel's split partials, allocated once (None: flex decodes)
     num_sms: int = DEFAULT_NUM_SMS  # the device's SMs, which the decode kernel's split rule fills
+    # False: the module passes a window it does not apply (OLMoE: config.sliding_window, which transformers applies
+    # only in its flash-attention kernels; its eager / sdpa mask is full causal, as the plan): not checked
+    checks_window: bool = True
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -108,6 +111,8 @@ class PagedStep:
                                              f"with {binding.softcap} (its attn_logit_softcapping)",
                                        fix="set attn_logit_softcapping on the model before wrapping it in a "
                                            "PagedModel, or run it with transformers' eager attention"))
+        if not binding.checks_window:
+            return
         # What the module asks for (0 / None: full attention); a family that slides through its mask alone
         # (Qwen2-MoE) passes nothing, and its module's window was checked against the plan at set-up.
         window = window or None

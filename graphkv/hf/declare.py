@@ -8,7 +8,7 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
-from graphkv.hf.support import family_of
+from graphkv.hf.support import FamilySupport, family_of
 from graphkv.spec.backends import BUILTIN_BACKENDS
 from graphkv.spec.model import ModelKV
 
@@ -50,16 +50,34 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+
+
+def _slides(model: Any, family: FamilySupport) -> bool:
+    """Whether some attention module of ``model`` slides over a window (its family's reading of the module)."""
+    return any(family.sliding_window(module) is not None for module in model.modules()
+               if type(module).__name__ == family.attention)
+
+
 def model_kv(model: Any, *, mamba_ssm_dtype: str | None = None, flex_q_tile_tokens: int | None = None) -> ModelKV:
     """What ``model`` caches, read from ``model.config`` by :meth:`ModelKV.from_hf_config` (the reader
     behind ``graphkv plan --hf-config``) with the flex backend for attention. The attention cache and
     conv states take the weights' dtype; recurrent states the config's or the family's (Nemotron-H:
     float32), or ``mamba_ssm_dtype``. ``flex_q_tile_tokens`` replaces the flex backend's query tile
     (:data:`CPU_FLEX_Q_TILE` on a CPU). Raises :class:`SpecError` for a model graphkv.hf does not
-    run (:func:`graphkv.hf.support.family_of`). Pure: reads the config, touches no tensor."""
-    family_of(model)
+    run (:func:`graphkv.hf.support.family_of`). A config that names a ``sliding_window`` none of the model's
+    attention modules slides over (:meth:`~graphkv.hf.support.FamilySupport.sliding_window`: OLMo, GPT-2, LFM2,
+    Llama, ... keep the field and attend to the whole context) is read without it, and its ``layer_types`` with
+    full for sliding attention, so that full attention is planned, as the model computes (``graphkv plan
+    --hf-config`` reads such a config as every layer sliding, as vLLM does). Pure: reads the config and the
+    modules' attributes, touches no tensor."""
+    family = family_of(model)
     config = model.config.to_dict()
     config.pop("torch_dtype", None)
+    if not _slides(model, family):
+        config.pop("sliding_window", None)
+        if isinstance(config.get("layer_types"), list):  # a sliding layer type the modules do not act on
+            config["layer_types"] = [_FULL if t == _SLIDING else t for t in config["layer_types"]]
     config["dtype"] = str(model_dtype(model)).removeprefix("torch.")
     declared = ModelKV.from_hf_config(config, attention_backend="flex", mamba_ssm_dtype=mamba_ssm_dtype)
     if flex_q_tile_tokens is None:

@@ -14,6 +14,7 @@ import types
 import uuid
 from typing import Any, Callable
 
+import attrs
 import torch
 
 from graphkv.command.compile_flag import check_compile, default_compile
@@ -25,6 +26,7 @@ from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
 from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
+from graphkv.hf.key_projection import key_projection
 from graphkv.hf.projections import MergedGroup, ProjectionSlice, needs_copy
 from graphkv.hf.projections import merge_projections as merge_projections_of
 from graphkv.hf.support import FamilySupport, family_of
@@ -39,6 +41,7 @@ from graphkv.runtime.pool.allocate import KVPool
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.step.context import current_context
 from graphkv.spec.backends import CacheOrder
+from graphkv.spec.layers import KVSharedSpec
 
 __all__ = ["LOGITS_MODES", "PagedModel"]
 
@@ -111,6 +114,9 @@ class PagedModel(torch.nn.Module):
     ``kernels`` resolves to Triton; with torch's kernels nothing is routed. Off by default until an H100 measures it
     faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
+    :attr:`step_dependent_rope`: the rope type (``"dynamic"``, ``"longrope"``) of a model whose rotary frequencies
+    transformers picks per forward call from its longest position, else ``None``; a step is one call, so a
+    request's logits then follow the longest request of its step (logged as a warning at set-up).
     """
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
@@ -171,18 +177,26 @@ class PagedModel(torch.nn.Module):
                 self.attention[decl.index] = AttentionBinding(
                     name=decl.name, group=group, cache=cache, layout=pool.layout(decl.name), key=key, value=value,
                     window=getattr(decl.spec, "window", None), softcap=family.softcap(module), workspace=workspace,
-                    num_sms=num_sms)
+                    num_sms=num_sms, checks_window=not family.passes_unapplied_window)
             else:
                 states = pool.mamba_states(decl.name)
                 replace[module] = (lambda twin, cls=MIXERS[kind], name=decl.name, states=states, group=group,
                                    layer=decl.index: cls(twin, name=name, states=states, group=group, layer=layer))
-        unplanned = sorted(set(modules) - {decl.index for decl in plan.layers})
+        shared = self._bind_shared(plan, modules, family, named)
+        unplanned = sorted(set(modules) - {decl.index for decl in plan.layers} - shared)
         if unplanned:
             raise PlanError(Problem(field="pool.plan", value=plan.model_name,
                                     limit=f"has no cache layer for the model's layers {unplanned}",
                                     fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one), before any change
+        self.step_dependent_rope = _step_dependent_rope(model)
+        if self.step_dependent_rope is not None:
+            logger.warning("graphkv.hf: %s's rotary embedding is %r: transformers picks its frequencies from the "
+                           "longest position of each forward call, and a step packs every request into one call, so "
+                           "a request's logits follow the longest request of its step (as in transformers' batched "
+                           "generate and vLLM's batches), not its own length", type(model).__name__,
+                           self.step_dependent_rope)
         served = model.__dict__.get(_SERVED, frozenset())
         if (merge_projections and needs_copy(model, exclude=tuple(replace))
                 and any(p.data_ptr() in served for p in model.parameters())):
@@ -257,6 +271,26 @@ class PagedModel(torch.nn.Module):
                            "by layer instead", self._model_type, type(error).__name__, lines[0][:300] if lines else "")
         return out
 
+    def _bind_shared(self, plan: Any, modules: dict[int, tuple[str, torch.nn.Module]], family: FamilySupport,
+                     named: dict[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]]) -> set[int]:
+        """Bind each KV-shared attention layer of ``plan`` (Gemma-4's last ``num_kv_shared_layers``: a
+        :class:`~graphkv.spec.layers.KVSharedSpec`, no cache of its own) to the binding of the layer whose cache it
+        reads, its window checked against that layer's; returns their layer indices. The module is handed that
+        layer's K and V of the step (transformers' ``shared_kv_states``), so its K/V write rewrites the same values
+        into the same slots, and it attends over the same pages."""
+        by_name = {decl.name: decl for decl in plan.layers}
+        bound: set[int] = set()
+        for decl in plan.cacheless:
+            if not isinstance(decl.spec, KVSharedSpec):
+                continue
+            _, module = self._module_for(decl, modules)
+            source = by_name[decl.spec.source]
+            self._check_attention(attrs.evolve(source, index=decl.index, name=decl.name), module, family)
+            named[module] = lambda twin, index=decl.index: _named_layer(twin, index)
+            self.attention[decl.index] = attrs.evolve(self.attention[source.index], softcap=family.softcap(module))
+            bound.add(decl.index)
+        return bound
+
     def _module_for(self, decl: Any, modules: dict[int, tuple[str, torch.nn.Module]]) -> tuple[str, torch.nn.Module]:
         wanted = "state" if decl.spec.is_ssm else "attention"
         kind, module = modules.get(decl.index, (None, None))
@@ -282,17 +316,31 @@ class PagedModel(torch.nn.Module):
             raise PlanError(Problem(field=f"plan layer {decl.name}.window", value=planned,
                                     limit=f"the model's {type(module).__name__} slides over {own} tokens",
                                     fix="plan from graphkv.hf.model_kv(model) of this same model"))
-        k_proj, spec = getattr(module, "k_proj", None), decl.spec
+        projection, spec = key_projection(module), decl.spec
         heads, head_size = getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)
-        if isinstance(k_proj, torch.nn.Linear) and heads and head_size and k_proj.out_features != heads * head_size:
-            # the first step would fail on the key's shape, far from the cause
-            raise PlanError(Problem(field=f"{type(module).__name__} ({decl.name}).k_proj.out_features",
-                                    value=k_proj.out_features,
-                                    limit=f"the plan caches {heads} KV heads x head size {head_size} = "
-                                          f"{heads * head_size} per token (read from model.config), the weights "
-                                          f"project keys to {k_proj.out_features}",
-                                    fix="model.config disagrees with the weights (num_key_value_heads, head_dim): load "
-                                        "the model with the config it was saved with"))
+        if projection is None or not heads or not head_size:
+            return
+        # the first step would fail on the key's shape, far from the cause
+        field, planned = f"{type(module).__name__} ({decl.name}).{projection.field}", heads * head_size
+        own_head = projection.head_size if family.heads_from_hidden else None  # the head size the family ignores
+        if projection.num_key_features != planned or (own_head is not None and own_head != head_size):
+            caches = (f"the plan caches {heads} KV heads x head size {head_size} = {planned} per token (read from "
+                      "model.config)")
+            if own_head is None or projection.num_key_features % own_head:
+                raise PlanError(Problem(field=field, value=projection.value,
+                                        limit=f"{caches}, the weights project keys to {projection.num_key_features}",
+                                        fix="model.config disagrees with the weights (num_key_value_heads, head_dim): "
+                                            "load the model with the config it was saved with"))
+            own_heads = projection.num_key_features // own_head
+            config = ", ".join(f"{key}={getattr(module.config, key, None)}"
+                               for key in ("head_dim", "num_key_value_heads"))
+            raise PlanError(Problem(
+                field=field, value=projection.value,
+                limit=f"{caches}, the weights project keys of {own_heads} heads x head size {own_head}: "
+                      f"{family.model_type} sizes them from hidden_size / num_attention_heads and ignores the "
+                      f"config's {config}",
+                fix=f"set model.config.head_dim={own_head} and model.config.num_key_value_heads={own_heads} (what the "
+                    "weights compute), then plan from graphkv.hf.model_kv(model)"))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -335,6 +383,16 @@ class PagedModel(torch.nn.Module):
                 out = self._call(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                                  graphkv=step)
         return out.logits[0]
+
+
+def _step_dependent_rope(model: torch.nn.Module) -> str | None:
+    """The rope type of ``model``'s rotary embedding where transformers chooses its frequencies per forward call
+    from the longest position in it (``dynamic`` NTK scaling, ``longrope``), else ``None``."""
+    for module in model.modules():
+        rope_type = getattr(module, "rope_type", None)
+        if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
+            return rope_type
+    return None
 
 
 def _named_layer(module: torch.nn.Module, index: int) -> torch.nn.Module:

@@ -154,8 +154,10 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
 def tiny_model(model_type: str, *, seed: int = 0, **overrides: Any) -> Any:
     """A tiny random-weight causal LM of ``model_type`` (float32, CPU, eval mode), its weights
     drawn from ``torch.manual_seed(seed)``. Raises :class:`SpecError` for another model type, a seed
-    that is not an int >= 0, or ``overrides`` transformers cannot build a model of (its message kept)."""
+    that is not an int >= 0, or ``overrides`` transformers cannot build a config or model of (its config class's
+    validators included; its message kept)."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoModelForCausalLM
 
     from graphkv.errors import Problem, SpecError
@@ -167,14 +169,25 @@ def tiny_model(model_type: str, *, seed: int = 0, **overrides: Any) -> Any:
     if "vocab_size" in overrides and not (isinstance(overrides["vocab_size"], int) and overrides["vocab_size"] >= 2):
         raise SpecError(Problem(field="vocab_size", value=overrides["vocab_size"], limit="must be an int >= 2",
                                 fix="leave it out (the tiny configs use 128) or pass e.g. vocab_size=128"))
-    config = tiny_config(model_type, **overrides)
+    def refused(error: Exception, what: str) -> SpecError:
+        said = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        return SpecError(Problem(field="overrides", value=overrides,
+                                 limit=f"transformers cannot build a {model_type} {what} of them "
+                                       f"({type(error).__name__}: {said[:300]})",
+                                 fix=f"change or drop the overrides (tiny_config({model_type!r}) lists the tiny "
+                                     "config's values)"))
+
+    try:
+        config = tiny_config(model_type, **overrides)
+    except SpecError:
+        raise
+    except (ValueError, TypeError, StrictDataclassError) as error:  # the config class's validators
+        if not overrides:  # the tiny config itself: transformers' own error (a family it does not know)
+            raise
+        raise refused(error, "config") from error
     torch.manual_seed(seed)
     attn = {"attn_implementation": "eager"} if model_type in _EAGER else {}
     try:
         return AutoModelForCausalLM.from_config(config, **attn).eval()
     except (ValueError, TypeError, RuntimeError, AttributeError) as error:
-        raise SpecError(Problem(field="overrides", value=overrides,
-                                limit=f"transformers cannot build a {model_type} model of them "
-                                      f"({type(error).__name__}: {str(error).splitlines()[0][:200]})",
-                                fix=f"change or drop the overrides (tiny_config({model_type!r}) lists the tiny "
-                                    "config's values)")) from error
+        raise refused(error, "model") from error

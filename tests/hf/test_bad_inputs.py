@@ -220,6 +220,44 @@ def test_a_config_that_disagrees_with_the_weights_is_named_before_the_first_step
         generate(model, [[1, 2]], max_new_tokens=2)
 
 
+@pytest.mark.parametrize(("model_type", "overrides", "text"), [
+    ("gpt_neox", {"head_dim": 32},
+     r"GPTNeoXAttention \(layers.0\).query_key_value.out_features=192: the plan caches 4 KV heads x head size 32 = "
+     r"128 per token \(read from model.config\), the weights project keys of 4 heads x head size 16: gpt_neox sizes "
+     r"them from hidden_size / num_attention_heads and ignores the config's head_dim=32, num_key_value_heads=None; "
+     r"set model.config.head_dim=16 and model.config.num_key_value_heads=4"),
+    ("gpt2", {"num_key_value_heads": 2},
+     r"GPT2Attention \(layers.0\).c_attn.nf=192: the plan caches 2 KV heads x head size 16 = 32 per token \(read "
+     r"from model.config\), the weights project keys of 4 heads x head size 16: gpt2 .* ignores the config's "
+     r"head_dim=16, num_key_value_heads=2; set model.config.head_dim=16 and model.config.num_key_value_heads=4"),
+    ("gpt_bigcode", {"num_key_value_heads": 4},
+     r"GPTBigCodeAttention \(layers.0\).c_attn.out_features=96: the plan caches 4 KV heads x head size 16 = 64 per "
+     r"token .* the weights project keys of 1 heads x head size 16: .* set model.config.head_dim=16 and "
+     r"model.config.num_key_value_heads=1"),
+    ("persimmon", {"num_key_value_heads": 2},
+     r"PersimmonAttention \(layers.0\).query_key_value.out_features=192: the plan caches 2 KV heads .* "
+     r"set model.config.head_dim=16 and model.config.num_key_value_heads=4"),
+    ("ctrl", {"head_dim": 32},
+     r"MultiHeadAttention \(layers.0\).Wk.out_features=64: the plan caches 4 KV heads x head size 32 = 128 per "
+     r"token .* set model.config.head_dim=16 and model.config.num_key_value_heads=4"),
+    ("opt", {"head_dim": 32},
+     r"OPTAttention \(layers.0\).k_proj.out_features=64: the plan caches 4 KV heads x head size 32 = 128 per token "
+     r".* set model.config.head_dim=16 and model.config.num_key_value_heads=4"),
+])
+def test_head_fields_a_multi_head_family_ignores_are_named_at_set_up(model_type, overrides, text) -> None:
+    """A head_dim / num_key_value_heads the family's attention ignores (it sizes K from hidden_size /
+    num_attention_heads) changed the plan only: the first step failed on the key's shape ("key=(3, 4, 16): must be
+    [num_tokens, 4, 32]"); it is refused at set-up naming the projection, the config fields and the values that
+    work, and with those values the model serves generate's tokens."""
+    model = tiny_model(model_type, **overrides)
+    with pytest.raises(graphkv.PlanError, match=rf"^{text} \(what the weights compute\), then plan from "
+                                                r"graphkv.hf.model_kv\(model\)$"):
+        generate(model, [[1, 2, 3]], max_new_tokens=2)
+    fixed = re.search(r"head_dim=(\d+) and model.config.num_key_value_heads=(\d+)$", text)
+    model.config.head_dim, model.config.num_key_value_heads = int(fixed.group(1)), int(fixed.group(2))
+    assert [1, 2, 3] + generate(model, [[1, 2, 3]], max_new_tokens=2)[0] == generate_alone(model, [1, 2, 3], 2)
+
+
 def test_a_prompt_beyond_the_callers_max_model_len_is_named_before_anything_is_built(llama) -> None:
     """With limits given, a too-long prompt failed in the engine as "request 1" after the pool and graphs were built;
     it is prompts[1], against limits.max_model_len, before planning."""
@@ -254,7 +292,7 @@ def test_a_module_asking_for_another_window_than_planned_is_refused(planned, ask
     from graphkv.hf.attention import paged_attention_forward
 
     module = SimpleNamespace(layer_idx=3)
-    step = _FakeStep(attention={3: SimpleNamespace(window=planned, softcap=None)})
+    step = _FakeStep(attention={3: SimpleNamespace(window=planned, softcap=None, checks_window=True)})
     q = torch.zeros(1, 4, 2, 16)
     with pytest.raises(CaptureError, match=re.escape(f"layer 3.sliding_window={asked}: {text}")):
         paged_attention_forward(module, q, q, q, None, sliding_window=asked, graphkv=step)
@@ -291,13 +329,26 @@ def test_a_module_soft_capping_otherwise_than_set_up_is_refused() -> None:
     ({"vocab_size": 0}, r"^vocab_size=0: must be an int >= 2"),
 ])
 def test_tiny_model_refuses_what_it_cannot_build(kwargs, text):
-    """tiny_model's seed and overrides: a torch RuntimeError, a ValueError and a model of vocabulary 0 (accepted)
-    became SpecErrors naming the argument."""
+    """tiny_model's seed and overrides: a torch RuntimeError, a ValueError, a model of vocabulary 0 (accepted) and a
+    config class's validation error (huggingface_hub's StrictDataclassClassValidationError, let through) became
+    SpecErrors naming the argument."""
     from graphkv.errors import SpecError
     from graphkv.hf import tiny_model
 
     with pytest.raises(SpecError, match=text):
         tiny_model("qwen3", **kwargs)
+
+
+def test_tiny_model_names_an_override_the_config_class_refuses():
+    """num_attention_heads=3 with Llama's hidden size 64: its config class's validator raised huggingface_hub's
+    StrictDataclassClassValidationError (not a ValueError), which tiny_model let through; a SpecError naming the
+    override, with transformers' reason."""
+    with pytest.raises(SpecError, match=r"^overrides=\{'num_attention_heads': 3\}: transformers cannot build a llama "
+                                        r"config of them \(StrictDataclassClassValidationError: .*The hidden size "
+                                        r"\(64\) is not a multiple of the number of attention heads \(3\)\.\); change "
+                                        r"or drop the overrides \(tiny_config\('llama'\) lists the tiny config's "
+                                        r"values\)$"):
+        tiny_model("llama", num_attention_heads=3)
 
 
 def test_capture_graphs_must_be_a_bool():

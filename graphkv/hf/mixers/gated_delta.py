@@ -22,7 +22,7 @@ class PagedGatedDeltaNet(PagedMixer):
     """The model's projections (``in_proj_qkvz``, ``in_proj_ba`` and its head ordering), causal
     convolution, gated RMS norm and ``out_proj``, around :func:`packed_causal_conv` and
     :func:`packed_gated_delta`. States: conv ``(K - 1, 2 * key_dim + value_dim)``, recurrent
-    ``(value_heads, key_head_dim, value_head_dim)``."""
+    ``(value_heads, value_head_dim, key_head_dim)`` (the plan's layout, vLLM's)."""
 
     def mix(self, x: torch.Tensor, pages: torch.Tensor, rows: PackedRows) -> torch.Tensor:
         """``[T, hidden] -> [T, hidden]``. Capture-safe."""

@@ -9,7 +9,7 @@ requests or tokens):
 - :func:`~graphkv.runtime.state.conv.packed_causal_conv`: the depthwise causal convolution, its
   ``(conv_kernel - 1, channels)`` state carried across chunks;
 - :func:`~graphkv.runtime.state.gated_delta.packed_gated_delta`: the gated delta rule
-  (Qwen3-Next, Qwen3.5, Olmo-Hybrid), state ``(heads, key_dim, value_dim)``;
+  (Qwen3-Next, Qwen3.5, Olmo-Hybrid), state ``(heads, value_dim, key_dim)`` (the plan's, vLLM's layout);
 - :func:`~graphkv.runtime.state.ssd.packed_ssd`: Mamba2's state-space duality scan (scalar decay per
   head), state ``(heads, head_dim, state_size)``.
 

@@ -22,7 +22,7 @@ from graphkv.runtime.state.gated_delta import packed_gated_delta
 from graphkv.runtime.state.rows import PackedRows
 from graphkv.runtime.state.ssd import packed_ssd
 
-HEADS, DK, DV, TAPS, CHANNELS = 2, 8, 8, 4, 12
+HEADS, DK, DV, TAPS, CHANNELS = 2, 8, 12, 4, 12  # key and value head sizes differ (Qwen3-Next may)
 # (request, query length, state page when it joins) per step; "a" and "b" continue in step 2.
 STEPS = (
     (("a", 54, 1), ("b", 5, 2), ("c", 1, 3)),
@@ -30,9 +30,9 @@ STEPS = (
 )
 
 
-def state_pool() -> tuple[Step, tuple[torch.Tensor, ...]]:
-    """A Step and the state views of a one-layer pool (conv (3, 12), recurrent (2, 8, 8), float32)."""
-    spec = graphkv.MambaSpec(shapes=((TAPS - 1, CHANNELS), (HEADS, DK, DV)), dtypes=("float32", "float32"))
+def state_pool(recurrent: tuple[int, ...] = (HEADS, DK, DV)) -> tuple[Step, tuple[torch.Tensor, ...]]:
+    """A Step and the state views of a one-layer pool (conv (3, 12), ``recurrent`` (default (2, 8, 12)), float32)."""
+    spec = graphkv.MambaSpec(shapes=((TAPS - 1, CHANNELS), recurrent), dtypes=("float32", "float32"))
     model = graphkv.ModelKV.from_specs("state", [(spec, "gdn")])
     plan = graphkv.compile(model, graphkv.Limits(max_model_len=256, max_num_seqs=4, max_num_batched_tokens=160),
                            graphkv.Budget.kv_bytes("64KiB"))
@@ -40,11 +40,12 @@ def state_pool() -> tuple[Step, tuple[torch.Tensor, ...]]:
 
 
 def run_steps(op: Callable[..., torch.Tensor], make_inputs: Callable[[int], tuple[torch.Tensor, ...]],
+              recurrent: tuple[int, ...] = (HEADS, DK, DV),
               ) -> tuple[dict[str, list[torch.Tensor]], dict[str, list[tuple[torch.Tensor, ...]]], dict[str, int],
                          tuple[torch.Tensor, ...]]:
-    """Run ``op(inputs, pages, rows)`` over :data:`STEPS`; per request its outputs and inputs per
-    step, its state page, and the pool's state views."""
-    step, states = state_pool()
+    """Run ``op(inputs, pages, rows)`` over :data:`STEPS` on a pool of ``recurrent`` states; per request its outputs
+    and inputs per step, its state page, and the pool's state views."""
+    step, states = state_pool(recurrent)
     outputs: dict[str, list[torch.Tensor]] = {}
     inputs: dict[str, list[tuple[torch.Tensor, ...]]] = {}
     pages: dict[str, int] = {}
@@ -91,7 +92,8 @@ def test_packed_conv_continues_each_request_from_its_state() -> None:
 
 
 def test_packed_gated_delta_continues_each_request_from_its_state() -> None:
-    """The packed gated delta rule equals the per-token recurrence of every request, final state included."""
+    """The packed gated delta rule equals the per-token recurrence of every request, final state included; a state
+    page holds the state transposed, [H, value_dim, key_dim] (the plan's layout, vLLM's), with key_dim != value_dim."""
     gen = torch.Generator().manual_seed(1)
 
     def make(n: int) -> tuple[torch.Tensor, ...]:
@@ -102,11 +104,11 @@ def test_packed_gated_delta_continues_each_request_from_its_state() -> None:
     def op(packed, pages, rows, states):
         return packed_gated_delta(*packed, states[1], pages, rows)
 
-    outputs, inputs, pages, states = run_steps(op, make)
+    outputs, inputs, pages, states = run_steps(op, make, recurrent=(HEADS, DV, DK))
     for r, parts in inputs.items():
         expected, final = gated_delta_ref(*whole(parts), torch.zeros(HEADS, DK, DV))
         torch.testing.assert_close(torch.cat(outputs[r]).double(), expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(states[1][pages[r]].double(), final, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(states[1][pages[r]].double(), final.transpose(-1, -2), atol=1e-4, rtol=1e-4)
 
 
 def test_packed_ssd_continues_each_request_from_its_state() -> None:
