@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from graphkv.errors import CaptureError, Problem
+from graphkv.runtime.capture.keys import GraphKey
 from graphkv.runtime.capture.shape import StepShape
 from graphkv.runtime.capture.weak import tree_map
 
-__all__ = ["bad_shape", "check_outputs", "cut_to_step"]
+__all__ = ["bad_shape", "check_eager_shape", "check_fits_key", "check_outputs", "cut_to_step"]
 
 
 def bad_shape(shape: StepShape, limit: str) -> CaptureError:
@@ -61,3 +62,25 @@ def cut_to_step(t: torch.Tensor, shape: StepShape) -> torch.Tensor:
                                limit=f"dim 0 must be the step's padded tokens ({shape.num_tokens_padded}) or its "
                                      f"padded request rows ({shape.num_reqs_padded})",
                                fix="return token-major outputs ([num_tokens, ...]) or one row per request"))
+
+
+def check_fits_key(shape: StepShape, key: GraphKey, max_num_seqs: int) -> None:
+    """Refuse a replayed ``shape`` that does not fit ``key`` (its padded sizes, at most as many tokens and requests,
+    uniform where the key is): the cut would slice a graph's outputs wrongly. A few comparisons (per step)."""
+    reqs = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, max_num_seqs)
+    num_tokens = shape.num_tokens
+    if not (shape.num_tokens_padded == key.num_tokens and shape.num_reqs_padded == reqs and type(num_tokens) is int
+            and 0 < num_tokens <= key.num_tokens and type(shape.num_reqs) is int and 0 < shape.num_reqs <= reqs
+            and (shape.uniform or not key.uniform)):
+        raise bad_shape(shape, f"does not fit its key: a step on {key} has num_tokens_padded={key.num_tokens} "
+                               f"and num_reqs_padded={reqs}, 1 <= num_tokens <= {key.num_tokens}, 1 <= num_reqs "
+                               f"<= {reqs}" + (" and uniform=True" if key.uniform else ""))
+
+
+def check_eager_shape(shape: StepShape) -> None:
+    """Refuse an eager ``shape`` that is padded: an eager step runs on its own sizes."""
+    num_tokens = shape.num_tokens
+    if type(num_tokens) is not int or num_tokens < 1 or shape.num_tokens_padded != num_tokens \
+            or shape.num_reqs_padded != shape.num_reqs:
+        raise bad_shape(shape, "an eager shape runs on its own sizes: num_tokens an int >= 1, "
+                               "num_tokens_padded == num_tokens and num_reqs_padded == num_reqs")

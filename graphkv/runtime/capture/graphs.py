@@ -51,8 +51,9 @@ from graphkv.printable import shortened
 from graphkv.runtime.capture import piecewise
 from graphkv.runtime.capture.checks import (check_callable, check_forward_parameters, check_plan, enter_prepared,
                                             refuse_other_plan)
-from graphkv.runtime.capture.cut import bad_shape, check_outputs, cut_to_step
+from graphkv.runtime.capture.cut import check_eager_shape, check_fits_key, check_outputs, cut_to_step
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
+from graphkv.runtime.capture.report import CPU_UNAVAILABLE, MODE_NONE, CaptureReport
 from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape, shape_context
 from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.static_inputs import StaticInputs
@@ -64,41 +65,8 @@ __all__ = ["CPU_UNAVAILABLE", "MODE_NONE", "CaptureReport", "CapturedForward", "
 
 logger = logging.getLogger(__name__)
 
-CPU_UNAVAILABLE = "CUDA graphs unavailable: torch.cuda.is_available() is False (CPU build / no GPU); running eagerly"
-MODE_NONE = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
 _NOT_CAPTURED = "running eagerly: graphs not captured yet (call .capture() first)"
 _FULL_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY, CudaGraphMode.FULL_AND_PIECEWISE)
-
-
-@attrs.frozen(kw_only=True)
-class CaptureReport:
-    """What :meth:`CapturedForward.capture` did: keys captured (largest first) — or, with
-    ``rehearsed``, warmed up and replayed eagerly on padded buffers — seconds taken, and why
-    nothing or not everything was captured."""
-
-    keys: tuple[GraphKey, ...]
-    seconds: float
-    unavailable_reason: str | None = None
-    skipped: tuple[str, ...] = ()
-    rehearsed: bool = False
-    warm_up_seconds: float = 0.0
-    """Of ``seconds``, warming every key up (a compiled forward compiles here, on its first call)."""
-    capture_seconds: float = 0.0
-    """Of ``seconds``, capturing every key (PIECEWISE keys: each piece warmed up once more, captured, replayed)."""
-    num_piece_graphs: int = 0
-    """CUDA graphs captured for PIECEWISE keys' pieces (one per piece and key; 0 without PIECEWISE keys)."""
-
-    def __str__(self) -> str:
-        if self.unavailable_reason is not None:
-            return self.unavailable_reason
-        if self.rehearsed:
-            text = (f"rehearsed {len(self.keys)} graph keys in {self.seconds:.1f} s (no CUDA graphs: every step is "
-                    "dispatched and padded as a replay would be, and runs eagerly)")
-        else:
-            pieces = f", {self.num_piece_graphs} piece graphs" if self.num_piece_graphs else ""
-            text = (f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s (warm-up {self.warm_up_seconds:.1f} s,"
-                    f" capture {self.capture_seconds:.1f} s{pieces})")
-        return "; ".join((text, *self.skipped))
 
 
 @attrs.define
@@ -474,10 +442,7 @@ class CapturedForward:
         self.inputs.check_names(inputs)
         num_tokens, key = shape.num_tokens, shape.key
         if key is None:
-            if type(num_tokens) is not int or num_tokens < 1 or shape.num_tokens_padded != num_tokens \
-                    or shape.num_reqs_padded != shape.num_reqs:
-                raise bad_shape(shape, "an eager shape runs on its own sizes: num_tokens an int >= 1, "
-                                       "num_tokens_padded == num_tokens and num_reqs_padded == num_reqs")
+            check_eager_shape(shape)
             detail = f" (first at num_tokens={num_tokens}, num_reqs={shape.num_reqs}, uniform={shape.uniform})"
             reason = shape.eager_reason or "running eagerly"
             # The plan's own reasons (a size above the largest captured, a mode without such keys) are expected;
@@ -493,13 +458,7 @@ class CapturedForward:
                                        limit=f"this forward holds no graph of that key (it holds {len(self._graphs)})",
                                        fix="decide the shape with this forward: Step.prepare(batch, forward=fwd) or "
                                            "fwd.shape_of(...)"))
-        reqs = key.num_reqs if key.num_reqs is not None else min(key.num_tokens, self._shapes.max_num_seqs)
-        if not (shape.num_tokens_padded == key.num_tokens and shape.num_reqs_padded == reqs and type(num_tokens) is int
-                and 0 < num_tokens <= key.num_tokens and type(shape.num_reqs) is int and 0 < shape.num_reqs <= reqs
-                and (shape.uniform or not key.uniform)):
-            raise bad_shape(shape, f"does not fit its key: a step on {key} has num_tokens_padded={key.num_tokens} "
-                                   f"and num_reqs_padded={reqs}, 1 <= num_tokens <= {key.num_tokens}, 1 <= num_reqs "
-                                   f"<= {reqs}" + (" and uniform=True" if key.uniform else ""))
+        check_fits_key(shape, key, self._shapes.max_num_seqs)
         self.inputs.stage(inputs, num_tokens, shape.num_tokens_padded)
         if captured.graph is not None:
             captured.graph.replay()

@@ -22,6 +22,7 @@ import torch
 
 from graphkv.plan.plan import Plan
 from graphkv.runtime.buffers import LedgerBuffers
+from graphkv.runtime.capture.shape import StepShape
 from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.runtime.tables.slots import host_slot_mappings
@@ -77,6 +78,7 @@ class StepStaging:
         self.slot_mappings_dev = d("slot_mappings")
         if device.type != "cpu":
             self.dev64.copy_(self.host64)  # the device's slot mappings start as PAD_SLOT_ID too
+        self.last_reqs = 0  # batch rows the staging arrays hold values for (write_step)
         self._copied: torch.cuda.Event | None = None
         if device.type == "cuda":
             with torch.cuda.device(device):
@@ -127,3 +129,41 @@ class StepStaging:
             self.slot_mappings[:, :num_tokens] = PAD_SLOT_ID
             return []
         return host_slot_mappings(tables, rows if decode else rows[token_row], pos, self.slot_mappings)
+
+    def write_step(self, tables: BlockTables, shape: StepShape, qlens: np.ndarray, slens: np.ndarray,
+                   ctx: np.ndarray, rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
+        """Write the step's metadata and slot mappings (from ``tables``' host mirror) into the staging arrays for
+        ``shape`` (numpy only; ``rows`` ``None``: a dummy step whose requests hold no pages). With ``same`` (the last
+        step had these requests, query lengths and shape) only lengths, positions and slots are
+        rewritten. Returns, per attention group, the page each token is written into."""
+        num_reqs, num_tokens, num_tokens_padded = shape.num_reqs, shape.num_tokens, shape.num_tokens_padded
+        st, arange = self, tables.mirror.arange
+        st.wait_until_read()
+        decode = num_tokens == num_reqs
+        if not same:
+            st.qsl[0] = 0
+            np.cumsum(qlens, out=st.qsl[1:num_reqs + 1])
+            st.qsl[num_reqs + 1:] = num_tokens
+            st.num_reqs[0] = num_reqs
+            st.query_lens[:num_reqs] = qlens
+            st.row_valid[:num_reqs] = 1
+            stale = self.last_reqs  # rows [num_reqs, stale) hold the last step's values
+            if stale > num_reqs:
+                for array in (st.seq_lens, st.row_valid, st.query_lens, st.context_lens, *st.state_pages.values()):
+                    array[num_reqs:stale] = 0
+            for g, pages in st.state_pages.items():
+                pages[:num_reqs] = tables.state_pages(g, rows) if rows is not None else 0
+            if decode:
+                st.token_row[:num_reqs] = arange[:num_reqs]
+                st.token_offset[:num_reqs] = 0
+            else:
+                st.token_row[:num_tokens] = np.repeat(arange[:num_reqs], qlens)
+                np.subtract(arange[:num_tokens], st.qsl[st.token_row[:num_tokens]],
+                            out=st.token_offset[:num_tokens])
+            if num_tokens_padded > num_tokens:
+                st.token_row[num_tokens:num_tokens_padded] = -1
+                st.token_offset[num_tokens:num_tokens_padded] = 0
+                st.positions[num_tokens:num_tokens_padded] = 0
+                st.slot_mappings[:, num_tokens:num_tokens_padded] = PAD_SLOT_ID
+        self.last_reqs = num_reqs
+        return st.write_lengths(tables, num_reqs, num_tokens, slens, ctx, rows)

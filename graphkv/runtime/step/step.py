@@ -48,7 +48,6 @@ from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape
 from graphkv.runtime.device import resolve_device
 from graphkv.runtime.flex.mask import FlexMaskBuilder
 from graphkv.runtime.ops.choice import resolve_kernels
-from graphkv.runtime.padding import PAD_SLOT_ID
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.checks import BatchChecker, CheckedBatch, check_input_ids
 from graphkv.runtime.step.context import StepContext, forward_context
@@ -136,7 +135,6 @@ class Step:
         assert not buffers.untaken(), buffers.untaken()
         self._parts = Parts(plan, self.tables, self.ownership, st, self._checker.tokens_per_page, self._remember_undo)
         self._arange = self.tables.mirror.arange  # 0 .. max(max_num_seqs, max_num_batched_tokens) - 1, shared
-        self._last_reqs = 0  # batch rows the staging arrays hold values for
         self._undo: _Undo | None = None
         self._repeat: RepeatStep | None = None
         self._forward_vocab: tuple[Any, int | None] = (None, None)  # the last forward run and its vocab_size
@@ -351,7 +349,8 @@ class Step:
         num_reqs = shape.num_reqs
         qlens = np.full(num_reqs, key.num_tokens // num_reqs, dtype=_I64)
         qlens[: key.num_tokens - int(qlens.sum())] += 1
-        self._stage_metadata(shape, qlens, qlens.copy(), np.zeros(num_reqs, _I64), rows=None, same=False)
+        self._staging.write_step(self.tables, shape, qlens, qlens.copy(), np.zeros(num_reqs, _I64), rows=None,
+                                 same=False)
         self.tables.show_null_rows(shape.num_reqs_padded)
         self._staging.copy_to_device()
         self._forget_last()
@@ -431,7 +430,7 @@ class Step:
             last = self._requests.last
             same_rows = last is not None and last.req_ids == c.req_ids
             same = same_rows and not c.num_new and last.query_lens == c.query_lens and last.shape == shape
-            written_pages = self._stage_metadata(shape, c.qlens, c.slens, c.ctx, rows, same=same)
+            written_pages = self._staging.write_step(self.tables, shape, c.qlens, c.slens, c.ctx, rows, same=same)
             if own.num_shared:
                 token_req = self._arange[:c.num_tokens] if c.num_tokens == c.num_reqs else \
                     self._staging.token_row[:c.num_tokens]
@@ -485,41 +484,3 @@ class Step:
     def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
         """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
         self._undo = _Undo(rows, [], None, None, written)
-
-    def _stage_metadata(self, shape: StepShape, qlens: np.ndarray, slens: np.ndarray, ctx: np.ndarray,
-                        rows: np.ndarray | None, *, same: bool) -> list[tuple[int, np.ndarray]]:
-        """Write the step's metadata and slot mappings into the staging arrays for ``shape`` (numpy
-        only; ``rows`` ``None``: a dummy step whose requests hold no pages). With ``same`` (the last
-        step had these requests, query lengths and shape) only lengths, positions and slots are
-        rewritten. Returns, per attention group, the page each token is written into."""
-        num_reqs, num_tokens, num_tokens_padded = shape.num_reqs, shape.num_tokens, shape.num_tokens_padded
-        st = self._staging
-        st.wait_until_read()
-        decode = num_tokens == num_reqs
-        if not same:
-            st.qsl[0] = 0
-            np.cumsum(qlens, out=st.qsl[1:num_reqs + 1])
-            st.qsl[num_reqs + 1:] = num_tokens
-            st.num_reqs[0] = num_reqs
-            st.query_lens[:num_reqs] = qlens
-            st.row_valid[:num_reqs] = 1
-            stale = self._last_reqs  # rows [num_reqs, stale) hold the last step's values
-            if stale > num_reqs:
-                for array in (st.seq_lens, st.row_valid, st.query_lens, st.context_lens, *st.state_pages.values()):
-                    array[num_reqs:stale] = 0
-            for g, pages in st.state_pages.items():
-                pages[:num_reqs] = self.tables.state_pages(g, rows) if rows is not None else 0
-            if decode:
-                st.token_row[:num_reqs] = self._arange[:num_reqs]
-                st.token_offset[:num_reqs] = 0
-            else:
-                st.token_row[:num_tokens] = np.repeat(self._arange[:num_reqs], qlens)
-                np.subtract(self._arange[:num_tokens], st.qsl[st.token_row[:num_tokens]],
-                            out=st.token_offset[:num_tokens])
-            if num_tokens_padded > num_tokens:
-                st.token_row[num_tokens:num_tokens_padded] = -1
-                st.token_offset[num_tokens:num_tokens_padded] = 0
-                st.positions[num_tokens:num_tokens_padded] = 0
-                st.slot_mappings[:, num_tokens:num_tokens_padded] = PAD_SLOT_ID
-        self._last_reqs = num_reqs
-        return st.write_lengths(self.tables, num_reqs, num_tokens, slens, ctx, rows)
