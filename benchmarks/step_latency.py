@@ -15,16 +15,20 @@ side by side in one process, interleaved:
 
 Each contender's step is timed alone (median of ``--repeats`` interleaved samples, the garbage
 collector off while timing, as in ``timeit``), with ``torch.set_num_threads(1)`` (``--threads`` to
-change). Exit status 1 (with a message) when ``Step.prepare`` is slower than a peer anywhere; where
+change). Exit status 1 (with a message) when ``Step.prepare`` is slower than a peer anywhere (tables 1 and 2); where
 ``Step.finish`` is, a line says so (not a failure: see :data:`FINISH_WORK`).
 
-Table 2 (any machine): a finished request given back (``Step.finish``: its pages lose their holder,
+Table 2 (any machine): decode steps in which requests cross into new pages (:class:`CrossingWorkload`:
+lengths spread over a page, about ``batch / 16`` requests gain a page each step), each contender giving the
+crossing requests their pages and preparing the step its own way.
+
+Table 3 (any machine): a finished request given back (``Step.finish``: its pages lose their holder,
 pages it wrote keep their token counts for prefix reuse, its table row returns to the null page) for
 a request holding 1-256 pages of the attention group and its state page, against nano-vllm's
 ``BlockManager.deallocate`` and vLLM V1's ``KVCacheManager.free`` with ``InputBatch.remove_request``
 (``baselines.ListBlockManager``, ``baselines.V1Finish``); the request joins again, untimed, between rounds.
 
-Table 3 (``--gpu``, needs CUDA): one decode step of the demo model (``Step.run``), eager vs
+Table 4 (``--gpu``, needs CUDA): one decode step of the demo model (``Step.run``), eager vs
 replaying a captured CUDA graph.
 
 Usage: ``python benchmarks/step_latency.py [--repeats N] [--max-batch 256]``; writes
@@ -53,6 +57,7 @@ from graphkv.models.tiny_hybrid import TinyHybridConfig, init_weights, model_kv
 from graphkv.runtime import Batch, Step, allocate
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CROSS_PAGES = 8  # attention pages a request of the crossing table grows to before it joins again (128 tokens)
 FINISH_PAGES = (1, 16, 64, 256)  # attention pages of the finished request (256: 4,096 tokens, the longest)
 FINISH_WORK = ("graphkv's finish also returns the row's table entries to the null page (V1 leaves the row to its next "
                "condense, nano-vllm clears a list) and records each written page's token count for prefix reuse")
@@ -142,6 +147,135 @@ class DecodeWorkload:
                 "vllm_v1": v1_step}
 
 
+class CrossingWorkload:
+    """``n`` decoding requests whose lengths are spread over a page (request ``i`` joins with ``block_size + 1 + i *
+    block_size // n`` tokens), so that about ``n / block_size`` of them cross into a new page each step, as in a
+    serving loop: from 16 requests on (block size 16) nearly every decode step gains a page somewhere. Each contender
+    gives the crossing requests their next page its own way (graphkv: in the step's ``Batch.new_pages``, which
+    ``Step.prepare`` checks and appends; nano-vllm: ``may_append``'s list append; vLLM V1: ``append_row``, with
+    ``num_computed_tokens`` advanced) and prepares the step. Request ``i`` owns pages of its own; they join again,
+    untimed, before outgrowing :data:`CROSS_PAGES` pages."""
+
+    def __init__(self, plan: graphkv.Plan, step: Step, n: int) -> None:
+        self.n, self.step = n, step
+        groups = plan.groups
+        self.attention = [g.index for g in groups if not g.is_ssm]
+        self.state = [g.index for g in groups if g.is_ssm]
+        self.block = block = groups[self.attention[0]].block_size
+        ids = iter(range(1, plan.num_blocks))
+        self.own = [[[next(ids) for _ in range(1 if g.is_ssm else CROSS_PAGES)] for g in groups] for _ in range(n)]
+        self.start = [block + 1 + i * block // n for i in range(n)]  # two pages each
+        self.req_ids = tuple(f"req{i}" for i in range(n))
+        self.ones = (1,) * n
+        self.scheduled = np.ones(n, dtype=np.int32)
+        self.per_step = plan.limits.max_num_batched_tokens // (2 * block)
+        self.v1 = V1DecodeInputs(plan.limits.max_num_seqs, plan.limits.max_num_batched_tokens,
+                                 [g.pages_per_request for g in groups], plan.max_model_len, block, self.attention,
+                                 self.state)
+        self.lens: list[int] = []
+        self.seqs: list[Seq] = []
+        self.join()
+
+    def held(self, i: int, length: int) -> list[list[int]]:
+        """Request ``i``'s pages for ``length`` tokens, per group."""
+        return [pages[:1] if g in self.state else pages[:-(-length // self.block)] for g, pages in enumerate(self.own[i])]
+
+    def join(self) -> None:
+        """Untimed: every request joins again at its first length in every contender and decodes once."""
+        step, n = self.step, self.n
+        for r in list(step.active_requests):
+            step.finish(r)
+        for a in range(0, n, self.per_step):
+            part = range(a, min(n, a + self.per_step))
+            step.prepare(Batch(req_ids=tuple(self.req_ids[i] for i in part),
+                               query_lens=tuple(self.start[i] for i in part),
+                               seq_lens=tuple(self.start[i] for i in part),
+                               new_pages=tuple(tuple(map(tuple, self.held(i, self.start[i]))) for i in part)))
+        self.seqs = [Seq([5] * self.start[i], self.held(i, self.start[i])) for i in range(n)]
+        for g, table in enumerate(self.v1.tables):
+            table.truncate(range(n), 0)
+            for i in range(n):
+                table.append_row(self.held(i, self.start[i])[g], i)
+        self.v1.num_computed[:n] = self.start
+        self.lens = list(self.start)
+        self.advance()
+        step.prepare(self.batch())  # one decode: the timed ones repeat it
+        self.lists_step()
+        self.v1_step()
+        self.advance()
+
+    def advance(self, _round: int = 0) -> None:
+        """Untimed: the next step's lengths, its crossing requests and their new pages (what a scheduler decided);
+        join again before a request would outgrow its pages."""
+        if self.lens and max(self.lens) + 1 > CROSS_PAGES * self.block:
+            self.join()
+            return
+        self.lens = [x + 1 for x in self.lens]
+        block = self.block
+        self.cross = [i for i, x in enumerate(self.lens) if x % block == 1]
+        self.new_pages: tuple = ()
+        if self.cross:
+            new = [None] * self.n
+            for i in self.cross:
+                page = -(-self.lens[i] // block) - 1
+                new[i] = tuple(() if g in self.state else (self.own[i][g][page],) for g in range(len(self.own[i])))
+            self.new_pages = tuple(new)
+        self.seq_lens = tuple(self.lens)
+
+    def batch(self) -> Batch:
+        """graphkv's Batch of the step (built inside the timed region, as a serving loop builds it each step)."""
+        return Batch(req_ids=self.req_ids, query_lens=self.ones, seq_lens=self.seq_lens, new_pages=self.new_pages)
+
+    def lists_step(self) -> None:
+        for i in self.cross:  # nano-vllm's may_append: the crossing requests' next page
+            for g in self.attention:
+                self.seqs[i].block_tables[g].append(self.own[i][g][len(self.seqs[i].block_tables[g])])
+        list_to_tensor_decode(self.seqs, self.attention, self.state, self.block)
+
+    def v1_step(self) -> None:
+        v1 = self.v1
+        for i in self.cross:  # _update_states: append_row of the crossing requests' new block ids
+            for g in self.attention:
+                v1.tables[g].append_row([self.own[i][g][v1.tables[g].num_blocks_per_row[i]]], i)
+        v1.num_computed[:self.n] += 1
+        v1.prepare(self.n, self.scheduled)
+
+    def steps(self) -> dict[str, Callable[[], None]]:
+        """One timed decode step per contender, the same step of the same requests."""
+        step = self.step
+        return {"graphkv_prepare": lambda: step.prepare(self.batch()), "list_to_tensor": self.lists_step,
+                "vllm_v1": self.v1_step}
+
+
+def crossing_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
+    """Table 2 rows: median microseconds per contender for decode steps with page crossings, and graphkv's ratios."""
+    plan = demo_plan(max_batch)
+    step = Step(plan)
+    rows = []
+    for n in (b for b in BATCHES if b <= max_batch):
+        work = CrossingWorkload(plan, step, n)
+        us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, work.advance).items()}
+        row: dict[str, Any] = {"batch": n, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
+        for peer in ("list_to_tensor", "vllm_v1"):
+            row[f"prepare_ratio_{peer}"] = round(us["graphkv_prepare"] / us[peer], 3)
+        rows.append(row)
+        for r in list(step.active_requests):
+            step.finish(r)
+    return rows
+
+
+def format_crossing(rows: list[dict[str, Any]]) -> str:
+    """The side-by-side table of decode steps with page crossings."""
+    head = f"{'batch':>5} | {'prepare':>8} {'lists':>8} {'vLLM V1':>8} us | {'prep/lists':>10} {'prep/V1':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = [f"{x:.2f}" + ("!" if x > 1.0 else "") for x in (r["prepare_ratio_list_to_tensor"],
+                                                                 r["prepare_ratio_vllm_v1"])]
+        lines.append(f"{r['batch']:>5} | {r['graphkv_prepare_us']:>8.1f} {r['list_to_tensor_us']:>8.1f} "
+                     f"{r['vllm_v1_us']:>8.1f} us | {cells[0]:>10} {cells[1]:>8}")
+    return "\n".join(lines)
+
+
 def host_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
     """Table 1 rows: median microseconds per contender and graphkv's ratios."""
     plan = demo_plan(max_batch)
@@ -210,7 +344,7 @@ class FinishWorkload:
 
 
 def finish_table(repeats: int) -> list[dict[str, Any]]:
-    """Table 2 rows: median microseconds to give a finished request back, per contender, and graphkv's ratios."""
+    """Table 3 rows: median microseconds to give a finished request back, per contender, and graphkv's ratios."""
     plan = finish_plan()
     step = Step(plan)
     rows = []
@@ -238,7 +372,7 @@ def format_finish(rows: list[dict[str, Any]]) -> str:
 
 
 def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
-    """Table 2 rows (GPU): one decode step eager vs replaying a captured graph."""
+    """Table 4 rows (GPU): one decode step eager vs replaying a captured graph."""
     plan = demo_plan(max_batch)
     step = Step(plan, "cuda")
     model = PagedTinyHybrid(init_weights(TinyHybridConfig()).to("cuda"), allocate(plan, "cuda"))
@@ -277,12 +411,16 @@ def main(argv: list[str] | None = None) -> int:
           f"({set_up(args)}; ratio = graphkv / peer)")
     host = host_table(args.max_batch, args.repeats)
     print(format_host(host))
+    crossing = crossing_table(args.max_batch, args.repeats)
+    print("\ndecode steps in which requests cross into new pages (about batch / 16 of them a step), host time; "
+          "ratio = graphkv / peer")
+    print(format_crossing(crossing))
     finish = finish_table(args.repeats)
     print("\na finished request given back (its attention pages + one state page), host time; ratio = graphkv / peer")
     print(format_finish(finish))
     result: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                               "threads": torch.get_num_threads(), "repeats": args.repeats, "host": host,
-                              "finish": finish}
+                              "crossing": crossing, "finish": finish}
     if args.gpu:
         if not torch.cuda.is_available():
             print("--gpu: skipped, CUDA is not available on this machine (graphs cannot be captured on a CPU)")
@@ -296,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
-    slower = [f"batch {r['batch']}: {peer} ratio {r[f'prepare_ratio_{peer}']}" for r in host
+    slower = [f"{what} batch {r['batch']}: {peer} ratio {r[f'prepare_ratio_{peer}']}"
+              for what, rows in (("repeated", host), ("crossing", crossing)) for r in rows
               for peer in ("list_to_tensor", "vllm_v1") if r[f"prepare_ratio_{peer}"] > 1.0]
     behind = [f"{r['pages']} pages ({peer} {r[f'finish_ratio_{peer}']})" for r in finish
               for peer in ("list_to_tensor", "vllm_v1") if r[f"finish_ratio_{peer}"] > 1.0]

@@ -57,3 +57,32 @@ def test_the_finish_workload_gives_every_contenders_pages_back_each_round() -> N
         assert sorted(work.lists.free_ids) == sorted(p for group in work.pages for p in group)
         assert work.v1.num_free == 65 and "r" not in work.v1.req_id_to_index
         work.join(round_)
+
+
+def test_the_crossing_workload_gives_every_contender_the_same_pages_and_repeats_with_them() -> None:
+    """120 rounds (a join again included) of 8 requests whose decodes cross into new pages on different steps: every
+    graphkv step is accepted on the repeat path, and after each round graphkv's tables, nano-vllm's lists and V1's
+    block table hold the same pages for every request, as many as its length needs."""
+    from graphkv.runtime import Step
+
+    bench = _step_latency()
+    plan = bench.demo_plan(8)
+    step = Step(plan)
+    work = bench.CrossingWorkload(plan, step, 8)
+    steps = work.steps()
+    g = work.attention[0]
+    crossings = joins = 0
+    for round_ in range(120):
+        for name in ("graphkv_prepare", "list_to_tensor", "vllm_v1"):
+            steps[name]()
+        assert step._repeat is not None, round_  # the repeat path ran, new pages or not
+        crossings += len(work.cross)
+        for i, length in enumerate(work.lens):
+            pages = step.tables.pages_np[g][step.row_of(work.req_ids[i])]
+            held = pages[:int(step.tables.num_pages_np[g, step.row_of(work.req_ids[i])])].tolist()
+            assert held == work.seqs[i].block_tables[g] == work.own[i][g][:-(-length // work.block)], (round_, i)
+            assert work.v1.tables[g].np[i, :len(held)].tolist() == held
+        before = work.lens[0]
+        work.advance(round_)
+        joins += work.lens[0] < before
+    assert crossings >= 50 and joins >= 1

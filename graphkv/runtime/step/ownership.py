@@ -48,8 +48,8 @@ class HoldUndo:
 
     __slots__ = ("group_of", "ids", "num_shared", "writer_col", "writer_row")
 
-    def __init__(self, ids: np.ndarray, group_of: np.ndarray, writer_row: np.ndarray, writer_col: np.ndarray,
-                 num_shared: int) -> None:
+    def __init__(self, ids: "np.ndarray | list[int]", group_of: "np.ndarray | list[int]",
+                 writer_row: "np.ndarray | list[int]", writer_col: "np.ndarray | list[int]", num_shared: int) -> None:
         self.ids, self.group_of, self.writer_row, self.writer_col = ids, group_of, writer_row, writer_col
         self.num_shared = num_shared
 
@@ -96,6 +96,7 @@ class PageOwnership:
         # item access from Python (a few pages at a time)
         self._items = tuple(memoryview(a) for a in (self.writer_row, self.holders, self.group_of, self.filled,
                                                      self.filled_at))
+        self._writer_col_mv = memoryview(self.writer_col)
 
     # ---- checks (no state changes) ----------------------------------------------------------
 
@@ -266,6 +267,30 @@ class PageOwnership:
             self.writer_row[owned] = rows[req] if owned is ids else rows[req[~claimed]]
             self.writer_col[owned] = column if owned is ids else column[~claimed]
         return undo
+
+    def is_free(self, page: int) -> bool:
+        """Whether no live request holds ``page`` (an int in ``[0, num_blocks)``; item access, for a few pages)."""
+        return self._items[1][page] == 0
+
+    def hold_free(self, pages: list[tuple[int, int, int, list[int]]]) -> HoldUndo:
+        """Count a few free pages as held, item by item: ``(group, row, first column, page ids)`` each, every page
+        free (:meth:`is_free`) and given once (the caller checked), so each becomes its request's to write. Returns
+        what :meth:`undo_hold` needs."""
+        writer_row, holders, group_of = self._items[:3]
+        writer_col = self._writer_col_mv
+        ids, groups, rows, cols = [], [], [], []
+        for g, row, column, given in pages:
+            for page in given:
+                ids.append(page)
+                groups.append(group_of[page])
+                rows.append(writer_row[page])
+                cols.append(writer_col[page])
+                holders[page] = 1
+                group_of[page] = g
+                writer_row[page] = row
+                writer_col[page] = column
+                column += 1
+        return HoldUndo(ids, groups, rows, cols, self.num_shared)  # (lists: undo_hold indexes with them as well)
 
     def undo_hold(self, undo: HoldUndo) -> None:
         """Take back one :meth:`hold`."""

@@ -1,8 +1,9 @@
-"""The step that repeats the last one: the same requests with the same query lengths, no new pages.
+"""The step that repeats the last one: the same requests with the same query lengths, and at most a few new pages.
 
-That is a serving loop's commonest step (decode: every request one token longer). Everything
-but the lengths is unchanged: rows, query layout, state pages, the step's shape (padded sizes,
-graph key), block tables. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
+That is a serving loop's commonest step (decode: every request one token longer, now and then one crossing into a
+new page). Everything but the lengths and those pages is unchanged: rows, query layout, state pages, the step's
+shape (padded sizes, graph key). A few plain new pages are appended item by item
+(:mod:`~graphkv.runtime.step.appends`); others send the step to the full path. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
 checks and writes only what changes, with the same checks as the full path: one integer sequence
 length per request, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and
 a context (``seq_len - query_len``) never beyond a request's written tokens, nor below the cached
@@ -30,8 +31,9 @@ import numpy as np
 
 from graphkv.plan.plan import Plan
 from graphkv.runtime.capture.shape import StepShape
+from graphkv.runtime.step.appends import apply_appends, few_appends
 from graphkv.runtime.step.batch import Batch
-from graphkv.runtime.step.ownership import PageOwnership
+from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
 from graphkv.runtime.step.rows import LastStep
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.tables.block_tables import BlockTables
@@ -46,13 +48,15 @@ PYTHON_TOKENS = 8  # up to this many tokens a repeated step is updated in plain 
 class Parts:
     """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, the
     tokens one page of each group holds (``[G, 1]``, the batch checker's), and
-    ``remember_undo(rows, written)`` (what :meth:`Step.undo` restores)."""
+    ``remember_undo(rows, written, appended)`` (what :meth:`Step.undo` restores; ``appended``: ``None``, or the
+    pages each of ``rows`` held per group before the step's appends, ``[G, n]``, and their holds' undo)."""
 
     __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables", "tokens_per_page")
 
     def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, staging: StepStaging,
                  tokens_per_page: np.ndarray,
-                 remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]"], None]) -> None:
+                 remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]",
+                                          "tuple[np.ndarray, HoldUndo] | None"], None]) -> None:
         self.plan, self.tables, self.ownership, self.staging = plan, tables, ownership, staging
         self.tokens_per_page = tokens_per_page
         self.remember_undo = remember_undo
@@ -79,6 +83,8 @@ class RepeatStep:
         claimed = parts.ownership.claimed[rows]
         self.claimed = claimed if claimed.any() else None  # the context may not shrink below a join's cached tokens
         self.claimed_list = claimed.tolist()
+        self.tokens_per_page = parts.tokens_per_page[:, 0].tolist()
+        self.is_state = parts.ownership.state_group.tolist()
         self.pack = struct.Struct(f"{rows.shape[0]}q").pack
         self.num_tokens = last.shape.num_tokens
         st = parts.staging
@@ -90,10 +96,10 @@ class RepeatStep:
                                 g.block_size, tables.max_pages[g.index]) for g in parts.plan.groups if not g.is_ssm]
 
     def matches(self, batch: Batch) -> bool:
-        """Whether ``batch`` repeats the last step: the same requests, no new pages and the same query
-        lengths, none of them a bool (see the module docstring)."""
+        """Whether ``batch`` repeats the last step: the same requests and the same query lengths, none of them a
+        bool (see the module docstring); :meth:`prepare` looks at its new pages."""
         q = batch.query_lens
-        if batch.new_pages or batch.req_ids != self.req_ids:
+        if batch.req_ids != self.req_ids:
             return False
         if q is self.query_lens:
             return True
@@ -110,24 +116,52 @@ class RepeatStep:
 
     def prepare(self, batch: Batch, shape: StepShape) -> bool:
         """Fill the buffers for ``batch`` (which :meth:`matches`) of ``shape`` and return True, or
-        return False with nothing changed (another shape than the last step's, a shared page, a
-        length the full path must check)."""
+        return False with nothing changed (another shape than the last step's, a shared page, new pages that are
+        not few and plain, a length the full path must check)."""
         parts = self.parts
         if parts.ownership.num_shared or not (shape is self.shape or shape == self.shape):
             return False  # (a shared page: the full path checks writes)
+        appends = None
+        if batch.new_pages:
+            appends = few_appends(batch.new_pages, self.row_list, parts.tables, parts.ownership, self.tokens_per_page,
+                                  self.is_state)
+            if appends is None:
+                return False
         parts.staging.wait_until_read()
-        old = self._python(batch.query_lens, batch.seq_lens) if self.python else self._numpy(batch.seq_lens)
-        if old is None:
+        before = self._set_capacity(appends.capacity) if appends else None  # the lengths are checked against them
+        checked = self._check_python(batch.query_lens, batch.seq_lens) if self.python else \
+            self._check_numpy(batch.seq_lens)
+        if checked is None:
+            if before:
+                self._set_capacity(before)
             return False
-        parts.remember_undo(self.rows, old)
+        appended = None
+        if appends is not None and appends.items:
+            held = parts.tables.num_pages_np[:, self.rows]  # (a copy) what an undo truncates the rows to
+            appended = (held, apply_appends(appends, parts.tables, parts.ownership))
+        if self.python:
+            self._write_python(batch.seq_lens)
+        else:
+            self._write_numpy(*checked)
+        parts.remember_undo(self.rows, checked if self.python else checked[2], appended)
         parts.tables.sync(self.rows, shape.num_reqs_padded, same_rows=True)
         parts.staging.copy_to_device()
         return True
 
-    def _python(self, query_lens: tuple, seq_lens: tuple) -> list[int] | None:
-        """The few-token update (``query_lens`` equal the last step's by value; a bool among them goes to the
-        full path); returns the requests' written tokens before it (for an undo)."""
-        seq_mv, ctx_mv, pos_mv, written = self.views
+    def _set_capacity(self, capacity: dict[int, int]) -> dict[int, int]:
+        """Set the tokens batch rows' pages hold (``capacity``: batch row -> tokens); returns what they were."""
+        before = {i: self.capacity_list[i] for i in capacity}
+        max_len = self.parts.plan.max_model_len
+        for i, tokens in capacity.items():
+            self.capacity_list[i] = tokens
+            self.capacity[i] = tokens
+            self.max_slens[i] = min(tokens, max_len)
+        return before
+
+    def _check_python(self, query_lens: tuple, seq_lens: tuple) -> list[int] | None:
+        """The few-token check (``query_lens`` equal the last step's by value; a bool among them goes to the
+        full path); returns the requests' written tokens before the step (for an undo), or ``None``."""
+        written = self.views[3]
         max_len = self.parts.plan.max_model_len
         if len(seq_lens) != len(self.row_list):  # zip would pair what there is: the full path refuses it
             return None
@@ -141,6 +175,11 @@ class RepeatStep:
                     or (self.exact_context and s - q < written[row]):
                 return None
             old.append(written[row])
+        return old
+
+    def _write_python(self, seq_lens: tuple) -> None:
+        """The few-token update of checked ``seq_lens``: lengths, positions and slots item by item."""
+        seq_mv, ctx_mv, pos_mv, written = self.views
         t = 0
         for i, (row, q, s) in enumerate(zip(self.row_list, self.query_lens, seq_lens)):
             ctx = s - q
@@ -152,25 +191,25 @@ class RepeatStep:
                     slot_mv[t] = pages_mv[row * pages + pos // bs] * bs + pos % bs
                 t += 1
             written[row] = s
-        return old
 
-    def _numpy(self, seq_lens: tuple) -> np.ndarray | None:
-        """The many-token update: a constant number of numpy calls."""
-        parts = self.parts
-        num_reqs = self.rows.shape[0]
+    def _check_numpy(self, seq_lens: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The many-token check: a constant number of numpy calls; returns the lengths, contexts and the written
+        tokens before the step, or ``None``."""
         try:
             slens = np.frombuffer(self.pack(*seq_lens), dtype=np.int64)
         except (struct.error, TypeError):
             return None
         ctx = slens - self.qlens
-        written = parts.ownership.written
-        old = written[self.rows]
+        old = self.parts.ownership.written[self.rows]
         # ctx < 1, not ctx < 0: a seq_len struct packed from a bool (0 or 1) is at most its query_len; a
         # repeat with no context (the same prefill again) is rare, and the full path takes it
         if ((ctx < 1) | (slens > self.max_slens) | (ctx > old)).any() or (self.exact_context and (ctx < old).any()) \
                 or (self.claimed is not None and (ctx < self.claimed).any()):
             return None
-        parts.staging.write_lengths(parts.tables, num_reqs, self.num_tokens, slens, ctx, self.rows)
-        written[self.rows] = slens
-        return old
+        return slens, ctx, old
 
+    def _write_numpy(self, slens: np.ndarray, ctx: np.ndarray, _old: np.ndarray) -> None:
+        """The many-token update of checked lengths."""
+        parts = self.parts
+        parts.staging.write_lengths(parts.tables, self.rows.shape[0], self.num_tokens, slens, ctx, self.rows)
+        parts.ownership.written[self.rows] = slens

@@ -456,7 +456,7 @@ class Step:
             return None
         if self._repeat is None:
             last = self._requests.last
-            if last is None or batch.new_pages or batch.req_ids != last.req_ids or batch.query_lens != last.query_lens:
+            if last is None or batch.req_ids != last.req_ids or batch.query_lens != last.query_lens:
                 return None
             self._repeat = RepeatStep(self._parts, last)
         return self._repeat if self._repeat.matches(batch) else None
@@ -481,6 +481,9 @@ class Step:
         self._requests.forget_last()
         self._repeat = None
 
-    def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]") -> None:
-        """A repeated step changed only the written tokens of ``rows``: what :meth:`undo` restores."""
-        self._undo = _Undo(rows, [], None, None, written)
+    def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]",
+                       appended: "tuple[np.ndarray, HoldUndo] | None") -> None:
+        """A repeated step changed the written tokens of ``rows`` (and, with ``appended``, appended pages: what the rows
+        held before, ``[G, n]``, and the holds' undo): what :meth:`undo` restores."""
+        held, hold = appended if appended is not None else (None, None)
+        self._undo = _Undo(rows, [], held, hold, written)

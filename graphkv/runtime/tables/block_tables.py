@@ -3,7 +3,7 @@
 The host holds, per KV-cache group, every request row's page ids ``pages_np[g]`` ``[max_num_seqs,
 pages_per_request_g] int32`` and how many it holds, ``num_pages_np`` ``[num_groups,
 max_num_seqs]``. Edits (:meth:`BlockTables.append_batch` / :meth:`~BlockTables.append_pages` for a
-whole step at once, :meth:`~BlockTables.append`, :meth:`~BlockTables.truncate`,
+whole step at once, :meth:`~BlockTables.append`, :meth:`~BlockTables.append_few`, :meth:`~BlockTables.truncate`,
 :meth:`~BlockTables.remove`, :meth:`~BlockTables.move`, :meth:`~BlockTables.overwrite`) change
 the mirror in pages and tell the device side what changed. The device holds the same tables in
 kernel blocks (page ``b`` is kernel blocks ``b*bpk .. b*bpk + bpk - 1``): persistent rows, and
@@ -172,6 +172,21 @@ class BlockTables:
             self.num_pages_np[group, seg_row] = held_after
             if dst is None:
                 self._sync.appended(group, seg_row, held, held_after)
+
+    def append_few(self, g: int, row: int, pages: list[int]) -> None:
+        """Append ``pages`` (a few plain ints in ``[1, num_blocks)``, room for them in the row: the caller checked) to
+        row ``row`` of group ``g``, item by item, the step row showing it too (a repeated decode step whose requests
+        cross into new pages: cheaper than any numpy call)."""
+        m = self.mirror
+        k = g * m.max_num_seqs + row
+        held = m.all_num_pages_mv[k]
+        assert held + len(pages) <= m.max_pages[g], (g, row, held, pages)
+        at, mirror = m.starts[g] + row * m.max_pages[g] + held, m.pages_mv
+        for page in pages:
+            mirror[at] = page
+            at += 1
+        m.all_num_pages_mv[k] = held + len(pages)
+        self._sync.wrote_pages(g, row, held, pages)
 
     def append_batch(self, rows: "Sequence[int] | np.ndarray", new_pages: Sequence[Any]) -> None:
         """Append a whole step's pages at once: row ``rows[i]`` gains ``new_pages[i][g]`` in group ``g``

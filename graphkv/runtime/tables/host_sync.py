@@ -57,6 +57,9 @@ class HostSync:
         for t in self._offsets:
             t.copy_(torch.arange(t.shape[0], dtype=torch.int32))  # 0 .. bpk - 1
         self._offsets_np = tuple(t.numpy() for t in self._offsets)
+        assert all(t.flags.c_contiguous for t in self._inputs3_np), "flat views of the step tables are views"
+        self._step_mvs = tuple(memoryview(t.reshape(-1)) for t in self._inputs3_np)  # item access, per group
+        self._batch_row_mv = memoryview(mirror.batch_row_of)
         self._touched: list[list[np.ndarray]] = [[] for _ in range(mirror.num_groups)]  # changed rows
         self._band = [[pages[g], 0] for g in range(mirror.num_groups)]  # their changed columns [lo, hi)
 
@@ -115,6 +118,28 @@ class HostSync:
         bpk = self._mirror.bpks[0]
         values = np.array(pages, dtype=np.int32)[:, None] * np.int32(bpk) + self._offsets_np[0]
         self._inputs3_np[0].reshape(-1, bpk)[lines] = values
+
+    def wrote_pages(self, g: int, row: int, column: int, pages: list[int]) -> None:
+        """Row ``row`` of group ``g`` gained ``pages`` (a few) at page columns ``column ..``, mirror written: the step
+        row showing it is written item by item (kernel blocks ``page * bpk + k``), or the edit noted when no step row
+        shows it."""
+        b = self._batch_row_mv[row]
+        if b < 0:
+            self._note(g, np.array((row,)), column, column + len(pages))
+            return
+        bt = self._mirror
+        out, bpk = self._step_mvs[g], bt.bpks[g]
+        at = b * bt.widths[g] + column * bpk
+        if bpk == 1:
+            for page in pages:
+                out[at] = page
+                at += 1
+            return
+        for page in pages:
+            first = page * bpk
+            for k in range(bpk):
+                out[at + k] = first + k
+            at += bpk
 
     # ---- edits noted for the sync --------------------------------------------------------------------
 

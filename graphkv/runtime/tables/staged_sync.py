@@ -100,6 +100,13 @@ class StagedSync:
         self._stale_from[groups, rows] = np.minimum(self._stale_from[groups, rows], from_column)
         self._any_stale = True
 
+    def wrote_pages(self, g: int, row: int, column: int, pages: list[int]) -> None:
+        """Row ``row`` of group ``g`` gained ``pages`` at page columns ``column ..`` (mirror only): stale from
+        ``column`` on."""
+        if column < self._stale_from[g, row]:
+            self._stale_from[g, row] = column
+        self._any_stale = True
+
     def cleared(self, g: int, row: int) -> None:
         """Row ``row`` of group ``g`` was cleared: its device copy is stale from column 0 on."""
         self._stale_from[g, row] = 0
