@@ -19,7 +19,11 @@ page) and the group it is held in; per request row the tokens it has had written
   every written token, and reading them again would apply them twice;
 - a request joining with cached context needs a plan that can hold a prefix (no Mamba group in
   mamba_cache_mode ``none``), and each claimed page must hold the claimed tokens at the claimed
-  page index: written by a live request that got that far, or by one that finished.
+  page index: written by a live request that got that far, or by one that finished; its state page
+  must hold the state a finished request left after exactly that many tokens; and a claim may end
+  inside a page a finished request wrote only where that request's tokens end too (the joining
+  request writes on from there: tokens past the claim would be overwritten while the page still
+  said it held them).
 
 Everything is vectorized numpy over the step's pages and requests; checks never change state, so
 a refused step leaves every count as it was. The cost of the common step (no page shared with
@@ -40,7 +44,9 @@ from graphkv.runtime.buffers import LedgerBuffers
 from graphkv.runtime.tables.page_ids import PageEntries
 from graphkv.spec.limits import MambaCacheMode
 
-__all__ = ["HoldUndo", "PageOwnership"]
+__all__ = ["STATE_FILLED_AT", "HoldUndo", "PageOwnership"]
+
+STATE_FILLED_AT = -2  # filled_at of a state page its writer left: filled is then the tokens its state absorbed
 
 
 class HoldUndo:
@@ -61,7 +67,9 @@ class PageOwnership:
     ``group_of`` (int16, the group they hold it in, -1 when free), the row and page index of the
     request that writes it (``writer_row`` -1 when none is live), and for pages whose writer
     finished, the tokens it holds (``filled``) at which page index (``filled_at``). Per request
-    row: ``written`` tokens and the cached tokens it joined with, ``claimed`` (int64).
+    row: ``written`` tokens and the cached tokens it joined with, ``claimed`` (int64). A state page is always its
+    holder's to write (its state is updated in place); when its writer leaves, ``filled`` records the tokens the state
+    absorbed, at ``filled_at`` :data:`STATE_FILLED_AT`.
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -93,6 +101,7 @@ class PageOwnership:
                                if none and self.state_group.any() else None)
         self.has_state = bool(self.state_group.any())  # a running request's context cannot shrink
         self.block_size_list = [g.block_size for g in plan.groups]
+        self.state_list = [g.is_ssm for g in plan.groups]
         # item access from Python (a few pages at a time)
         self._items = tuple(memoryview(a) for a in (self.writer_row, self.holders, self.group_of, self.filled,
                                                      self.filled_at))
@@ -179,8 +188,17 @@ class PageOwnership:
                    "a new request may share only pages of its cached context (page columns below cdiv(seq_len - "
                    "query_len, block_size)), and a running request may not receive a page another request holds: "
                    "it would write into it")
-            raise SpecError(self._problem(req_ids, req, group, bad, int(ids[bad]),
-                                          f"{holders} live request(s) hold it (or the step gives it twice); {why}",
+            page = int(ids[bad])
+            first = np.cumsum(entries.count) - entries.count  # each segment's first page
+            where = [f"batch.new_pages[{int(req[k])}][{int(group[k])}][{k - int(first[seg[k]])}]"
+                     for k in np.flatnonzero(ids == page).tolist()]
+            if len(where) > 1:
+                held = f"; {holders} live request(s) hold it" if holders else ""
+                raise SpecError(self._problem(req_ids, req, group, bad, page,
+                                              f"the step gives it {len(where)} times ({', '.join(where)}){held}; {why}",
+                                              "give each page once, to one request (only joining requests may share "
+                                              "the pages of a cached prefix)"))
+            raise SpecError(self._problem(req_ids, req, group, bad, page, f"{holders} live request(s) hold it; {why}",
                                           "give the request a page no live request holds"))
         return column, True
 
@@ -205,8 +223,10 @@ class PageOwnership:
         ids = entries.ids
         seg = entries.segment_of_page()
         req, group = entries.request_of_segment()[seg], entries.group[seg]
+        state = self.state_group[group]
+        self._check_state_claims(ids, req, group, column, claims & (ctx > 0), ctx, req_ids, state)
         bs = self.block_sizes[group]
-        claimed = claims[req] & ~self.state_group[group] & (column * bs < ctx[req])
+        claimed = claims[req] & ~state & (column * bs < ctx[req])
         if not claimed.any():
             return
         tokens = np.minimum(bs, ctx[req] - column * bs)
@@ -222,6 +242,38 @@ class PageOwnership:
                 f"the request claims {int(tokens[bad])} cached token(s) in it at page index {int(column[bad])}, but "
                 f"it holds {int(have[bad])} written token(s) at page index {int(at[bad])}",
                 "claim only cached tokens whose pages were written (seq_len - query_len = the shared tokens)"))
+        # The page a claim ends inside is written from the claim's end on: a finished request's tokens past it would
+        # be overwritten while the page still says it holds them (a later claim of them would read this request's).
+        overwrite = claimed & ~live & (have > tokens)
+        if overwrite.any():
+            bad = int(np.flatnonzero(overwrite)[0])
+            i, b = int(req[bad]), int(bs[bad])
+            raise SpecError(self._problem(
+                req_ids, req, group, bad, int(ids[bad]),
+                f"the request claims {int(tokens[bad])} of the {int(have[bad])} cached token(s) a finished request "
+                f"wrote in it, and would write its own tokens from position {int(ctx[i])} over the rest (which a later "
+                "request may still claim)",
+                f"claim whole pages (seq_len - query_len a multiple of block_size {b}) and recompute the rest, or "
+                f"claim all {int(have[bad])} tokens the page holds"))
+
+    def _check_state_claims(self, ids: np.ndarray, req: np.ndarray, group: np.ndarray, column: np.ndarray,
+                            claims: np.ndarray, ctx: np.ndarray, req_ids: Sequence[Hashable], state: np.ndarray) -> None:
+        """Refuse a joining request claiming ``ctx`` cached tokens whose state page (the first page of a state group)
+        does not hold the state after exactly ``ctx`` tokens: a finished request's state, recorded at its release."""
+        first = state & (column == 0) & claims[req]
+        if not first.any():
+            return
+        absorbed = np.where(self.filled_at[ids] == STATE_FILLED_AT, self.filled[ids], -1)
+        bad_state = first & (absorbed != ctx[req])
+        if bad_state.any():
+            bad = int(np.flatnonzero(bad_state)[0])
+            held = f"the state after {int(absorbed[bad])} tokens" if absorbed[bad] >= 0 else "no finished request's state"
+            raise SpecError(self._problem(
+                req_ids, req, group, bad, int(ids[bad]),
+                f"the request claims {int(ctx[req[bad]])} cached tokens, so its state page must hold the state after "
+                f"exactly that many, and it holds {held}",
+                "give a joining request the state page a request left when it finished with seq_len - query_len "
+                "tokens, or join with no cached context"))
 
     def check_writes(self, req_ids: Sequence[Hashable], pages: np.ndarray, token_req: np.ndarray, group: int) -> None:
         """Refuse a step that writes a token of group ``group`` into a page another live request holds
@@ -257,12 +309,13 @@ class PageOwnership:
             was_shared = self.holders[distinct] > 1
             np.add.at(self.holders, ids, 1)
             self.num_shared += int(((self.holders[distinct] > 1) & ~was_shared).sum())
-            owned = fresh & ~(new[req] & (column * self.block_sizes[group] < ctx[req]))  # not claimed context
+            # not claimed context (a state page is always its holder's: its state is updated in place)
+            owned = fresh & ~(new[req] & (column * self.block_sizes[group] < ctx[req]) & ~self.state_group[group])
             self.writer_row[ids[owned]] = rows[req[owned]]
             self.writer_col[ids[owned]] = column[owned]
         else:  # every page was free and appears once
             self.holders[ids] = 1
-            claimed = new[req] & (column * self.block_sizes[group] < ctx[req])
+            claimed = new[req] & (column * self.block_sizes[group] < ctx[req]) & ~self.state_group[group]
             owned = ids[~claimed] if claimed.any() else ids
             self.writer_row[owned] = rows[req] if owned is ids else rows[req[~claimed]]
             self.writer_col[owned] = column if owned is ids else column[~claimed]
@@ -310,7 +363,10 @@ class PageOwnership:
         request joined with no cached tokens (then it holds its pages alone and wrote them all)."""
         written = int(self.written[row])
         alone = not self.num_shared and not self.claimed[row]
-        for bs, pages in zip(self.block_size_list, pages_per_group):
+        for bs, is_state, pages in zip(self.block_size_list, self.state_list, pages_per_group):
+            if is_state:
+                self._release_state(row, pages if isinstance(pages, list) else pages.tolist(), written)
+                continue
             if isinstance(pages, list):
                 self._release_few(row, pages, bs, written)
                 continue
@@ -337,6 +393,24 @@ class PageOwnership:
             self.holders[pages] = left
             self.group_of[pages[left == 0]] = -1
         self.written[row] = 0
+
+    def _release_state(self, row: int, pages: list[int], written: int) -> None:
+        """:meth:`release` of a state group's pages: the first, which this request's state was updated in, now holds
+        the state after its ``written`` tokens (``filled``, at :data:`STATE_FILLED_AT`), for a request that joins
+        claiming exactly that many cached tokens."""
+        writer_row, holders, group_of, filled, filled_at = self._items
+        for column, page in enumerate(pages):
+            mine = writer_row[page] == row
+            if mine:
+                writer_row[page] = -1
+                filled[page] = written if column == 0 else 0
+                filled_at[page] = STATE_FILLED_AT if column == 0 else -1
+            left = holders[page] - 1
+            holders[page] = left
+            if left == 0:
+                group_of[page] = -1
+            elif left == 1:
+                self.num_shared -= 1
 
     def _release_few(self, row: int, pages: list[int], block_size: int, written: int) -> None:
         """:meth:`release` of one group's few ``pages`` (page index = list index), item by item."""

@@ -8,6 +8,7 @@ from step_harness import Harness
 
 from graphkv import CapacityError, GraphkvError, SpecError
 from graphkv.runtime import Batch
+from graphkv.runtime.step.ownership import STATE_FILLED_AT
 from graphkv.runtime.tables import block_tables
 
 
@@ -319,3 +320,87 @@ def test_two_requests_reading_the_same_full_pages_equal_the_dense_reference():
     h.run({"d": 2})
     h.decode_all()
     h.check_accounting()
+
+
+def test_a_state_page_claimed_with_exactly_its_tokens_joins_and_equals_the_dense_reference():
+    """mamba_cache_mode align: a finishes after 16 tokens, its state page recording the state after 16 tokens; c joins
+    claiming them with a's state page and first attention page: accepted, c's logits equal the dense reference (the
+    state held exactly a's 16 tokens), c writes the state page from then on, and leaves it after its own 20."""
+    h = Harness("MAMA", mamba_cache_mode="align")
+    h.add("a", 16)
+    h.run({"a": 16})
+    pages, prefix = h.pages["a"], h.tokens["a"][:16]
+    state_page = pages[h.state[0]][0]
+    h.finish("a")
+    own = h.step.ownership
+    assert own.filled[state_page] == 16 and own.filled_at[state_page] == STATE_FILLED_AT
+    cached = [list(p[:1]) for p in pages]
+    h.free.sort(key=lambda p: p not in sum(cached, []))  # (the free list hands out other pages first)
+    h.add("c", 0, prompt=prefix + [3, 1, 4], cached_pages=cached, cached_tokens=16)
+    h.run({"c": 3})
+    h.decode_all()
+    assert own.writer_row[state_page] == h.step.row_of("c")
+    h.finish("c")
+    assert own.filled[state_page] == 20 and own.filled_at[state_page] == STATE_FILLED_AT
+    h.check_accounting()
+
+
+def test_a_state_page_not_holding_the_claimed_tokens_state_is_refused():
+    """c claims 16 cached tokens with a's state page, which holds the state after a's 20 tokens, or with a state page
+    nobody wrote: refused, naming the tokens the page's state absorbed (its layers would start from another state:
+    logits off by 0.06 before), nothing changed."""
+    h = Harness("MAMA", mamba_cache_mode="align")
+    h.add("a", 20)
+    h.add("b", 5)
+    h.run({"a": 20, "b": 5})
+    pages, prefix = h.pages["a"], h.tokens["a"][:16]
+    h.finish("a")
+    h.free.sort(key=lambda p: p not in sum(pages, []))  # (the free list hands out other pages first)
+    for state_page, holds in ((pages[h.state[0]][0], "the state after 20 tokens"),
+                              (next(p for p in h.free if h.step.ownership.filled_at[p] == -1),
+                               "no finished request's state")):
+        cached = [[state_page] if g in h.state else list(pages[g][:1]) for g in range(len(pages))]
+        h.add("c", 0, prompt=prefix + [3], cached_pages=cached, cached_tokens=16)
+        batch, ids, _ = h.batch({"c": 1})
+        _refused(h, batch, SpecError, rf"\('c'\)={state_page}: .* the request claims 16 cached tokens, so its state "
+                                      rf"page must hold the state after exactly that many, and it holds {holds}")
+
+
+def test_a_claim_ending_inside_a_page_a_finished_request_wrote_further_is_refused():
+    """a wrote 30 tokens (its second page holds 14) and finished; c claiming 20 of them would write its own tokens over
+    a's 20..29 while the page still said it held them (a later claim of a's 30 read c's): refused, nothing changed.
+    Claiming a page up to where its writer stopped is exact: d claims e's 21 tokens (5 in e's second page) and writes
+    on."""
+    h = Harness("AA")
+    h.add("a", 30)
+    h.add("e", 20)
+    h.run({"a": 30, "e": 20})
+    pages, prefix = h.pages["a"][0], h.tokens["a"][:20]
+    h.finish("a")
+    h.free.sort(key=lambda p: p not in pages)  # (the free list hands out other pages first)
+    h.add("c", 0, prompt=prefix + [3] * 10, cached_pages=[pages], cached_tokens=20)
+    batch, ids, _ = h.batch({"c": 10})
+    _refused(h, batch, SpecError, rf"\('c'\)={pages[1]}: .* claims 4 of the 14 cached token\(s\) a finished request "
+                                  r"wrote in it, and would write its own tokens from position 20 over the rest .* claim "
+                                  r"whole pages \(seq_len - query_len a multiple of block_size 16\)")
+    del h.tokens["c"], h.computed["c"], h.pages["c"]
+    written = h.computed["e"]  # 21: e decoded once more (in the refusal's check)
+    pages_e, prefix_e = h.pages["e"][0], h.tokens["e"][:written]
+    h.finish("e")
+    h.free.sort(key=lambda p: p not in pages_e)
+    h.add("d", 0, prompt=prefix_e + [2, 7, 1, 8, 2], cached_pages=[pages_e], cached_tokens=written)
+    h.run({"d": 5})  # checked against the dense reference
+    h.decode_all()
+    h.check_accounting()
+
+
+def test_a_page_given_twice_in_one_step_names_both_places():
+    """The same page twice in one request's list, or to two requests: the message says where it appears."""
+    h = _live("AA")
+    page = h.free[-1]
+    batch = Batch(req_ids=("x",), query_lens=(17,), seq_lens=(17,), new_pages=(((page, page),),))
+    _refused(h, batch, SpecError, rf"the step gives it 2 times \(batch.new_pages\[0\]\[0\]\[0\], "
+                                  rf"batch.new_pages\[0\]\[0\]\[1\]\)")
+    batch = Batch(req_ids=("x", "y"), query_lens=(1, 1), seq_lens=(1, 1), new_pages=(((page,),), ((page,),)))
+    _refused(h, batch, SpecError, r"the step gives it 2 times \(batch.new_pages\[0\]\[0\]\[0\], "
+                                  r"batch.new_pages\[1\]\[0\]\[0\]\); .*; give each page once")
