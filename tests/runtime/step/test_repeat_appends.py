@@ -177,3 +177,46 @@ def test_a_repeat_with_new_pages_is_undone_when_its_forward_raises():
     h.run_failing(batch, ids, "device lost again")
     h.decode_all()
     h.check_accounting()
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_appends_of_pages_split_into_kernel_blocks_equal_the_full_path(kernels):
+    """Pages of 2 kernel blocks (64-token pages, kernels of 32): a repeated decode's new pages reach the step rows as
+    kernel blocks ``page * 2 + k``, as on the full path, with the host sync and the staged one (Triton, interpreted)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from runtime_plans import attention_plan
+
+    plan = attention_plan(bpk=2, num_blocks=40, max_num_seqs=3, max_num_batched_tokens=256, max_model_len=512)
+    assert plan.groups[0].bpk == 2 and plan.groups[0].block_size == 64
+    fast, full = Step(plan, kernels=kernels), Step(plan, kernels=kernels)
+    lens = [60, 62, 63]  # each crosses into its second page on a different decode (after the first)
+    pages = iter(range(1, 40))
+    owned = [[next(pages)] for _ in lens]
+    first = Batch(req_ids=("a", "b", "c"), query_lens=tuple(lens), seq_lens=tuple(lens),
+                  new_pages=tuple(((p[0],),) for p in owned))
+    for step in (fast, full):
+        step.prepare(first)
+    crossed = 0
+    for k in range(8):
+        lens = [x + 1 for x in lens]
+        new = [((next(pages),),) if x % 64 == 1 else None for x in lens]
+        crossed += sum(p is not None for p in new)
+        batch = Batch(req_ids=("a", "b", "c"), query_lens=(1, 1, 1), seq_lens=tuple(lens),
+                      new_pages=tuple(new) if any(new) else ())
+        full._forget_last()
+        fast.prepare(batch)
+        full.prepare(batch)
+        assert (fast._repeat is not None) == (k > 0)  # (the first decode follows the prefill: the full path)
+        for a, b in zip(fast.tables.input_tables, full.tables.input_tables):
+            assert torch.equal(a[:3], b[:3])
+        assert torch.equal(fast.slot_mappings[:, :3], full.slot_mappings[:, :3])
+    assert crossed == 3
+    row = fast.tables.input_tables[0][fast.row_of("c")]  # c crossed at 65: its second page, kernel blocks 2p, 2p + 1
+    second = int(fast.tables.pages_np[0][fast.row_of("c"), 1])
+    assert row[2:4].tolist() == [2 * second, 2 * second + 1]
+    fast.tables.commit()
+    full.tables.commit()
+    for a, b in zip(fast.tables.tables, full.tables.tables):
+        assert torch.equal(a, b)
