@@ -6,8 +6,10 @@ are those of vLLM 0.33's source: ``CacheConfig`` (``config/cache.py``: 16-token 
 backend and hybrid alignment, ``gpu_memory_utilization`` 0.92, prefix caching on for generative
 models), ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``: ``vllm serve`` on a GPU of
 at least 70 GiB other than an A100 takes 1024 sequences and 8192 tokens per step, smaller GPUs
-256 and 2048), ``VllmConfig._set_cudagraph_sizes`` (``config/vllm.py``: capture sizes 1, 2, 4,
-every 8 below 256, every 16 from 256, up to ``min(2 x max_num_seqs, 512)`` tokens on Hopper) and
+256 and 2048), ``VllmConfig._set_cudagraph_sizes`` (``config/vllm.py``, as of commit 000fc94b: capture sizes 1, 2,
+4, every 8 below 256, every 16 from 256, up to ``min(2 x max_num_seqs x (1 + k), 512)`` tokens on
+Hopper, plus ``max_num_batched_tokens`` within that and, with ``k`` speculative tokens, the uniform
+decode steps; not ``max_num_seqs``) and
 ``CompilationConfig.cudagraph_mode`` (FULL_AND_PIECEWISE). In vLLM 0.33 ``--mamba-cache-mode``
 is deprecated and ignored — the Mamba mode follows ``--enable-prefix-caching`` (on: ``align``,
 off: ``none``) — so that is the flag emitted for hybrid models.
@@ -22,7 +24,7 @@ from typing import Sequence
 import attrs
 
 from graphkv.emit.vllm_dtypes import vllm_kv_cache_dtype, vllm_mamba_ssm_dtype
-from graphkv.plan.cudagraph import VLLM_MAX_CAPTURE_SIZE, engine_capture_sizes
+from graphkv.plan.cudagraph import VLLM_MAX_CAPTURE_SIZE, engine_capture_sizes, vllm_uniform_decode_sizes
 from graphkv.plan.plan import Plan
 from graphkv.printable import printable
 from graphkv.spec.budget import format_bytes
@@ -64,10 +66,17 @@ class VllmTarget:
     notes: tuple[str, ...] = ()  # said first in the command's comments (e.g. a config vllm serve will not read)
 
 
-def vllm_default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
-    """The capture sizes vLLM 0.33 picks by itself on Hopper without speculative decoding."""
-    ceiling = min(min(2 * max_num_seqs, VLLM_MAX_CAPTURE_SIZE), max_num_batched_tokens)
-    return engine_capture_sizes(ceiling, max_num_seqs, max_num_batched_tokens)
+def vllm_default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                               num_speculative_tokens: int = 0) -> tuple[int, ...]:
+    """The capture sizes vLLM picks by itself on Hopper (``VllmConfig._set_cudagraph_sizes``, commit 000fc94b).
+
+    >>> vllm_default_capture_sizes(20, 8192)  # max_num_seqs=20 is no size: 17..20 requests pad to 24
+    (1, 2, 4, 8, 16, 24, 32, 40)
+    """
+    query_len = 1 + num_speculative_tokens
+    ceiling = min(min(2 * max_num_seqs * query_len, VLLM_MAX_CAPTURE_SIZE), max_num_batched_tokens)
+    return engine_capture_sizes(ceiling, max_num_batched_tokens,
+                                uniform_decode_sizes=vllm_uniform_decode_sizes(max_num_seqs, num_speculative_tokens))
 
 
 def _batch_defaults(target: VllmTarget) -> tuple[str, int | None, int | None]:
@@ -224,10 +233,12 @@ def _graph_flags(plan: Plan, target: VllmTarget, flags: list[tuple[str, str]], n
     sizes = tuple(sorted(set(cg.capture_sizes.decode) | set(cg.capture_sizes.mixed)))
     if not sizes:
         return
-    default = vllm_default_capture_sizes(lim.max_num_seqs, lim.max_num_batched_tokens)
-    if sizes != default or lim.num_speculative_tokens:
+    k = lim.num_speculative_tokens
+    default = vllm_default_capture_sizes(lim.max_num_seqs, lim.max_num_batched_tokens, k)
+    if sizes != default or k:
         flags.append(("--cudagraph-capture-sizes", " ".join(str(s) for s in sizes)))
+        spec = f" x (1 + {k})" if k else ""
         notes.append(f"--cudagraph-capture-sizes ({_span(sizes)}): the engine's default on Hopper is "
-                     f"{_span(default)} (up to min(2 x max_num_seqs, 512) tokens); the plan captures steps up to "
-                     f"{cg.max_capture_size} tokens ({cg.max_capture_size_reason}), graph pool estimate in the "
-                     "plan's ledger")
+                     f"{_span(default)} (up to min(2 x max_num_seqs{spec}, 512) tokens); the plan captures steps "
+                     f"up to {cg.max_capture_size} tokens ({cg.max_capture_size_reason}), graph pool estimate in "
+                     "the plan's ledger")

@@ -97,7 +97,10 @@ def test_gpt_oss_on_an_h100_uses_the_checkpoint_weights(capsys: pytest.CaptureFi
 
 
 def test_vllm_default_capture_sizes_follow_the_engine() -> None:
-    """vLLM 0.33 on Hopper: 1, 2, 4, every 8 below 256, every 16 up to min(2 x max_num_seqs, 512)."""
+    """vLLM on Hopper (commit 000fc94b): 1, 2, 4, every 8 below 256, every 16 up to min(2 x max_num_seqs x (1 + k),
+    512), plus max_num_batched_tokens within it and the uniform decode steps n x (1 + k); never max_num_seqs."""
     assert vllm_default_capture_sizes(256, 8192) == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
     assert vllm_default_capture_sizes(4, 8192) == (1, 2, 4, 8)
     assert vllm_default_capture_sizes(32, 40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert vllm_default_capture_sizes(20, 8192) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert vllm_default_capture_sizes(48, 8192, 2) == (1, 2, 3, 4, 6, 8, 12, *range(16, 256, 8), 256, 272, 288)

@@ -5,7 +5,7 @@ import pytest
 from graphkv import (Backend, Budget, CacheOrder, CaptureError, CudaGraphMode, CudaGraphSupport, FullAttentionSpec,
                      KVLayout, Limits, MambaSpec, ModelKV, Plan, SlidingWindowSpec, compile_plan)
 from graphkv.errors import SpecError
-from graphkv.plan.cudagraph import capture_ceiling, engine_capture_sizes
+from graphkv.plan.cudagraph import capture_ceiling, engine_capture_sizes, request_counts, vllm_uniform_decode_sizes
 
 FULL = FullAttentionSpec(num_kv_heads=8, head_size=128)
 SLIDING = SlidingWindowSpec(num_kv_heads=8, head_size=128, window=512)
@@ -20,13 +20,39 @@ def fa_plus_flashinfer(**limits) -> Plan:
 
 
 def test_engine_capture_sizes():
-    """vLLM's grid: 1, 2, 4, every 8 below 256, every 16 from 256, plus the two maxima within the ceiling."""
-    assert engine_capture_sizes(1, 1, 8192) == (1,)
-    assert engine_capture_sizes(3, 3, 3) == (1, 2, 3)
-    assert engine_capture_sizes(20, 20, 20) == (1, 2, 4, 8, 16, 20)
-    assert engine_capture_sizes(14, 7, 8192) == (1, 2, 4, 7, 8)  # 14 itself is off the grid: not captured
-    assert engine_capture_sizes(512, 256, 8192) == GRID_512
-    assert engine_capture_sizes(1000, 500, 1000)[-4:] == (960, 976, 992, 1000)
+    """vLLM's grid: 1, 2, 4, every 8 below 256, every 16 from 256, plus max_num_batched_tokens within the ceiling and
+    the uniform decode sizes within max_num_batched_tokens."""
+    assert engine_capture_sizes(1, 8192) == (1,)
+    assert engine_capture_sizes(3, 3) == (1, 2, 3)
+    assert engine_capture_sizes(20, 20) == (1, 2, 4, 8, 16, 20)
+    assert engine_capture_sizes(14, 8192) == (1, 2, 4, 8)  # 14 itself is off the grid: not captured
+    assert engine_capture_sizes(512, 8192) == GRID_512
+    assert engine_capture_sizes(1000, 1000)[-4:] == (960, 976, 992, 1000)
+    assert engine_capture_sizes(20, 30, uniform_decode_sizes=(3, 6, 12, 27, 33)) == (1, 2, 3, 4, 6, 8, 12, 16, 27)
+
+
+def test_capture_sizes_are_vllms_default_list():
+    """vLLM's ``VllmConfig._set_cudagraph_sizes`` (vllm/config/vllm.py, commit 000fc94b) and its decode keys: sizes
+    up to min(2 x max_num_seqs x (1 + k), 512) on the grid, never max_num_seqs itself; full decode graphs up to
+    max_num_seqs without speculative tokens, the request grid x 3 with k=2 (whose sizes join the mixed list)."""
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+
+    def sizes(max_num_seqs, num_speculative_tokens=0):
+        limits = Limits(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+                        num_speculative_tokens=num_speculative_tokens)
+        return compile_plan(model, limits, Budget.kv_bytes("1GiB")).cudagraph.capture_sizes
+
+    assert sizes(20).mixed == (1, 2, 4, 8, 16, 24, 32, 40)  # 20 is no size: 17..20 requests pad to 24
+    assert sizes(20).decode == (1, 2, 4, 8, 16)
+    assert sizes(100).mixed == (1, 2, 4, *range(8, 201, 8))
+    assert sizes(100).decode == (1, 2, 4, *range(8, 97, 8))  # 97..100 requests: the mixed graph of 104
+    assert sizes(300).mixed == GRID_512  # min(600, 512)
+    assert sizes(300).decode == (1, 2, 4, *range(8, 256, 8), 256, 272, 288)  # 289..300: the mixed graph of 304
+    assert request_counts(48) == (1, 2, 4, 8, 16, 24, 32, 40, 48)
+    assert vllm_uniform_decode_sizes(48, 2) == (3, 6, 12, 24, 48, 72, 96, 120, 144)
+    assert vllm_uniform_decode_sizes(48, 0) == ()
+    assert sizes(48, 2).mixed == (1, 2, 3, 4, 6, 8, 12, *range(16, 256, 8), 256, 272, 288)  # min(2 x 48 x 3, 512)
+    assert sizes(48, 2).decode == (3, 6, 12, 24, 48, 72, 96, 120, 144)
 
 
 def test_capture_ceiling_follows_vllm_unless_set():
@@ -116,7 +142,7 @@ def test_a_capture_ceiling_above_2_to_the_20_tokens_is_refused_and_2_to_the_20_i
     assert "lower max_cudagraph_capture_size to <= 1048576" in str(info.value)
     with pytest.raises(SpecError, match="must be <= 1048576 tokens"):
         Limits(max_cudagraph_capture_size=2**20 + 1, max_num_batched_tokens=2**20 + 1)
-    sizes = engine_capture_sizes(2**20, 256, 2**20)
+    sizes = engine_capture_sizes(2**20, 2**20)
     assert len(sizes) == 65555 and sizes[-1] == 2**20
     Limits(max_cudagraph_capture_size=2**20, max_num_batched_tokens=2**20)
     assert Limits(max_cudagraph_capture_size=2**31 - 1).max_cudagraph_capture_size == 2**31 - 1  # capped by 8192
@@ -153,15 +179,37 @@ def test_full_on_non_always_downgrades_with_a_note():
 
 
 def test_full_on_always_backends_is_kept():
-    """FULL on ALWAYS backends only stays FULL and captures both decode and mixed sizes."""
+    """FULL on ALWAYS backends only stays FULL and captures both decode and mixed sizes (vLLM's: 20 is no size)."""
     model = ModelKV.from_specs("m", [(FULL, "flash_attn"), (SLIDING, "triton_paged")])
     plan = compile_plan(model, Limits(max_model_len=4096, max_num_seqs=20, max_num_batched_tokens=2048,
                                       cudagraph_mode="FULL"), Budget.kv_bytes("1GiB"))
     cg = plan.cudagraph
     assert cg.support is CudaGraphSupport.ALWAYS
     assert cg.mode is CudaGraphMode.FULL
-    assert cg.capture_sizes.decode == (1, 2, 4, 8, 16, 20)
-    assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16, 20, 24, 32, 40)  # up to 2 x max_num_seqs, as vLLM
+    assert cg.capture_sizes.decode == (1, 2, 4, 8, 16)  # 17..20 requests run on the mixed graph of 24, as in vLLM
+    assert cg.capture_sizes.mixed == (1, 2, 4, 8, 16, 24, 32, 40)  # up to 2 x max_num_seqs, as vLLM
+
+
+@pytest.mark.parametrize("mode, key, run_as, reason", [
+    ("FULL_AND_PIECEWISE", 24, CudaGraphMode.PIECEWISE, None),
+    ("FULL", 24, CudaGraphMode.FULL, None),
+    ("FULL_DECODE_ONLY", None, CudaGraphMode.NONE, "uniform step above the largest decode capture size 16; "
+                                                   "cudagraph mode FULL_DECODE_ONLY captures no mixed"),
+])
+def test_decode_steps_above_the_last_decode_size_run_on_a_mixed_graph_or_eagerly(mode, key, run_as, reason):
+    """max_num_seqs=20 has decode graphs up to 16: a decode step of 17..20 requests takes the mixed graph of 24 tokens,
+    as vLLM dispatches it, or runs eagerly saying why where no mixed graph is captured."""
+    from graphkv.runtime.capture.keys import GraphKey, dispatch
+
+    model = ModelKV.from_specs("m", [(FULL, "flash_attn")])
+    plan = compile_plan(model, Limits(max_model_len=1024, max_num_seqs=20, max_num_batched_tokens=8192,
+                                      cudagraph_mode=mode), Budget.kv_bytes("1GiB"))
+    assert plan.cudagraph.capture_sizes.decode == (1, 2, 4, 8, 16)
+    for num_reqs in (17, 20):
+        d = dispatch(plan.cudagraph, plan.limits, num_tokens=num_reqs, num_reqs=num_reqs, uniform=True)
+        assert d.key == (None if key is None else GraphKey(num_tokens=key, num_reqs=None, uniform=False))
+        assert d.mode is run_as
+        assert (d.eager_reason is None) if reason is None else d.eager_reason.startswith(reason)
 
 
 def test_speculative_tokens_with_single_token_decode_backend_fall_back_to_piecewise():
@@ -171,7 +219,8 @@ def test_speculative_tokens_with_single_token_decode_backend_fall_back_to_piecew
     assert cg.downgrades[0].startswith("FULL_AND_PIECEWISE -> PIECEWISE")
     assert "speculative decoding: queries of 1 + 2 tokens" in cg.downgrades[0]
     assert cg.capture_sizes.decode == ()
-    assert cg.capture_sizes.mixed == GRID_512  # min(2 x 256 x 3, 512)
+    # min(2 x 256 x 3, 512), plus vLLM's uniform decode steps 3 x (1, 2, 4, 8, 16, ..., 168) within it
+    assert cg.capture_sizes.mixed == tuple(sorted({*GRID_512, 3, 6, 12, *range(24, 505, 24)}))
 
 
 def test_full_decode_only_impossible_is_a_capture_error():

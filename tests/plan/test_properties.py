@@ -223,8 +223,9 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
     assert len(plan.slots) == plan.group_size
 
     # Capture sizes end at the ceiling (vLLM's min(2 x max_num_seqs x (1 + k), 512) but at least 1 + k, or the limit
-    # set, within the step budget): decode at the most requests whose tokens fit it, mixed on vLLM's grid (steps of
-    # at most 16) or at max_num_seqs / max_num_batched_tokens; decode sizes are multiples of 1 + k.
+    # set, within the step budget): mixed on vLLM's grid (steps of at most 16) or at max_num_batched_tokens, never at
+    # max_num_seqs alone; decode sizes are multiples of 1 + k, without speculative tokens the mixed grid's sizes up to
+    # max_num_seqs (vLLM's decode keys), with them n x (1 + k) up to the most requests whose tokens fit.
     query_len = 1 + limits.num_speculative_tokens
     ceiling = min(limits.max_cudagraph_capture_size or max(min(2 * limits.max_num_seqs * query_len, 512), query_len),
                   limits.max_num_batched_tokens)
@@ -234,12 +235,16 @@ def check_plan(model: ModelKV, limits: Limits, budget, plan) -> None:
         max_reqs = min(limits.max_num_seqs, ceiling // query_len)
         last = sizes.decode[-1] // query_len
         assert last <= max_reqs and (max_reqs - last < min(16, max_reqs) or last in (1, 2, 4))
-        assert last == max_reqs or max_reqs not in (limits.max_num_seqs,
-                                                    limits.max_num_batched_tokens // query_len)
+        if query_len == 1:
+            assert last == max_reqs or max_reqs != limits.max_num_batched_tokens
+            assert set(sizes.decode) <= set(sizes.mixed) or not sizes.mixed
+        else:
+            assert last == max_reqs or max_reqs not in (limits.max_num_seqs,
+                                                        limits.max_num_batched_tokens // query_len)
     if sizes.mixed:
         assert sizes.mixed[-1] <= ceiling and (ceiling - sizes.mixed[-1] < min(16, ceiling)
                                                or sizes.mixed[-1] in (1, 2, 4))
-        assert sizes.mixed[-1] == ceiling or ceiling not in (limits.max_num_seqs, limits.max_num_batched_tokens)
+        assert sizes.mixed[-1] == ceiling or ceiling != limits.max_num_batched_tokens
     assert plan.cudagraph.max_capture_size == max((*sizes.decode, *sizes.mixed), default=0)
 
 

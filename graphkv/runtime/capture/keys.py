@@ -15,8 +15,11 @@ count is padded up to the next capture size of the plan.
   as FULL graphs in mode ``FULL`` (needs ``ALWAYS`` support) and as PIECEWISE graphs (attention
   eager between captured pieces) in modes ``PIECEWISE`` and ``FULL_AND_PIECEWISE``.
 
-A uniform step that no decode graph can hold (mode ``PIECEWISE``, or support too low for full
-decode graphs) falls back to the mixed sizes: a uniform batch is also a valid mixed batch.
+A uniform step that no decode graph can hold (mode ``PIECEWISE``, support too low for full decode
+graphs, or more tokens than the largest decode size: without speculative tokens the decode sizes
+stop at the last capture size up to ``max_num_seqs``, so at 20 sequences a step of 17..20 requests
+takes the mixed key of 24, as vLLM dispatches it) falls back to the mixed sizes: a uniform batch is
+also a valid mixed batch.
 
 Everything here is pure and host-only (no torch); capture-safe.
 
