@@ -10,9 +10,10 @@ at least 70 GiB other than an A100 takes 1024 sequences and 8192 tokens per step
 4, every 8 below 256, every 16 from 256, up to ``min(2 x max_num_seqs x (1 + k), 512)`` tokens on
 Hopper, plus ``max_num_batched_tokens`` within that and, with ``k`` speculative tokens, the uniform
 decode steps; not ``max_num_seqs``) and
-``CompilationConfig.cudagraph_mode`` (FULL_AND_PIECEWISE). In vLLM 0.33 ``--mamba-cache-mode``
-is deprecated and ignored — the Mamba mode follows ``--enable-prefix-caching`` (on: ``align``,
-off: ``none``) — so that is the flag emitted for hybrid models.
+``CompilationConfig.cudagraph_mode`` (FULL_AND_PIECEWISE). The Mamba cache mode
+(``CacheConfig.mamba_cache_mode``, ``config/cache.py`` as of commit 002f10e0: ``none`` / ``align`` / ``all``) is
+``align`` when prefix caching is on (the default) and ``none`` without it, so a hybrid plan in ``none`` mode emits
+``--no-enable-prefix-caching`` and one in ``all`` mode ``--mamba-cache-mode all``.
 """
 
 from __future__ import annotations
@@ -211,11 +212,13 @@ def _mamba_flags(plan: Plan, flags: list[tuple[str, str]], notes: list[str]) -> 
         flags.append(("--no-enable-prefix-caching", ""))
         notes.append("--no-enable-prefix-caching: the engine enables prefix caching by default, which puts hybrid "
                      "models in Mamba 'align' mode (two state pages per request, three for Mamba2); the plan keeps "
-                     "one state per request (mamba_cache_mode=none). --mamba-cache-mode itself is ignored by vLLM 0.33")
+                     "one state per request (mamba_cache_mode=none, the engine's mode without prefix caching)")
         return
     if mode is MambaCacheMode.ALL:
-        notes.append("WARNING: vLLM 0.33 has no mamba_cache_mode 'all' (only none / align, chosen by prefix caching); "
-                     "this plan cannot be realized exactly — replan with --mamba-cache-mode align")
+        flags.append(("--mamba-cache-mode", "all"))
+        notes.append("--mamba-cache-mode all: the engine's default with prefix caching is 'align' (a state kept where "
+                     "a step ends on a block boundary); the plan keeps a state every block_size tokens "
+                     f"({plan.block_size}), cdiv(max_model_len, block_size) state pages per request")
     mamba_block = plan.block.mamba_block_size
     if mamba_block is not None and mamba_block != plan.block_size:
         flags.append(("--mamba-block-size", str(mamba_block)))

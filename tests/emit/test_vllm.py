@@ -104,3 +104,15 @@ def test_vllm_default_capture_sizes_follow_the_engine() -> None:
     assert vllm_default_capture_sizes(32, 40) == (1, 2, 4, 8, 16, 24, 32, 40)
     assert vllm_default_capture_sizes(20, 8192) == (1, 2, 4, 8, 16, 24, 32, 40)
     assert vllm_default_capture_sizes(48, 8192, 2) == (1, 2, 3, 4, 6, 8, 12, *range(16, 256, 8), 256, 272, 288)
+
+
+def test_mamba_cache_mode_all_is_emitted(capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan in mamba_cache_mode 'all' emits --mamba-cache-mode all (vLLM's CacheConfig.mamba_cache_mode, config/cache.py
+    at 002f10e0, takes none / align / all; align is its default with prefix caching), where graphkv warned that vLLM had
+    no such mode and emitted none, so the engine ran 'align' with another block size than the plan's."""
+    notes, command = emit(capsys, "--preset", "qwen3-next-80b-a3b", "--mamba-cache-mode", "all", "--max-num-seqs", "64")
+    assert "  --mamba-cache-mode all" in [line.removesuffix(" \\") for line in command]
+    assert "--no-enable-prefix-caching" not in " ".join(command)
+    assert any(n.startswith("# --mamba-cache-mode all: the engine's default with prefix caching is 'align'")
+               for n in notes)
+    assert not any("WARNING" in n for n in notes)
