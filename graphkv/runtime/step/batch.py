@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MappingView, Set as AbstractSet
 from typing import Any, Hashable, Sequence
 
 import attrs
@@ -12,10 +13,24 @@ from graphkv.errors import Problem, SpecError
 __all__ = ["Batch"]
 
 
+_UNORDERED = (AbstractSet, Mapping, MappingView)  # sets, frozensets, dicts and their keys / values / items views
+
+
 def _tuple_of(field: str) -> Any:
+    """The converter of field ``field``: a tuple as it is; a list, a 1-D array, a range or another ordered
+    iterable as a tuple; a set or a dict (or a view of one) refused: its order is no order of requests, and
+    the rows would be paired with another request's lengths and pages."""
     def convert(value: Any) -> tuple:
         if isinstance(value, tuple):
             return value
+        if type(value) is list:
+            return tuple(value)
+        if isinstance(value, _UNORDERED):
+            raise SpecError(Problem(field=f"Batch.{field}", value=f"a {type(value).__name__} of {len(value)}",
+                                    limit="must be a sequence in batch-row order (one entry per request); this is "
+                                          "an unordered container: its order is no order of requests",
+                                    fix="pass a tuple or list, in batch-row order (req_ids, query_lens, seq_lens and "
+                                        "new_pages in the same order)"))
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
             raise SpecError(Problem(field=f"Batch.{field}", value=value, limit="must be a sequence (one entry per "
                                     "request)", fix="pass a tuple or list"))
@@ -37,7 +52,8 @@ class Batch:
 
     A request that joins with context (``seq_len > query_len``) claims cached tokens: its first
     pages must hold them (prefix caching, see :mod:`graphkv.runtime.step.ownership`). Construction
-    only converts to tuples; :meth:`Step.prepare` checks everything else.
+    only converts to tuples (refusing a set or a dict, or a view of one, with :class:`SpecError`: its order is
+    no order of requests); :meth:`Step.prepare` checks everything else.
     """
 
     req_ids: tuple[Hashable, ...] = attrs.field(converter=_tuple_of("req_ids"))

@@ -180,10 +180,13 @@ class BatchChecker:
         need = np.where(state, 1, -(-slens[None, :] // page_tokens))
         g, i = (int(x) for x in np.argwhere(held < need)[0])
         what = "its state page" if state[g, 0] else f"block_size {int(page_tokens[g, 0])}"
+        over = int(need[g, i]) > int(self.max_pages[g, 0])  # more than the group's table holds: no page can help
         raise CapacityError(Problem(
             field=f"batch.new_pages[{i}][{g}] ({req_ids[i]!r})", value=f"{int(held[g, i])} page(s) held",
-            limit=f"group {g} needs {int(need[g, i])} page(s) for seq_len={int(slens[i])} ({what})",
-            fix="give the request its new pages in this step's Batch.new_pages"))
+            limit=f"group {g} needs {int(need[g, i])} page(s) for seq_len={int(slens[i])} ({what})"
+                  + (f", more than its table's {int(self.max_pages[g, 0])} pages per request" if over else ""),
+            fix=self.tables.capacity_fix(g) if over else "give the request its new pages in this step's "
+                                                         "Batch.new_pages"))
 
 
 def check_input_ids(input_ids: Any, num_tokens: int, device: torch.device, *, vocab_size: int | None = None,

@@ -75,6 +75,7 @@ class RepeatStep:
         self.qlens = np.asarray(last.query_lens, dtype=np.int64)
         self.query_bytes = plain_int_bytes(last.query_lens)  # None: not all plain ints (numpy ints)
         tables = parts.tables
+        self.edits = tables.edits  # the tables' edit count the capacities below were read at
         held = tables.num_pages_np[:, rows].astype(np.int64)
         self.capacity = (held * parts.tokens_per_page).min(0)  # tokens each request's pages hold, [n]
         self.capacity_list = self.capacity.tolist()
@@ -116,11 +117,13 @@ class RepeatStep:
 
     def prepare(self, batch: Batch, shape: StepShape) -> bool:
         """Fill the buffers for ``batch`` (which :meth:`matches`) of ``shape`` and return True, or
-        return False with nothing changed (another shape than the last step's, a shared page, new pages that are
-        not few and plain, a length the full path must check)."""
+        return False with nothing changed (another shape than the last step's, a shared page, tables edited since
+        this repeat was built (``BlockTables.edits``: the capacities it keeps are stale), new pages that are not
+        few and plain, a length the full path must check)."""
         parts = self.parts
-        if parts.ownership.num_shared or not (shape is self.shape or shape == self.shape):
-            return False  # (a shared page: the full path checks writes)
+        if parts.ownership.num_shared or parts.tables.edits != self.edits \
+                or not (shape is self.shape or shape == self.shape):
+            return False  # (a shared page: the full path checks writes; tables edited since: it reads them afresh)
         appends = None
         if batch.new_pages:
             appends = few_appends(batch.new_pages, self.row_list, parts.tables, parts.ownership, self.tokens_per_page,
@@ -139,12 +142,13 @@ class RepeatStep:
         if appends is not None and appends.items:
             held = parts.tables.num_pages_np[:, self.rows]  # (a copy) what an undo truncates the rows to
             appended = (held, apply_appends(appends, parts.tables, parts.ownership))
+            self.edits = parts.tables.edits  # (append_few leaves it as it was: no edit but our own)
         if self.python:
             self._write_python(batch.seq_lens)
         else:
             self._write_numpy(*checked)
         parts.remember_undo(self.rows, checked if self.python else checked[2], appended)
-        parts.tables.sync(self.rows, shape.num_reqs_padded, same_rows=True)
+        parts.tables.sync(self.rows, shape.num_reqs_padded, same_rows=True, rows_checked=True)
         parts.staging.copy_to_device()
         return True
 

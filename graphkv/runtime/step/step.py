@@ -55,6 +55,7 @@ from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
 from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import LastStep, RequestRows
 from graphkv.runtime.step.staging import StepStaging
+from graphkv.runtime.step.truncate import truncate_request
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.spec._checks import count_arg
 
@@ -221,6 +222,14 @@ class Step:
         self.ownership.release(row, self.tables.held_pages(row))
         self.tables.remove(row)
         self._requests.release(req_id)
+        self._forget_last()
+        self._undo = None
+
+    def truncate(self, req_id: Hashable, num_pages_per_group: Sequence[int], *, kept_tokens: int | None = None) -> None:
+        """Keep the first ``num_pages_per_group[g]`` pages of live request ``req_id`` per group; the rest lose its
+        hold (free where no other request holds them). ``kept_tokens`` rolls its written tokens back first (rejected
+        drafts). Raises as :func:`~graphkv.runtime.step.truncate.truncate_request` (nothing changed then)."""
+        truncate_request(self.tables, self.ownership, self.row_of(req_id), req_id, num_pages_per_group, kept_tokens)
         self._forget_last()
         self._undo = None
 
@@ -439,7 +448,7 @@ class Step:
             own.written[rows] = c.slens
             if c.num_new:  # (a refused join frees its rows: a row's claim is set again when it is next taken)
                 own.claimed[rows[c.new]] = c.ctx[c.new]
-            self.tables.sync(rows, shape.num_reqs_padded, same_rows=same_rows)
+            self.tables.sync(rows, shape.num_reqs_padded, same_rows=same_rows, rows_checked=True)
             self._staging.copy_to_device()
         except BaseException:
             self.undo()

@@ -60,7 +60,8 @@ class BlockTables:
     width_g] int32`` per group in kernel blocks. Host state (numpy): ``pages_np[g]``
     ``[max_num_seqs, pages_per_request_g] int32`` page ids and ``num_pages_np`` ``[num_groups,
     max_num_seqs] int32`` pages held per row. Every tensor and array is one of the plan's
-    ``tables.*`` ledger entries, allocated from it.
+    ``tables.*`` ledger entries, allocated from it. ``edits`` (int) grows with every edit but
+    :meth:`append_few`: what a cache of the tables' contents compares to see that it is current.
 
     ``kernels``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton on CUDA devices; on a CPU the
     device tables are host memory written with numpy and torch). Triton on a CPU runs in its
@@ -94,6 +95,10 @@ class BlockTables:
         self.pages_flat, self.pages_np, self.num_pages_np = m.pages_flat, m.pages_np, m.num_pages_np
         self._num_pages0 = m.num_pages_np[0]
         self._host_start, self._host_pages, self._max_pages_np = m.host_start, m.host_pages, m.host_pages
+        self._state_groups = frozenset(g.index for g in plan.groups if g.is_ssm)  # what state_pages accepts
+        # Bumped by every edit but append_few: whoever caches what the tables held (a repeated step's capacities)
+        # compares it to see that nothing else edited them since.
+        self.edits = 0
 
     # ---- properties ----------------------------------------------------------------------------
 
@@ -147,6 +152,7 @@ class BlockTables:
                 s = int(np.flatnonzero(over)[0])
                 raise self._capacity_error(int(seg_row[s]), int(group[s]), int(held[s]), int(count[s]))
             base = self._host_start[group] + seg_row * self._host_pages[group]
+        self.edits += 1
         num = entries.num_pages
         dst = None  # the mirror index of each page, when the write used one
         if entries.uniform_count == 1:  # one page per segment (e.g. a decode step crossing a page)
@@ -205,6 +211,7 @@ class BlockTables:
                                     limit=f"need one distinct row in [0, max_num_seqs={self.max_num_seqs}) per entry "
                                           f"of new_pages ({len(new_pages)})",
                                     fix="pass the persistent rows of the requests, once each"))
+        self.edits += 1
         if self.num_groups == 1 and append_one_group(self.mirror, self._sync, rows if typed else None, row_list,
                                                      top_row, new_pages):
             return
@@ -251,7 +258,14 @@ class BlockTables:
     def truncate(self, req_index: int, num_pages_per_group: Sequence[int]) -> None:
         """Keep only the first ``num_pages_per_group[g]`` pages of row ``req_index`` in each group (the
         rest return to the null page), e.g. to undo an append or roll back rejected drafts' pages.
-        Raises :class:`SpecError` for a count above the pages the row holds (nothing changed then)."""
+        Raises :class:`SpecError` for a count above the pages the row holds (nothing changed then).
+
+        Tables you keep yourself only: the tables of a :class:`~graphkv.runtime.step.step.Step`
+        (``step.tables``) are edited through :meth:`Step.truncate <graphkv.runtime.step.step.Step.truncate>`
+        and :meth:`Step.finish <graphkv.runtime.step.step.Step.finish>`, which keep its page ownership (holder
+        counts, written tokens) in step; truncated here, the dropped pages stay held by the request in the
+        Step's ownership, and the Step's next step takes its full path (which refuses what the pages no longer
+        cover)."""
         row = self._check_row("req_index", req_index)
         held = self.num_pages_np[:, row].copy()
         keep = int_array(num_pages_per_group, "num_pages_per_group", "page counts") \
@@ -261,6 +275,7 @@ class BlockTables:
                                     limit=f"needs one count per group ({self.num_groups}), each in 0..pages held "
                                           f"({held.tolist()} for row {row})",
                                     fix="pass how many of the row's pages to keep in each group"))
+        self.edits += 1
         shrunk = np.flatnonzero(keep < held)
         for g in shrunk.tolist():
             self.pages_np[g][row, keep[g]:held[g]] = 0
@@ -288,6 +303,7 @@ class BlockTables:
         """Free row ``req_index`` in every group (its entries return to the null page). A few element
         writes per group that held pages (a finished request's row: it runs once per request)."""
         row = self._check_row("req_index", req_index)
+        self.edits += 1
         m = self.mirror
         seqs, num_pages, pages = m.max_num_seqs, m.all_num_pages_mv, m.pages_mv
         for g, (start, width) in enumerate(zip(m.starts, m.max_pages)):
@@ -310,6 +326,7 @@ class BlockTables:
         dst = self._check_row("dst", dst)
         if src == dst:
             return
+        self.edits += 1
         held = self.num_pages_np[:, src].copy()
         self.remove(dst)
         for g, n in enumerate(held.tolist()):
@@ -327,15 +344,26 @@ class BlockTables:
         page). Not capture-safe (reads host state)."""
         self._sync.commit()
 
-    def sync(self, rows: np.ndarray, num_reqs_padded: int, *, same_rows: bool | None = None) -> None:
+    def sync(self, rows: "np.ndarray | Sequence[int]", num_reqs_padded: int, *, same_rows: bool | None = None,
+             rows_checked: bool = False) -> None:
         """Make the device tables current for a step whose batch row ``i`` is request row
         ``rows[i]``: per-step rows ``[0, len(rows))`` show those rows and ``[len(rows),
         num_reqs_padded)`` the null page. When the batch shows the same rows as the last sync
         (``same_rows``; compared when ``None``), only what changed is written (on a GPU in the same
         launch as the persistent rows); otherwise the step's rows are copied again (one gather on a
-        GPU). Raises :class:`SpecError` unless ``len(rows) <= num_reqs_padded <= max_num_seqs`` (the
-        same check for the host and the staged sync: a padded token count passed as a request count
-        is refused on a CPU as on a GPU). Not capture-safe (reads host state)."""
+        GPU). Not capture-safe (reads host state).
+
+        ``rows``: a 1-D integer array of distinct rows in ``[0, max_num_seqs)``, or a list or tuple of
+        such plain ints (converted to int64). Raises :class:`SpecError` for other rows (a negative row
+        would show another request's pages, numpy wrapping it) and unless ``len(rows) <= num_reqs_padded
+        <= max_num_seqs`` (the same checks for the host and the staged sync: a padded token count passed
+        as a request count is refused on a CPU as on a GPU); nothing has changed then (the checks come
+        before any write). With ``same_rows=True`` they must be the rows of the last sync (checked then:
+        one comparison), else :class:`SpecError` (the step's rows would go on showing the old ones).
+        ``rows_checked=True`` skips the checks of ``rows`` (a few numpy calls): for a caller that built
+        them as such an int64 array itself, as :class:`~graphkv.runtime.step.step.Step` does."""
+        if not rows_checked:
+            rows = self._checked_rows(rows, same_rows)
         m = self.mirror
         n = rows.shape[0]
         if not ((type(num_reqs_padded) is int or isinstance(num_reqs_padded, np.integer))
@@ -367,10 +395,52 @@ class BlockTables:
 
     def state_pages(self, group: int, rows: np.ndarray) -> np.ndarray:
         """The state page of each of ``rows`` in a Mamba group: the row's first page (page 0, the
-        null page, for a row that holds none). Host-side (numpy), no device work."""
+        null page, for a row that holds none). Host-side (numpy), no device work. Raises
+        :class:`SpecError` when ``group`` is not the index of one of the plan's state groups."""
+        if (group.__class__ is not int and not isinstance(group, np.integer)) or group not in self._state_groups:
+            kinds = [g.kind.value for g in self.plan.groups]
+            raise SpecError(Problem(field="group", value=group,
+                                    limit=f"must be the index of a state (Mamba) group of the plan: its groups are "
+                                          f"{kinds}, the state groups {sorted(self._state_groups)}",
+                                    fix="pass the index of a state group (plan.groups[g].is_ssm)"))
         return self.pages_np[group][rows, 0]
 
     # ---- helpers --------------------------------------------------------------------------------
+
+    def _checked_rows(self, rows: object, same_rows: bool | None) -> np.ndarray:
+        """``rows`` as a 1-D int64 array of distinct rows in ``[0, max_num_seqs)`` (a list or tuple of
+        plain ints converted), or :class:`SpecError`; with ``same_rows=True``, the rows of the last sync."""
+        limit = f"must be distinct request rows in [0, max_num_seqs={self.max_num_seqs}), one per batch row"
+        if isinstance(rows, (list, tuple)):
+            if any(type(r) is not int or not -2**63 <= r < 2**63 for r in rows):  # (int64: the range check is below)
+                raise SpecError(Problem(field="rows", value=list(rows), limit=limit + ", each a plain int",
+                                        fix="pass a list of ints or a 1-D integer numpy array"))
+            rows = np.array(rows, dtype=np.int64).reshape(-1)
+        elif not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
+            shown = f"array of dtype {rows.dtype}, shape {rows.shape}" if isinstance(rows, np.ndarray) \
+                else type(rows).__name__
+            raise SpecError(Problem(field="rows", value=shown, limit=limit + ", as a 1-D integer array",
+                                    fix="pass a 1-D integer numpy array (or a list of ints)"))
+        rows = rows.astype(np.int64, copy=False)
+        m = self.mirror
+        shown = m.shown_rows
+        if m.shown_valid and rows.shape == shown.shape and rows.tobytes() == shown.tobytes():
+            return rows  # the last sync's rows, checked then (one C-level comparison)
+        if same_rows and m.shown_valid:  # a promise the sync cannot keep
+            raise SpecError(Problem(field="same_rows", value=True,
+                                    limit=f"rows {rows.tolist()} are not the rows of the last sync "
+                                          f"({shown.tolist()}): the step's rows would go on showing those",
+                                    fix="pass same_rows=None (compared) or False when the batch's rows changed"))
+        n = rows.shape[0]
+        if n <= 64:  # Python's min / max / set on a short list beat numpy reductions
+            items = rows.tolist()
+            bad = bool(items) and (min(items) < 0 or max(items) >= self.max_num_seqs or len(set(items)) != n)
+        else:
+            bad = int(rows.min()) < 0 or int(rows.max()) >= self.max_num_seqs or np.unique(rows).size != n
+        if bad:
+            raise SpecError(Problem(field="rows", value=rows.tolist(), limit=limit,
+                                    fix="pass each request's persistent row once"))
+        return rows
 
     def _check_row(self, name: str, row: object) -> int:
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < self.max_num_seqs:
@@ -422,6 +492,18 @@ class BlockTables:
             limit=(f"{who}group {g} ({group.spec.describe()}) holds {held} pages and cannot take "
                    f"{adding} more; its capacity is {self.max_pages[g]} pages per request (block table width "
                    f"{self.widths[g]} = {self.max_pages[g]} pages x bpk {self.bpks[g]})"),
-            fix=("free pages that left the window first, or " if group.kind.value == "sliding_window" else "")
-                + f"keep requests within max_model_len={self.plan.max_model_len}, or raise max_model_len when "
-                  "compiling the plan"))
+            fix=self.capacity_fix(g)))
+
+    def capacity_fix(self, g: int) -> str:
+        """What to do when a request outgrows group ``g``'s table: a sliding-window table holds the worst case of
+        the pages a window needs (what vLLM reserves), but graphkv keeps a request's pages to its end."""
+        group, limits = self.plan.groups[g], self.plan.limits
+        if group.kind.value != "sliding_window":
+            return (f"keep requests within max_model_len={self.plan.max_model_len}, or raise max_model_len when "
+                    "compiling the plan")
+        steps = -(-self.plan.max_model_len // limits.max_num_batched_tokens)
+        return (f"graphkv keeps every page of a request to its end (pages that left the window are not freed), so this "
+                f"table holds {self.max_pages[g] * group.block_size} tokens of a request: keep requests within that, "
+                f"or plan the sliding tables for whole requests with Limits(max_concurrent_batches={steps}) "
+                "(cdiv(max_model_len, max_num_batched_tokens); graphkv.hf.generation.sliding_tables_for(limits, "
+                "model_kv) sets it)")

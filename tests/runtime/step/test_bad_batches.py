@@ -271,3 +271,72 @@ def test_lengths_given_as_objects_with_an_index_are_read_as_ints():
     h.step.undo()
     h.assert_unchanged(before)
     h.decode_all()
+
+
+_UNORDERED = {"set": lambda v: set(v), "frozenset": lambda v: frozenset(v), "dict": lambda v: dict.fromkeys(v),
+              "keys": lambda v: dict.fromkeys(v).keys(), "values": lambda v: {i: x for i, x in enumerate(v)}.values(),
+              "items": lambda v: dict.fromkeys(v).items()}
+
+
+@pytest.mark.parametrize("kind", list(_UNORDERED))
+@pytest.mark.parametrize("field", ["req_ids", "query_lens", "seq_lens", "new_pages"])
+def test_a_batch_field_given_as_an_unordered_container_is_refused(field, kind):
+    """A set, a frozenset, a dict or a view of one as a Batch field is refused naming the field (its hash order
+    would pair requests with other requests' lengths and pages)."""
+    fields = dict(req_ids=("long", "short"), query_lens=(20, 3), seq_lens=(21, 4), new_pages=(((1, 2),), ((3,),)))
+    fields[field] = _UNORDERED[kind](fields[field])
+    name = type(fields[field]).__name__
+    with pytest.raises(SpecError, match=re.escape(
+            f"Batch.{field}='a {name} of 2': must be a sequence in batch-row order (one entry per request); this is "
+            "an unordered container: its order is no order of requests; pass a tuple or list, in batch-row order "
+            "(req_ids, query_lens, seq_lens and new_pages in the same order)")):
+        Batch(**fields)
+
+
+def test_a_batch_takes_ordered_sequences_in_their_order_and_refuses_a_set():
+    """Lists, tuples, arrays, generators and ranges are taken in their order (as tuples); the same ids in a set
+    are refused."""
+    for make in (list, tuple, np.array, lambda v: (x for x in v), lambda v: range(v[0], v[-1] + 1)):
+        batch = Batch(req_ids=make([7, 8]), query_lens=make([3, 4]), seq_lens=make([5, 6]))
+        assert (batch.req_ids, batch.query_lens, batch.seq_lens, batch.new_pages) == ((7, 8), (3, 4), (5, 6), ())
+    with pytest.raises(SpecError, match=r"^Batch.req_ids='a set of 2': must be a sequence in batch-row order"):
+        Batch(req_ids={7, 8}, query_lens=[3, 4], seq_lens=[5, 6])
+
+
+def test_a_batch_of_ids_in_a_set_no_longer_reaches_the_step():
+    """The scheduler that kept its running requests in a set gets a SpecError, and the step is unchanged."""
+    h = _live()
+    before = h.snapshot()
+    with pytest.raises(SpecError, match=r"Batch.req_ids='a set of 2'"):
+        h.step.run(h.model, Batch(req_ids={"a", "b"}, query_lens=(1, 1),
+                                   seq_lens=(h.computed["a"] + 1, h.computed["b"] + 1)), input_ids=[1, 2])
+    h.assert_unchanged(before)
+    h.decode_all()
+
+
+def test_a_request_outgrowing_a_sliding_window_table_is_told_what_can_be_done():
+    """A sliding group's table holds the pages a window needs in the worst case (6 here: 96 tokens), and graphkv keeps
+    a request's pages to its end: at 97 tokens the refusal no longer says "free pages that left the window" (no call
+    does that) or "give the request its new pages" (none fits), but how many tokens the table holds and which
+    max_concurrent_batches plans it for whole requests."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from runtime_plans import hybrid_plan
+
+    from graphkv import CapacityError
+    from graphkv.runtime import Step
+
+    plan = hybrid_plan(num_blocks=60, max_num_seqs=3, sliding_window=8)
+    step = Step(plan)
+    step.prepare(Batch(req_ids=("a",), query_lens=(32,), seq_lens=(32,), new_pages=(((1, 2), (3,), (4, 5)),)))
+    step.prepare(Batch(req_ids=("a",), query_lens=(32,), seq_lens=(64,), new_pages=(((6, 7), (), (8, 9)),)))
+    step.prepare(Batch(req_ids=("a",), query_lens=(32,), seq_lens=(96,), new_pages=(((10, 11), (), (12, 13)),)))
+    steps = -(-plan.max_model_len // 32)
+    for new_pages, text in ((((14,), (), (15,)),), r"holds 6 pages and cannot take 1 more"), \
+                           ((((14,), (), ()),), r"needs 7 page\(s\) for seq_len=97 .* more than its table's 6 pages"):
+        with pytest.raises(CapacityError, match=text + r".*graphkv keeps every page of a request to its end \(pages "
+                           r"that left the window are not freed\), so this table holds 96 tokens of a request: keep "
+                           rf"requests within that, or plan the sliding tables for whole requests with "
+                           rf"Limits\(max_concurrent_batches={steps}\)"):
+            step.prepare(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(97,), new_pages=new_pages))

@@ -3,6 +3,8 @@ rows without gathers."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -295,9 +297,10 @@ def test_append_beyond_capacity_names_row_group_pages_and_fix():
     tables.append(1, [[1, 2, 3], [4, 5, 6, 7], [8]])
     before = [t.copy() for t in tables.pages_np]
     with pytest.raises(CapacityError, match=r"request row 1: group 1 .* holds 4 pages and cannot take 1 more; "
-                                            r"its capacity is 4 pages per request .*free pages") as info:
+                                            r"its capacity is 4 pages per request .*pages that left the window are "
+                                            r"not freed\), so this table holds 128 tokens") as info:
         tables.append(1, [[9], [10], None])
-    assert "max_model_len=256" in str(info.value)
+    assert "Limits(max_concurrent_batches=" in str(info.value)
     assert tables.num_pages_np[:, 1].tolist() == [3, 4, 1]
     assert all((a == b).all() for a, b in zip(before, tables.pages_np))
     with pytest.raises(CapacityError, match="group 2"):
@@ -407,3 +410,133 @@ def test_per_step_buffers_keep_their_address(kernels, device):
         now = [t.data_ptr() for t in (*kept, *tables.input_tables)] + [tables.pages_flat.ctypes.data]
         assert ptrs is None or now == ptrs
         ptrs = now
+
+
+def _two_rows(kernels: str, device: str) -> BlockTables:
+    """16-token pages, 4 rows: row 0 holds page 5, row 3 pages 9 and 10; the step shows rows 0 and 3."""
+    tables = BlockTables(attention_plan(num_blocks=40, max_num_seqs=4), device, kernels=kernels)
+    tables.append_batch([0, 3], [[[5]], [[9, 10]]])
+    tables.sync(np.array([0, 3]), 2)
+    return tables
+
+
+@pytest.mark.parametrize("rows, value, limit", [
+    (np.array([-1]), r"\[-1\]", ""),  # numpy would wrap it to row 3: another request's pages
+    (np.array([4]), r"\[4\]", ""),
+    (np.array([0, 0]), r"\[0, 0\]", ""),
+    (np.array([0.0]), r"'array of dtype float64, shape \(1,\)'", ", as a 1-D integer array"),
+    (np.array([[0]]), r"'array of dtype int64, shape \(1, 1\)'", ", as a 1-D integer array"),
+    (np.array([True]), r"'array of dtype bool, shape \(1,\)'", ", as a 1-D integer array"),
+    ([True], r"\[True\]", ", each a plain int"),
+    ([0.0], r"\[0.0\]", ", each a plain int"),
+    ("0", "'str'", ", as a 1-D integer array"),
+    (None, "'NoneType'", ", as a 1-D integer array"),
+], ids=["negative", "max_num_seqs", "repeated", "float", "2-D", "bool-array", "bool-list", "float-list", "str", "None"])
+def test_sync_refuses_rows_that_are_not_distinct_rows_in_range_and_changes_nothing(rows, value, limit, kernels,
+                                                                                    device):
+    """sync refuses bad rows (a negative one too) naming field, value, limit and fix, before any write: the step rows
+    are as they were, and the next valid sync (the staged path's too) shows the right pages."""
+    tables = _two_rows(kernels, device)
+    shown = [t[:2, :3].tolist() for t in tables.input_tables]
+    assert shown == [[[5, 0, 0], [9, 10, 0]]]
+    with pytest.raises(SpecError, match=rf"^rows={value}: must be distinct request rows in \[0, max_num_seqs=4\), "
+                                        rf"one per batch row{re.escape(limit)}; pass "):
+        tables.sync(rows, 2)
+    assert [t[:2, :3].tolist() for t in tables.input_tables] == shown
+    tables.sync(np.array([0, 3]), 2)
+    assert [t[:2, :3].tolist() for t in tables.input_tables] == [[[5, 0, 0], [9, 10, 0]]]
+    tables.sync(np.array([3, 0]), 2)
+    assert [t[:2, :3].tolist() for t in tables.input_tables] == [[[9, 10, 0], [5, 0, 0]]]
+
+
+def test_sync_takes_rows_as_a_list_of_ints_or_any_integer_array(kernels, device):
+    """A list or tuple of plain ints (an empty one too) and integer arrays of any width are rows as good as an
+    int64 array."""
+    tables = _two_rows(kernels, device)
+    three_then_zero, zero_then_three = [[9, 10, 0], [5, 0, 0]], [[5, 0, 0], [9, 10, 0]]
+    for rows, want in [([3, 0], three_then_zero), ((0, 3), zero_then_three), ([], [[0, 0, 0], [0, 0, 0]]),
+                       (np.array([3, 0], dtype=np.int32), three_then_zero),
+                       (np.array([0, 3], dtype=np.uint8), zero_then_three)]:
+        tables.sync(rows, 3)
+        assert [t[:2, :3].tolist() for t in tables.input_tables] == [want], rows
+
+
+def test_sync_with_rows_checked_skips_the_row_checks(monkeypatch, kernels, device):
+    """rows_checked=True (a Step's own rows) costs no row check; rows_checked=False checks them."""
+    tables = _two_rows(kernels, device)
+
+    def refuse(rows, same_rows):
+        raise AssertionError("rows checked")
+
+    monkeypatch.setattr(tables, "_checked_rows", refuse)
+    tables.sync(np.array([3, 0]), 2, rows_checked=True)
+    assert [t[:2, :3].tolist() for t in tables.input_tables] == [[[9, 10, 0], [5, 0, 0]]]
+    with pytest.raises(AssertionError, match="rows checked"):
+        tables.sync(np.array([3, 0]), 2)
+
+
+@pytest.mark.parametrize("group", [0, 1, 3, -1, True, 2.0, "2", None])
+def test_state_pages_refuses_a_group_that_is_no_state_group(group):
+    """state_pages takes the index of a state (Mamba) group only: another group, one past the plan's groups, a
+    negative index (numpy would wrap it), a bool, a float, a str or None is a SpecError naming the groups."""
+    tables = BlockTables(widths_plan())
+    tables.append(1, [[1], [2], [3]])
+    assert tables.state_pages(2, np.array([1, 0])).tolist() == [3, 0]
+    assert tables.state_pages(np.int64(2), np.array([1])).tolist() == [3]
+    with pytest.raises(SpecError, match=rf"^group={re.escape(repr(group))}: must be the index of a state \(Mamba\) "
+                                        r"group of the plan: its groups are \['full_attention', 'sliding_window', "
+                                        r"'mamba'\], the state groups \[2\]; pass the index of a state group"):
+        tables.state_pages(group, np.array([1]))
+
+
+def test_every_edit_but_append_few_counts_in_edits(kernels, device):
+    """edits changes with append, append_batch, append_pages, truncate, overwrite, move and remove; append_few, sync,
+    commit and reads leave it as it was (a Step's repeated step compares it to see its capacities are current)."""
+    tables = BlockTables(widths_plan(), device, kernels=kernels)
+    assert tables.edits == 0
+    seen = [tables.edits]
+
+    def changed() -> bool:
+        seen.append(tables.edits)
+        return seen[-1] != seen[-2]
+
+    tables.append(0, [[1], [2], [3]])
+    assert changed()
+    tables.append_batch([1], [[[4], [5], [6]]])
+    assert changed()
+    tables.append_batch(np.array([1]), [[[7], (), ()]])
+    assert changed()
+    tables.append_few(0, 0, [8])
+    tables.sync(np.array([0, 1]), 2)
+    tables.commit()
+    tables.held_pages(0)
+    tables.state_pages(2, np.array([0]))
+    assert not changed() and tables.pages_np[0][0, :2].tolist() == [1, 8]
+    tables.truncate(0, [1, 1, 1])
+    assert changed()
+    tables.overwrite(0, [[9, 10], None, None])
+    assert changed()
+    tables.move(0, 2)
+    assert changed()
+    tables.remove(2)
+    assert changed()
+    assert tables.num_pages_np[:, 2].tolist() == [0, 0, 0] and tables.num_pages_np[:, 1].tolist() == [2, 1, 1]
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_same_rows_true_with_other_rows_is_refused(kernels):
+    """same_rows=True promises the last sync's rows (then one comparison checks them); other rows are refused (the
+    step's rows went on showing the old ones, or none on a fresh table), nothing changed."""
+    tables = BlockTables(widths_plan(), kernels=kernels)
+    tables.append(1, [[1], [2], [3]])
+    tables.append(0, [[4], [5], [6]])
+    with pytest.raises(SpecError, match=r"^same_rows=True: rows \[1, 0\] are not the rows of the last sync \(\[\]\)"):
+        tables.sync(np.array([1, 0]), 2, same_rows=True)  # (showed no rows: the copy was skipped, the rows stale)
+    tables.sync(np.array([1, 0]), 2)
+    before = [t[:2].clone() for t in tables.input_tables]
+    with pytest.raises(SpecError, match=r"^same_rows=True: rows \[0, 1\] are not the rows of the last sync \(\[1, 0\]\)"):
+        tables.sync(np.array([0, 1]), 2, same_rows=True)
+    assert all(torch.equal(a, b[:2]) for a, b in zip(before, tables.input_tables))
+    tables.sync([1, 0], 2, same_rows=True)
+    tables.sync([0, 1], 2)
+    assert tables.input_tables[0][0, 0] == 4 * tables.bpks[0]
