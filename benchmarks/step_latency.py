@@ -254,25 +254,40 @@ def crossing_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:
     rows = []
     for n in (b for b in BATCHES if b <= max_batch):
         work = CrossingWorkload(plan, step, n)
-        us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, work.advance).items()}
-        row: dict[str, Any] = {"batch": n, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
-        for peer in ("list_to_tensor", "vllm_v1"):
-            row[f"prepare_ratio_{peer}"] = round(us["graphkv_prepare"] / us[peer], 3)
-        rows.append(row)
+        rows.append(_measured_row(("batch", n), work.steps(), work.advance, "prepare", repeats))
         for r in list(step.active_requests):
             step.finish(r)
     return rows
 
 
+def _measured_row(key: tuple[str, int], steps: dict[str, Callable[[], None]], reset: Callable[[int], None],
+                  mine: str, repeats: int) -> dict[str, Any]:
+    """One table row: ``key`` (name, value), each contender's median microseconds (``{name}_us``) and graphkv's
+    ``graphkv_{mine}`` ratio to each peer (``{mine}_ratio_{peer}``)."""
+    us = {name: t * 1e6 for name, t in interleaved_medians(steps, repeats, reset).items()}
+    row: dict[str, Any] = {key[0]: key[1], **{f"{name}_us": round(v, 2) for name, v in us.items()}}
+    for peer in ("list_to_tensor", "vllm_v1"):
+        row[f"{mine}_ratio_{peer}"] = round(us[f"graphkv_{mine}"] / us[peer], 3)
+    return row
+
+
 def format_crossing(rows: list[dict[str, Any]]) -> str:
     """The side-by-side table of decode steps with page crossings."""
-    head = f"{'batch':>5} | {'prepare':>8} {'lists':>8} {'vLLM V1':>8} us | {'prep/lists':>10} {'prep/V1':>8}"
+    return _format_ratios(rows, "batch", "prepare", "prepare_ratio", "prep/")
+
+
+def _format_ratios(rows: list[dict[str, Any]], key: str, mine: str, ratio: str, prefix: str) -> str:
+    """A side-by-side table: per row ``key``, graphkv's ``graphkv_{mine}_us`` and the peers' times, then the ratios
+    ``{ratio}_{peer}`` headed ``{prefix}lists`` / ``{prefix}V1`` (a ratio above 1.0 marked ``!``)."""
+    heads = (f"{prefix}lists", f"{prefix}V1")
+    head = (f"{key:>5} | {mine:>8} {'lists':>8} {'vLLM V1':>8} us | {heads[0]:>{max(7, len(heads[0]))}} "
+            f"{heads[1]:>{max(6, len(heads[1]))}}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        cells = [f"{x:.2f}" + ("!" if x > 1.0 else "") for x in (r["prepare_ratio_list_to_tensor"],
-                                                                 r["prepare_ratio_vllm_v1"])]
-        lines.append(f"{r['batch']:>5} | {r['graphkv_prepare_us']:>8.1f} {r['list_to_tensor_us']:>8.1f} "
-                     f"{r['vllm_v1_us']:>8.1f} us | {cells[0]:>10} {cells[1]:>8}")
+        cells = [f"{x:.2f}" + ("!" if x > 1.0 else "") for x in (r[f"{ratio}_list_to_tensor"], r[f"{ratio}_vllm_v1"])]
+        lines.append(f"{r[key]:>5} | {r[f'graphkv_{mine}_us']:>8.1f} {r['list_to_tensor_us']:>8.1f} "
+                     f"{r['vllm_v1_us']:>8.1f} us | {cells[0]:>{max(7, len(heads[0]))}} "
+                     f"{cells[1]:>{max(6, len(heads[1]))}}")
     return "\n".join(lines)
 
 
@@ -350,25 +365,14 @@ def finish_table(repeats: int) -> list[dict[str, Any]]:
     rows = []
     for pages in FINISH_PAGES:
         work = FinishWorkload(plan, step, pages)
-        us = {name: s * 1e6 for name, s in interleaved_medians(work.steps(), repeats, work.join).items()}
-        row: dict[str, Any] = {"pages": pages, **{f"{name}_us": round(v, 2) for name, v in us.items()}}
-        for peer in ("list_to_tensor", "vllm_v1"):
-            row[f"finish_ratio_{peer}"] = round(us["graphkv_finish"] / us[peer], 3)
-        rows.append(row)
+        rows.append(_measured_row(("pages", pages), work.steps(), work.join, "finish", repeats))
         step.finish("r")
     return rows
 
 
 def format_finish(rows: list[dict[str, Any]]) -> str:
     """The side-by-side finish table."""
-    head = f"{'pages':>5} | {'finish':>8} {'lists':>8} {'vLLM V1':>8} us | {'/lists':>7} {'/V1':>6}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        cells = [f"{x:.2f}" + ("!" if x > 1.0 else "") for x in (r["finish_ratio_list_to_tensor"],
-                                                                 r["finish_ratio_vllm_v1"])]
-        lines.append(f"{r['pages']:>5} | {r['graphkv_finish_us']:>8.1f} {r['list_to_tensor_us']:>8.1f} "
-                     f"{r['vllm_v1_us']:>8.1f} us | {cells[0]:>7} {cells[1]:>6}")
-    return "\n".join(lines)
+    return _format_ratios(rows, "pages", "finish", "finish_ratio", "/")
 
 
 def latency_table(max_batch: int, repeats: int) -> list[dict[str, Any]]:

@@ -365,7 +365,7 @@ class PageOwnership:
         alone = not self.num_shared and not self.claimed[row]
         for bs, is_state, pages in zip(self.block_size_list, self.state_list, pages_per_group):
             if is_state:
-                self._release_state(row, pages if isinstance(pages, list) else pages.tolist(), written)
+                self._release_few(row, pages if isinstance(pages, list) else pages.tolist(), bs, written, state=True)
                 continue
             if isinstance(pages, list):
                 self._release_few(row, pages, bs, written)
@@ -394,31 +394,18 @@ class PageOwnership:
             self.group_of[pages[left == 0]] = -1
         self.written[row] = 0
 
-    def _release_state(self, row: int, pages: list[int], written: int) -> None:
-        """:meth:`release` of a state group's pages: the first, which this request's state was updated in, now holds
-        the state after its ``written`` tokens (``filled``, at :data:`STATE_FILLED_AT`), for a request that joins
-        claiming exactly that many cached tokens."""
-        writer_row, holders, group_of, filled, filled_at = self._items
-        for column, page in enumerate(pages):
-            mine = writer_row[page] == row
-            if mine:
-                writer_row[page] = -1
-                filled[page] = written if column == 0 else 0
-                filled_at[page] = STATE_FILLED_AT if column == 0 else -1
-            left = holders[page] - 1
-            holders[page] = left
-            if left == 0:
-                group_of[page] = -1
-            elif left == 1:
-                self.num_shared -= 1
-
-    def _release_few(self, row: int, pages: list[int], block_size: int, written: int) -> None:
-        """:meth:`release` of one group's few ``pages`` (page index = list index), item by item."""
+    def _release_few(self, row: int, pages: list[int], block_size: int, written: int, *, state: bool = False) -> None:
+        """:meth:`release` of one group's few ``pages`` (page index = list index), item by item. A state group's
+        (``state``) first page, which the request's state was updated in, holds the state after its ``written``
+        tokens (``filled``, at :data:`STATE_FILLED_AT`), for a request that joins claiming exactly that many."""
         writer_row, holders, group_of, filled, filled_at = self._items
         for column, page in enumerate(pages):
             if writer_row[page] == row:
-                filled[page] = min(max(written - column * block_size, 0), block_size)
-                filled_at[page] = column
+                if state:
+                    filled[page], filled_at[page] = (written, STATE_FILLED_AT) if column == 0 else (0, -1)
+                else:
+                    filled[page] = min(max(written - column * block_size, 0), block_size)
+                    filled_at[page] = column
                 writer_row[page] = -1
             left = holders[page] - 1
             holders[page] = left
