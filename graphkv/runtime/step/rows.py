@@ -55,8 +55,8 @@ class RequestRows:
 
     def lookup(self, req_ids: tuple) -> tuple[np.ndarray, np.ndarray, int]:
         """Row of each request (0 for a joining one), which ones join, and how many. Raises
-        :class:`SpecError` for unhashable or repeated ids and for more joining requests than free
-        rows. Changes nothing."""
+        :class:`SpecError` for unhashable or repeated ids, a joining id not equal to itself (a NaN), and for
+        more joining requests than free rows. Changes nothing."""
         n = len(req_ids)
         if self.last is not None and self.last.req_ids == req_ids:  # the last step's requests: no hashing
             return self.last_rows, np.zeros(n, dtype=bool), 0
@@ -77,6 +77,12 @@ class RequestRows:
         if not num_new:
             return np.array(found, dtype=np.int64), np.zeros(n, dtype=bool), 0
         new = np.array([r is None for r in found])
+        for i in np.flatnonzero(new).tolist():  # a joining id must find its row again (a NaN is equal to nothing)
+            if req_ids[i] != req_ids[i]:
+                raise SpecError(Problem(field=f"batch.req_ids[{i}]", value=req_ids[i],
+                                        limit="a request id must equal itself (a NaN does not: finish(nan) or the "
+                                              "next step's nan would never find this request's row)",
+                                        fix="use str or int request ids"))
         return np.array([0 if r is None else r for r in found], dtype=np.int64), new, num_new
 
     def admit(self, req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray) -> list[tuple[Hashable, int]]:

@@ -340,3 +340,15 @@ def test_a_request_outgrowing_a_sliding_window_table_is_told_what_can_be_done():
                            rf"requests within that, or plan the sliding tables for whole requests with "
                            rf"Limits\(max_concurrent_batches={steps}\)"):
             step.prepare(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(97,), new_pages=new_pages))
+
+
+def test_a_request_id_that_equals_nothing_is_refused():
+    """A NaN id equals nothing, itself included: two NaNs joined as two requests that no later step or finish could
+    name again (each lookup of nan missed). Refused when it joins, naming it; nothing changed."""
+    h = Harness("AA", num_blocks=12, max_num_seqs=2)
+    before = h.snapshot()
+    with pytest.raises(SpecError, match=r"^batch.req_ids\[0\]=nan: a request id must equal itself"):
+        h.step.prepare(Batch(req_ids=(float("nan"),), query_lens=(3,), seq_lens=(3,),
+                             new_pages=(h.group_pages(attention=(1,)),)))
+    h.assert_unchanged(before)
+    assert h.step.active_requests == ()
