@@ -102,6 +102,7 @@ class PageOwnership:
         self.has_state = bool(self.state_group.any())  # a running request's context cannot shrink
         self.block_size_list = [g.block_size for g in plan.groups]
         self.state_list = [g.is_ssm for g in plan.groups]
+        self._unsure_rows: set[int] = set()  # rows whose state a taken-back forward may have advanced
         # item access from Python (a few pages at a time)
         self._items = tuple(memoryview(a) for a in (self.writer_row, self.holders, self.group_of, self.filled,
                                                      self.filled_at))
@@ -257,7 +258,8 @@ class PageOwnership:
                 f"claim all {int(have[bad])} tokens the page holds"))
 
     def _check_state_claims(self, ids: np.ndarray, req: np.ndarray, group: np.ndarray, column: np.ndarray,
-                            claims: np.ndarray, ctx: np.ndarray, req_ids: Sequence[Hashable], state: np.ndarray) -> None:
+                            claims: np.ndarray, ctx: np.ndarray, req_ids: Sequence[Hashable],
+                            state: np.ndarray) -> None:
         """Refuse a joining request claiming ``ctx`` cached tokens whose state page (the first page of a state group)
         does not hold the state after exactly ``ctx`` tokens: a finished request's state, recorded at its release."""
         first = state & (column == 0) & claims[req]
@@ -267,7 +269,8 @@ class PageOwnership:
         bad_state = first & (absorbed != ctx[req])
         if bad_state.any():
             bad = int(np.flatnonzero(bad_state)[0])
-            held = f"the state after {int(absorbed[bad])} tokens" if absorbed[bad] >= 0 else "no finished request's state"
+            held = (f"the state after {int(absorbed[bad])} tokens" if absorbed[bad] >= 0
+                    else "no finished request's state")
             raise SpecError(self._problem(
                 req_ids, req, group, bad, int(ids[bad]),
                 f"the request claims {int(ctx[req[bad]])} cached tokens, so its state page must hold the state after "
@@ -345,6 +348,14 @@ class PageOwnership:
                 column += 1
         return HoldUndo(ids, groups, rows, cols, self.num_shared)  # (lists: undo_hold indexes with them as well)
 
+    def forget_states(self, pages: list[int], rows: list[int]) -> None:
+        """A forward that ran on these state ``pages`` was taken back, but may have advanced their states in place:
+        the pages vouch for no finished request's state any more, and live ``rows`` leave theirs unvouched."""
+        filled, filled_at = self._items[3:]
+        for page in pages:
+            filled[page], filled_at[page] = 0, -1
+        self._unsure_rows.update(rows)
+
     def undo_hold(self, undo: HoldUndo) -> None:
         """Take back one :meth:`hold`."""
         np.add.at(self.holders, undo.ids, -1)
@@ -363,9 +374,11 @@ class PageOwnership:
         request joined with no cached tokens (then it holds its pages alone and wrote them all)."""
         written = int(self.written[row])
         alone = not self.num_shared and not self.claimed[row]
+        unsure = row in self._unsure_rows
         for bs, is_state, pages in zip(self.block_size_list, self.state_list, pages_per_group):
-            if is_state:
-                self._release_few(row, pages if isinstance(pages, list) else pages.tolist(), bs, written, state=True)
+            if is_state:  # (a state a taken-back forward may have advanced vouches for no token count)
+                self._release_few(row, pages if isinstance(pages, list) else pages.tolist(), bs,
+                                  -1 if unsure else written, state=True)
                 continue
             if isinstance(pages, list):
                 self._release_few(row, pages, bs, written)
@@ -393,16 +406,19 @@ class PageOwnership:
             self.holders[pages] = left
             self.group_of[pages[left == 0]] = -1
         self.written[row] = 0
+        self._unsure_rows.discard(row)
 
     def _release_few(self, row: int, pages: list[int], block_size: int, written: int, *, state: bool = False) -> None:
         """:meth:`release` of one group's few ``pages`` (page index = list index), item by item. A state group's
         (``state``) first page, which the request's state was updated in, holds the state after its ``written``
-        tokens (``filled``, at :data:`STATE_FILLED_AT`), for a request that joins claiming exactly that many."""
+        tokens (``filled``, at :data:`STATE_FILLED_AT`), for a request that joins claiming exactly that many
+        (``written`` -1: a state that vouches for nothing, see :meth:`forget_states`)."""
         writer_row, holders, group_of, filled, filled_at = self._items
         for column, page in enumerate(pages):
             if writer_row[page] == row:
-                if state:
-                    filled[page], filled_at[page] = (written, STATE_FILLED_AT) if column == 0 else (0, -1)
+                if state:  # (written -1: a state that vouches for nothing)
+                    filled[page], filled_at[page] = (written, STATE_FILLED_AT) if column == 0 and written >= 0 \
+                        else (0, -1)
                 else:
                     filled[page] = min(max(written - column * block_size, 0), block_size)
                     filled_at[page] = column

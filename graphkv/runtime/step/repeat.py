@@ -3,7 +3,8 @@
 That is a serving loop's commonest step (decode: every request one token longer, now and then one crossing into a
 new page). Everything but the lengths and those pages is unchanged: rows, query layout, state pages, the step's
 shape (padded sizes, graph key). A few plain new pages are appended item by item
-(:mod:`~graphkv.runtime.step.appends`); others send the step to the full path. :class:`RepeatStep` keeps what the last full step derived, and :meth:`RepeatStep.prepare`
+(:mod:`~graphkv.runtime.step.appends`); others send the step to the full path. :class:`RepeatStep` keeps what
+the last full step derived, and :meth:`RepeatStep.prepare`
 checks and writes only what changes, with the same checks as the full path: one integer sequence
 length per request, ``query_len <= seq_len <= max_model_len``, pages that cover every sequence, and
 a context (``seq_len - query_len``) never beyond a request's written tokens, nor below the cached

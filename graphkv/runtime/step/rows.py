@@ -78,7 +78,8 @@ class RequestRows:
             return np.array(found, dtype=np.int64), np.zeros(n, dtype=bool), 0
         new = np.array([r is None for r in found])
         for i in np.flatnonzero(new).tolist():  # a joining id must find its row again (a NaN is equal to nothing)
-            if req_ids[i] != req_ids[i]:
+            r = req_ids[i]
+            if isinstance(r, (float, np.floating)) and r != r:
                 raise SpecError(Problem(field=f"batch.req_ids[{i}]", value=req_ids[i],
                                         limit="a request id must equal itself (a NaN does not: finish(nan) or the "
                                               "next step's nan would never find this request's row)",

@@ -56,6 +56,7 @@ from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import LastStep, RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.step.truncate import truncate_request
+from graphkv.runtime.step.undo import StepUndo, take_back
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.spec._checks import count_arg
 
@@ -71,16 +72,6 @@ _PLAIN_FORWARD = "the forward is a plain callable (not a graphkv.capture wrapper
 def _is_captured(forward: Any) -> bool:
     """Whether ``forward`` is a captured forward (it decides shapes and runs them)."""
     return hasattr(forward, "shape_of") and hasattr(forward, "run")
-
-
-class _Undo:
-    """What one prepared step changed (taken back by :meth:`Step.undo`)."""
-
-    __slots__ = ("held", "hold", "new", "rows", "written")
-
-    def __init__(self, rows: np.ndarray, new: list[tuple[Hashable, int]], held: np.ndarray | None,
-                 hold: HoldUndo | None, written: np.ndarray) -> None:
-        self.rows, self.new, self.held, self.hold, self.written = rows, new, held, hold, written
 
 
 class Step:
@@ -136,7 +127,7 @@ class Step:
         assert not buffers.untaken(), buffers.untaken()
         self._parts = Parts(plan, self.tables, self.ownership, st, self._checker.tokens_per_page, self._remember_undo)
         self._arange = self.tables.mirror.arange  # 0 .. max(max_num_seqs, max_num_batched_tokens) - 1, shared
-        self._undo: _Undo | None = None
+        self._undo: StepUndo | None = None
         self._repeat: RepeatStep | None = None
         self._forward_vocab: tuple[Any, int | None] = (None, None)  # the last forward run and its vocab_size
         self._eager_shapes = ShapeMemo(self.max_num_seqs)  # a plain callable's shapes (decode ones remembered)
@@ -307,7 +298,8 @@ class Step:
     def undo(self) -> None:
         """Take back the last prepared step: joining requests leave (their rows are free again),
         appended pages are dropped from the tables (host and device) and from the holder counts,
-        written tokens return to what they were. Call it when a forward you ran after
+        written tokens return to what they were; the step's state pages vouch for no cached state any more (the
+        forward may have advanced them: :mod:`~graphkv.runtime.step.undo`). Call it when a forward you ran after
         :meth:`prepare` raised (:meth:`run` does). Raises :class:`SpecError` when there is nothing
         to undo (no step prepared, or a request finished since)."""
         undo, self._undo = self._undo, None
@@ -315,19 +307,7 @@ class Step:
             raise SpecError(Problem(field="undo", value=None, limit="no prepared step to take back (none was "
                                     "prepared, it was undone already, or a request finished since)",
                                     fix="call undo() right after the prepare() whose forward failed"))
-        own = self.ownership
-        own.written[undo.rows] = undo.written
-        if undo.hold is not None:
-            own.undo_hold(undo.hold)
-        if undo.held is not None:
-            for i, row in enumerate(undo.rows.tolist()):
-                if (self.tables.num_pages_np[:, row] != undo.held[:, i]).any():
-                    self.tables.truncate(row, undo.held[:, i])
-        for req_id, row in reversed(undo.new):
-            self.tables.remove(row)
-            self._requests.release(req_id)
-        self.tables.commit()  # the device tables as they were
-        self.tables.forget_shown_rows()
+        take_back(undo, self.tables, self.ownership, self._requests)
         self._forget_last()
 
     @contextlib.contextmanager
@@ -430,7 +410,7 @@ class Step:
             rows = rows.copy()
             new = self._requests.admit(c.req_ids, rows, c.new)
         own = self.ownership
-        undo = _Undo(rows, new, c.held if c.entries is not None else None, None, own.written[rows])
+        undo = StepUndo(rows, new, c.held if c.entries is not None else None, None, own.written[rows])
         self._undo = undo
         try:
             if c.entries is not None:
@@ -495,4 +475,4 @@ class Step:
         """A repeated step changed the written tokens of ``rows`` (and, with ``appended``, appended pages: what the rows
         held before, ``[G, n]``, and the holds' undo): what :meth:`undo` restores."""
         held, hold = appended if appended is not None else (None, None)
-        self._undo = _Undo(rows, [], held, hold, written)
+        self._undo = StepUndo(rows, [], held, hold, written)

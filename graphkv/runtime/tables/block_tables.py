@@ -99,6 +99,7 @@ class BlockTables:
         # Bumped by every edit but append_few: whoever caches what the tables held (a repeated step's capacities)
         # compares it to see that nothing else edited them since.
         self.edits = 0
+        self._foreign_sync = False  # the step rows were last shown by a call from outside a Step (sync, show_null_rows)
 
     # ---- properties ----------------------------------------------------------------------------
 
@@ -361,9 +362,16 @@ class BlockTables:
         before any write). With ``same_rows=True`` they must be the rows of the last sync (checked then:
         one comparison), else :class:`SpecError` (the step's rows would go on showing the old ones).
         ``rows_checked=True`` skips the checks of ``rows`` (a few numpy calls): for a caller that built
-        them as such an int64 array itself, as :class:`~graphkv.runtime.step.step.Step` does."""
+        them as such an int64 array itself, as :class:`~graphkv.runtime.step.step.Step` does; its
+        ``same_rows=True`` is compared all the same when another call (``rows_checked=False``, or
+        :meth:`show_null_rows`) showed rows since."""
         if not rows_checked:
             rows = self._checked_rows(rows, same_rows)
+            self._foreign_sync = True
+        elif self._foreign_sync:  # another caller showed rows since the Step's last sync: its promise is compared
+            self._foreign_sync = False
+            if same_rows:
+                same_rows = None
         m = self.mirror
         n = rows.shape[0]
         if not ((type(num_reqs_padded) is int or isinstance(num_reqs_padded, np.integer))
@@ -386,6 +394,7 @@ class BlockTables:
     def show_null_rows(self, num_reqs_padded: int) -> None:
         """Per-step rows ``[0, num_reqs_padded)`` := the null page (a dummy step, e.g. for capture)."""
         assert 0 <= num_reqs_padded <= self.max_num_seqs, (num_reqs_padded, self.max_num_seqs)
+        self._foreign_sync = True
         self._sync.show_null(num_reqs_padded)
         self.mirror.show(self.mirror.shown_rows[:0], num_reqs_padded)
 

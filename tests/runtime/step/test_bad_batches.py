@@ -352,3 +352,23 @@ def test_a_request_id_that_equals_nothing_is_refused():
                              new_pages=(h.group_pages(attention=(1,)),)))
     h.assert_unchanged(before)
     assert h.step.active_requests == ()
+
+
+def test_request_ids_that_compare_unlike_numbers_join_and_finish():
+    """The NaN check looks at floats only: an id whose != is not a bool (a tensor) or raises joins and finishes as
+    before (the check raised a raw RuntimeError / TypeError)."""
+    class Weird:
+        def __ne__(self, other):
+            raise TypeError("no comparing")
+
+        def __hash__(self):
+            return 7
+
+    h = Harness("AA", num_blocks=12, max_num_seqs=2)
+    ids = (torch.tensor([1, 2]), Weird())
+    h.step.prepare(Batch(req_ids=ids, query_lens=(3, 2), seq_lens=(3, 2),
+                         new_pages=(h.group_pages(attention=(1,)), h.group_pages(attention=(2,)))))
+    assert h.step.active_requests == ids
+    for r in ids:
+        h.step.finish(r)
+    assert h.step.active_requests == ()

@@ -404,3 +404,38 @@ def test_a_page_given_twice_in_one_step_names_both_places():
     batch = Batch(req_ids=("x", "y"), query_lens=(1, 1), seq_lens=(1, 1), new_pages=(((page,),), ((page,),)))
     _refused(h, batch, SpecError, r"the step gives it 2 times \(batch.new_pages\[0\]\[0\]\[0\], "
                                   r"batch.new_pages\[1\]\[0\]\[0\]\); .*; give each page once")
+
+
+@pytest.mark.parametrize("failed", ["join", "decode"])
+def test_a_state_page_a_taken_back_forward_ran_on_vouches_for_nothing(failed):
+    """A forward that raised after its state layers ran has advanced the state pages in place, which an undo cannot
+    take back: the claimed state page of a failed join, or the state page of a running request whose failed decode
+    was undone (finished afterwards, as Step.run advises), no longer vouch for a finished request's state (a retry of
+    the claim was accepted, logits off by 0.18-0.28)."""
+    h = Harness("MAMA", mamba_cache_mode="align")
+    h.add("a", 16)
+    h.run({"a": 16})
+    pages, prefix = h.pages["a"], h.tokens["a"][:16]
+    state_page = pages[h.state[0]][0]
+
+    def failing(input_ids):
+        h.model(input_ids=input_ids)  # the layers ran (the state updated in place) ...
+        raise RuntimeError("failed after the layers ran")  # ... then something failed
+
+    if failed == "decode":
+        batch, ids, _ = h.batch({"a": 1})
+        with pytest.raises(RuntimeError, match="failed after the layers ran"):
+            h.step.run(failing, batch, input_ids=ids)
+    h.finish("a")
+    own = h.step.ownership
+    cached = [list(p[:1]) for p in pages]
+    h.free.sort(key=lambda p: p not in sum(cached, []))  # (the free list hands out other pages first)
+    h.add("c", 0, prompt=prefix + [3, 1, 4], cached_pages=cached, cached_tokens=16)
+    batch, ids, _ = h.batch({"c": 3})
+    if failed == "join":
+        assert own.filled[state_page] == 16 and own.filled_at[state_page] == STATE_FILLED_AT
+        with pytest.raises(RuntimeError, match="failed after the layers ran"):
+            h.step.run(failing, batch, input_ids=ids)
+    assert own.filled_at[state_page] == -1
+    with pytest.raises(SpecError, match=rf"\('c'\)={state_page}: .* and it holds no finished request's state"):
+        h.step.prepare(batch)

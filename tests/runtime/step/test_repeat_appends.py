@@ -220,3 +220,26 @@ def test_appends_of_pages_split_into_kernel_blocks_equal_the_full_path(kernels):
     full.tables.commit()
     for a, b in zip(fast.tables.tables, full.tables.tables):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("poke", ["sync", "show_null_rows"])
+def test_a_repeat_after_the_tables_showed_other_rows_shows_its_own(poke):
+    """BlockTables.sync (other rows) or show_null_rows called on a Step's tables between two decodes: the repeated
+    step's rows show its own requests' pages again (they kept showing what the call left: another request's pages, or
+    the null page)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from runtime_plans import attention_plan
+
+    plan = attention_plan(num_blocks=8, max_num_seqs=2, max_model_len=64)
+    step = Step(plan)
+    step.prepare(Batch(req_ids=("a", "b"), query_lens=(3, 5), seq_lens=(3, 5), new_pages=(((1,),), ((2,),))))
+    step.prepare(Batch(req_ids=("a", "b"), query_lens=(1, 1), seq_lens=(4, 6)))
+    if poke == "sync":
+        step.tables.sync(np.array([step.row_of("b"), step.row_of("a")]), 2)
+    else:
+        step.tables.show_null_rows(2)
+    step.prepare(Batch(req_ids=("a", "b"), query_lens=(1, 1), seq_lens=(5, 7)))
+    assert step._repeat is not None
+    assert step.tables.input_tables[0][:2, :2].tolist() == [[1, 0], [2, 0]]

@@ -1,0 +1,55 @@
+"""What one prepared step changed, and taking it back: :class:`StepUndo`, :func:`take_back` (:meth:`Step.undo`).
+
+A step is taken back when the forward run after it raised. Its joining requests leave, its appended pages are
+dropped from the tables and the holder counts, and written tokens return to what they were. What cannot be taken
+back is a state (Mamba / gated-delta) layer's in-place update: the forward may have advanced the state pages of
+the step's requests. So a joining request's state page no longer vouches for the state a finished request left in
+it (a later claim of it is refused), and a running request's state page vouches for nothing when it finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import numpy as np
+
+from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
+from graphkv.runtime.step.rows import RequestRows
+from graphkv.runtime.tables.block_tables import BlockTables
+
+__all__ = ["StepUndo", "take_back"]
+
+
+class StepUndo:
+    """What one prepared step changed: its table ``rows``, the requests that joined in it (``new``: ``(req_id,
+    row)``), the pages each row held per group before its appends (``held``, ``[G, n]``; ``None``: none appended),
+    the holds' undo and the rows' written tokens before the step."""
+
+    __slots__ = ("held", "hold", "new", "rows", "written")
+
+    def __init__(self, rows: np.ndarray, new: list[tuple[Hashable, int]], held: np.ndarray | None,
+                 hold: HoldUndo | None, written: "np.ndarray | list[int]") -> None:
+        self.rows, self.new, self.held, self.hold, self.written = rows, new, held, hold, written
+
+
+def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, requests: RequestRows) -> None:
+    """Take back what ``undo`` records (see the module docstring); the device tables as they were before."""
+    own = ownership
+    if own.has_state:  # before the joining rows leave the tables: their state pages
+        joined = {row for _, row in undo.new}
+        running = [row for row in undo.rows.tolist() if row not in joined]
+        state_pages = [int(p) for g, is_state in enumerate(own.state_list) if is_state
+                       for p in tables.state_pages(g, undo.rows).tolist() if p]
+        own.forget_states(state_pages, running)
+    own.written[undo.rows] = undo.written
+    if undo.hold is not None:
+        own.undo_hold(undo.hold)
+    if undo.held is not None:
+        for i, row in enumerate(undo.rows.tolist()):
+            if (tables.num_pages_np[:, row] != undo.held[:, i]).any():
+                tables.truncate(row, undo.held[:, i])
+    for req_id, row in reversed(undo.new):
+        tables.remove(row)
+        requests.release(req_id)
+    tables.commit()  # the device tables as they were
+    tables.forget_shown_rows()
