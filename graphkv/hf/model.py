@@ -26,7 +26,7 @@ from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
 from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
-from graphkv.hf.key_projection import key_projection
+from graphkv.hf.model_checks import check_attention, check_split_option, decode_attention_choice, step_dependent_rope
 from graphkv.hf.projections import MergedGroup, ProjectionSlice, needs_copy
 from graphkv.hf.projections import merge_projections as merge_projections_of
 from graphkv.hf.support import FamilySupport, family_of
@@ -137,14 +137,14 @@ class PagedModel(torch.nn.Module):
                                     fix=f"allocate the pool on {device}, or move the model"))
         if check_compile(compile) is None:
             compile = default_compile(pool.device.type)
-        _check_split_option("merge_projections", merge_projections, compile,
+        check_split_option("merge_projections", merge_projections, compile,
                             does="True to run each q/k/v and gate/up group as one matmul",
                             why=": run eagerly, each projection of a group would compute the group's whole matmul")
-        _check_split_option("small_matmul", small_matmul, compile,
+        check_split_option("small_matmul", small_matmul, compile,
                             does="True to run few-token steps' matmuls through graphkv's kernel",
                             why=" (it routes the traced forward's matmuls)")
         self.kernels = resolve_kernels(kernels, pool.device)
-        self.decode_attention = _decode_attention(decode_attention, self.kernels, pool.device)
+        self.decode_attention = decode_attention_choice(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
                    if pool.device.type == "cuda" else DEFAULT_NUM_SMS)
         workspaces: dict[tuple[int, ...], torch.Tensor] = {}  # one per decode geometry, shared by its layers
@@ -159,7 +159,7 @@ class PagedModel(torch.nn.Module):
             kind, module = self._module_for(decl, modules)
             group = plan.group_of(decl.index).index
             if kind == "attention":
-                self._check_attention(decl, module, family)
+                check_attention(decl, module, family)
                 assert pool.layout(decl.name).order is CacheOrder.KV_FIRST, "the flex backend's layout is kv-first"
                 cache = pool.kv_cache(decl.name)
                 key, value = paged_kv_views(cache)
@@ -190,7 +190,7 @@ class PagedModel(torch.nn.Module):
                                     fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         self.has_state_layers = bool(replace)
         model_dtype(model)  # refuses weights of several floating dtypes (the cache takes one), before any change
-        self.step_dependent_rope = _step_dependent_rope(model)
+        self.step_dependent_rope = step_dependent_rope(model)
         if self.step_dependent_rope is not None:
             logger.warning("graphkv.hf: %s's rotary embedding is %r: transformers picks its frequencies from the "
                            "longest position of each forward call, and a step packs every request into one call, so "
@@ -285,7 +285,7 @@ class PagedModel(torch.nn.Module):
                 continue
             _, module = self._module_for(decl, modules)
             source = by_name[decl.spec.source]
-            self._check_attention(attrs.evolve(source, index=decl.index, name=decl.name), module, family)
+            check_attention(attrs.evolve(source, index=decl.index, name=decl.name), module, family)
             named[module] = lambda twin, index=decl.index: _named_layer(twin, index)
             self.attention[decl.index] = attrs.evolve(self.attention[source.index], softcap=family.softcap(module))
             bound.add(decl.index)
@@ -301,46 +301,6 @@ class PagedModel(torch.nn.Module):
                       + (f" (found {type(module).__name__})" if module is not None else ""),
                 fix="allocate the pool from graphkv.hf.model_kv(model) of this same model"))
         return kind, module
-
-    @staticmethod
-    def _check_attention(decl: Any, module: torch.nn.Module, family: FamilySupport) -> None:
-        """Refuse an attention module graphkv's causal block masks would get wrong."""
-        if not getattr(module, "is_causal", True):
-            raise SpecError(Problem(field=f"{type(module).__name__} ({decl.name}).is_causal", value=False,
-                                    limit="graphkv.hf runs causal (decoder) attention; this layer attends both ways "
-                                          "(e.g. config.use_bidirectional_attention=True)",
-                                    fix="use the model as a decoder, or run it with transformers directly"))
-        planned = getattr(decl.spec, "window", None)
-        own = family.sliding_window(module)
-        if planned != own:
-            raise PlanError(Problem(field=f"plan layer {decl.name}.window", value=planned,
-                                    limit=f"the model's {type(module).__name__} slides over {own} tokens",
-                                    fix="plan from graphkv.hf.model_kv(model) of this same model"))
-        projection, spec = key_projection(module), decl.spec
-        heads, head_size = getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)
-        if projection is None or not heads or not head_size:
-            return
-        # the first step would fail on the key's shape, far from the cause
-        field, planned = f"{type(module).__name__} ({decl.name}).{projection.field}", heads * head_size
-        own_head = projection.head_size if family.heads_from_hidden else None  # the head size the family ignores
-        if projection.num_key_features != planned or (own_head is not None and own_head != head_size):
-            caches = (f"the plan caches {heads} KV heads x head size {head_size} = {planned} per token (read from "
-                      "model.config)")
-            if own_head is None or projection.num_key_features % own_head:
-                raise PlanError(Problem(field=field, value=projection.value,
-                                        limit=f"{caches}, the weights project keys to {projection.num_key_features}",
-                                        fix="model.config disagrees with the weights (num_key_value_heads, head_dim): "
-                                            "load the model with the config it was saved with"))
-            own_heads = projection.num_key_features // own_head
-            config = ", ".join(f"{key}={getattr(module.config, key, None)}"
-                               for key in ("head_dim", "num_key_value_heads"))
-            raise PlanError(Problem(
-                field=field, value=projection.value,
-                limit=f"{caches}, the weights project keys of {own_heads} heads x head size {own_head}: "
-                      f"{family.model_type} sizes them from hidden_size / num_attention_heads and ignores the "
-                      f"config's {config}",
-                fix=f"set model.config.head_dim={own_head} and model.config.num_key_value_heads={own_heads} (what the "
-                    "weights compute), then plan from graphkv.hf.model_kv(model)"))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -385,16 +345,6 @@ class PagedModel(torch.nn.Module):
         return out.logits[0]
 
 
-def _step_dependent_rope(model: torch.nn.Module) -> str | None:
-    """The rope type of ``model``'s rotary embedding where transformers chooses its frequencies per forward call
-    from the longest position in it (``dynamic`` NTK scaling, ``longrope``), else ``None``."""
-    for module in model.modules():
-        rope_type = getattr(module, "rope_type", None)
-        if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
-            return rope_type
-    return None
-
-
 def _named_layer(module: torch.nn.Module, index: int) -> torch.nn.Module:
     """``module`` (the paged view's copy of a planned attention module) with its layer's
     :func:`~graphkv.hf.layer_ops.layer_id` as a buffer, which the compiled forward passes to the attention op."""
@@ -426,36 +376,9 @@ def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
 STEP_SIZE_INPUTS = ("input_ids", "position_ids")
 """The compiled forward's inputs built together for a step (one length, contiguous): the equalities of their sizes and
 strides in the shape guard hold by construction, so the guard may be dropped (``step_size_guard_filter``)."""
-DECODE_ATTENTION = ("kernel", "flex")
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""
-
-
-def _check_split_option(field: str, value: object, compile: object, *, does: str, why: str) -> None:  # noqa: A002
-    """Refuse an option of the split forward (``merge_projections``, ``small_matmul``) that is not a bool, or is on
-    under a compile mode that does not trace and split the forward; ``does`` says what True does, ``why`` why it
-    needs the split."""
-    if not isinstance(value, bool):
-        raise SpecError(Problem(field=field, value=repr(value), limit="must be a bool", fix=f"{does}, else False"))
-    if value and compile not in ("piecewise", "fused"):
-        raise SpecError(Problem(field=field, value=True,
-                                limit=f"needs the forward traced and split (compile='piecewise' or 'fused'), not "
-                                      f"compile={compile!r}{why}",
-                                fix=f"pass compile='fused' (or 'piecewise'), or {field}=False"))
-
-
-def _decode_attention(choice: str | None, kernels: str, device: torch.device) -> str:
-    """The decode attention to use: ``choice``, or by default graphkv's paged decode kernel on the
-    GPU path (CUDA, or ``kernels="triton"`` in Triton's interpreter) and flex elsewhere."""
-    if choice is None:
-        return "kernel" if gpu_path(kernels, device) else "flex"
-    if choice not in DECODE_ATTENTION:
-        raise SpecError(Problem(field="decode_attention", value=choice,
-                                limit=f"must be one of {', '.join(DECODE_ATTENTION)} or None",
-                                fix="'kernel' for graphkv's split-KV paged decode kernel, 'flex' for flex "
-                                    "attention, None to pick the kernel on the GPU path"))
-    return choice
 
 
 def _num_query_heads(module: torch.nn.Module, cache: torch.Tensor) -> int:
