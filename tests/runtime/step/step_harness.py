@@ -118,7 +118,9 @@ class Harness:
 
     def run_failing(self, batch: Batch, input_ids: list[int], message: str = "the forward failed") -> None:
         """``batch`` with a forward that raises ``RuntimeError(message)``: the error reaches the caller and
-        the step state (the per-step rows aside) is exactly as before."""
+        the step state (the per-step rows aside) is exactly as before, but for the batch's state pages, which
+        vouch for no finished request's state any more (``filled`` 0, ``filled_at`` -1: the forward may have
+        advanced them in place)."""
         before = self.snapshot(inputs=False)
 
         def failing(input_ids):
@@ -126,6 +128,16 @@ class Harness:
 
         with pytest.raises(RuntimeError, match=message):
             self.step.run(failing, batch, input_ids=input_ids)
+        own, state_pages = self.step.ownership, set()
+        for i, req in enumerate(batch.req_ids):
+            for g in self.state:
+                state_pages.update(self.pages.get(req, [[]] * len(self.plan.groups))[g][:1])
+                if batch.new_pages and batch.new_pages[i] is not None:
+                    state_pages.update(batch.new_pages[i][g][:1])
+        for name, now in (("filled", 0), ("filled_at", -1)):
+            changed = np.flatnonzero(before[name] != getattr(own, name))
+            assert set(changed.tolist()) <= state_pages and (getattr(own, name)[changed] == now).all(), name
+            before[name] = getattr(own, name).copy()
         self.assert_unchanged(before)
 
     def decode_all(self) -> torch.Tensor:
