@@ -50,14 +50,15 @@ class Parts:
     """The parts of a step a repeat touches: its plan, tables, page ownership, staging arrays, the
     tokens one page of each group holds (``[G, 1]``, the batch checker's), and
     ``remember_undo(rows, written, appended)`` (what :meth:`Step.undo` restores; ``appended``: ``None``, or the
-    pages each of ``rows`` held per group before the step's appends, ``[G, n]``, and their holds' undo)."""
+    step's appends, ``(group, row, pages held before, page ids)`` each, and their holds' undo)."""
 
     __slots__ = ("ownership", "plan", "remember_undo", "staging", "tables", "tokens_per_page")
 
     def __init__(self, plan: Plan, tables: BlockTables, ownership: PageOwnership, staging: StepStaging,
                  tokens_per_page: np.ndarray,
                  remember_undo: Callable[[np.ndarray, "np.ndarray | list[int]",
-                                          "tuple[np.ndarray, HoldUndo] | None"], None]) -> None:
+                                          "tuple[list[tuple[int, int, int, list[int]]], HoldUndo] | None"], None]
+                 ) -> None:
         self.plan, self.tables, self.ownership, self.staging = plan, tables, ownership, staging
         self.tokens_per_page = tokens_per_page
         self.remember_undo = remember_undo
@@ -141,8 +142,7 @@ class RepeatStep:
             return False
         appended = None
         if appends is not None and appends.items:
-            held = parts.tables.num_pages_np[:, self.rows]  # (a copy) what an undo truncates the rows to
-            appended = (held, apply_appends(appends, parts.tables, parts.ownership))
+            appended = (appends.items, apply_appends(appends, parts.tables, parts.ownership))
             self.edits = parts.tables.edits  # (append_few leaves it as it was: no edit but our own)
         if self.python:
             self._write_python(batch.seq_lens)

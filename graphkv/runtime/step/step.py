@@ -471,8 +471,8 @@ class Step:
         self._repeat = None
 
     def _remember_undo(self, rows: np.ndarray, written: "np.ndarray | list[int]",
-                       appended: "tuple[np.ndarray, HoldUndo] | None") -> None:
-        """A repeated step changed the written tokens of ``rows`` (and, with ``appended``, appended pages: what the rows
-        held before, ``[G, n]``, and the holds' undo): what :meth:`undo` restores."""
-        held, hold = appended if appended is not None else (None, None)
-        self._undo = StepUndo(rows, [], held, hold, written)
+                       appended: "tuple[list[tuple[int, int, int, list[int]]], HoldUndo] | None") -> None:
+        """A repeated step changed the written tokens of ``rows`` (and, with ``appended``, appended pages: ``(group,
+        row, pages held before, page ids)`` each, and the holds' undo): what :meth:`undo` restores."""
+        items, hold = appended if appended is not None else (None, None)
+        self._undo = StepUndo(rows, [], None, hold, written, items)

@@ -23,13 +23,16 @@ __all__ = ["StepUndo", "take_back"]
 class StepUndo:
     """What one prepared step changed: its table ``rows``, the requests that joined in it (``new``: ``(req_id,
     row)``), the pages each row held per group before its appends (``held``, ``[G, n]``; ``None``: none appended),
-    the holds' undo and the rows' written tokens before the step."""
+    the holds' undo, the rows' written tokens before the step, and a repeated step's few appends (``appended``:
+    ``(group, row, pages held before, page ids)`` each, instead of ``held``)."""
 
-    __slots__ = ("held", "hold", "new", "rows", "written")
+    __slots__ = ("appended", "held", "hold", "new", "rows", "written")
 
     def __init__(self, rows: np.ndarray, new: list[tuple[Hashable, int]], held: np.ndarray | None,
-                 hold: HoldUndo | None, written: "np.ndarray | list[int]") -> None:
+                 hold: HoldUndo | None, written: "np.ndarray | list[int]",
+                 appended: "list[tuple[int, int, int, list[int]]] | None" = None) -> None:
         self.rows, self.new, self.held, self.hold, self.written = rows, new, held, hold, written
+        self.appended = appended
 
 
 def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, requests: RequestRows) -> None:
@@ -48,6 +51,10 @@ def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, req
         for i, row in enumerate(undo.rows.tolist()):
             if (tables.num_pages_np[:, row] != undo.held[:, i]).any():
                 tables.truncate(row, undo.held[:, i])
+    for g, row, held, _ in undo.appended or ():  # a repeated step's few appends
+        keep = tables.num_pages_np[:, row].copy()
+        keep[g] = held
+        tables.truncate(row, keep)
     for req_id, row in reversed(undo.new):
         tables.remove(row)
         requests.release(req_id)

@@ -42,6 +42,7 @@ from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.tables.host_sync import HostSync
 from graphkv.runtime.tables.mirror import PageMirror
 from graphkv.runtime.tables.page_ids import PageEntries, flatten_new_pages, int_array
+from graphkv.runtime.tables.refusals import capacity_error, capacity_fix, checked_rows
 from graphkv.runtime.tables.staged_sync import StagedSync
 from graphkv.runtime.tables.lean_append import append_one_group
 
@@ -366,7 +367,7 @@ class BlockTables:
         ``same_rows=True`` is compared all the same when another call (``rows_checked=False``, or
         :meth:`show_null_rows`) showed rows since."""
         if not rows_checked:
-            rows = self._checked_rows(rows, same_rows)
+            rows = checked_rows(self.mirror, rows, same_rows)
             self._foreign_sync = True
         elif self._foreign_sync:  # another caller showed rows since the Step's last sync: its promise is compared
             self._foreign_sync = False
@@ -416,41 +417,6 @@ class BlockTables:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _checked_rows(self, rows: object, same_rows: bool | None) -> np.ndarray:
-        """``rows`` as a 1-D int64 array of distinct rows in ``[0, max_num_seqs)`` (a list or tuple of
-        plain ints converted), or :class:`SpecError`; with ``same_rows=True``, the rows of the last sync."""
-        limit = f"must be distinct request rows in [0, max_num_seqs={self.max_num_seqs}), one per batch row"
-        if isinstance(rows, (list, tuple)):
-            if any(type(r) is not int or not -2**63 <= r < 2**63 for r in rows):  # (int64: the range check is below)
-                raise SpecError(Problem(field="rows", value=list(rows), limit=limit + ", each a plain int",
-                                        fix="pass a list of ints or a 1-D integer numpy array"))
-            rows = np.array(rows, dtype=np.int64).reshape(-1)
-        elif not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
-            shown = f"array of dtype {rows.dtype}, shape {rows.shape}" if isinstance(rows, np.ndarray) \
-                else type(rows).__name__
-            raise SpecError(Problem(field="rows", value=shown, limit=limit + ", as a 1-D integer array",
-                                    fix="pass a 1-D integer numpy array (or a list of ints)"))
-        rows = rows.astype(np.int64, copy=False)
-        m = self.mirror
-        shown = m.shown_rows
-        if m.shown_valid and rows.shape == shown.shape and rows.tobytes() == shown.tobytes():
-            return rows  # the last sync's rows, checked then (one C-level comparison)
-        if same_rows and m.shown_valid:  # a promise the sync cannot keep
-            raise SpecError(Problem(field="same_rows", value=True,
-                                    limit=f"rows {rows.tolist()} are not the rows of the last sync "
-                                          f"({shown.tolist()}): the step's rows would go on showing those",
-                                    fix="pass same_rows=None (compared) or False when the batch's rows changed"))
-        n = rows.shape[0]
-        if n <= 64:  # Python's min / max / set on a short list beat numpy reductions
-            items = rows.tolist()
-            bad = bool(items) and (min(items) < 0 or max(items) >= self.max_num_seqs or len(set(items)) != n)
-        else:
-            bad = int(rows.min()) < 0 or int(rows.max()) >= self.max_num_seqs or np.unique(rows).size != n
-        if bad:
-            raise SpecError(Problem(field="rows", value=rows.tolist(), limit=limit,
-                                    fix="pass each request's persistent row once"))
-        return rows
-
     def _check_row(self, name: str, row: object) -> int:
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < self.max_num_seqs:
             raise SpecError(Problem(field=name, value=row,
@@ -495,24 +461,9 @@ class BlockTables:
     def capacity_error(self, g: int, held: int, adding: int, *, field: str, who: str = "") -> CapacityError:
         """The :class:`CapacityError` for group ``g`` of a request holding ``held`` pages that cannot take
         ``adding`` more (``field`` names the input at fault; ``who`` prefixes the limit, e.g. the row)."""
-        group = self.plan.groups[g]
-        return CapacityError(Problem(
-            field=field, value=adding,
-            limit=(f"{who}group {g} ({group.spec.describe()}) holds {held} pages and cannot take "
-                   f"{adding} more; its capacity is {self.max_pages[g]} pages per request (block table width "
-                   f"{self.widths[g]} = {self.max_pages[g]} pages x bpk {self.bpks[g]})"),
-            fix=self.capacity_fix(g)))
+        return capacity_error(self.plan, self.mirror, g, held, adding, field=field, who=who)
 
     def capacity_fix(self, g: int) -> str:
-        """What to do when a request outgrows group ``g``'s table: a sliding-window table holds the worst case of
-        the pages a window needs (what vLLM reserves), but graphkv keeps a request's pages to its end."""
-        group, limits = self.plan.groups[g], self.plan.limits
-        if group.kind.value != "sliding_window":
-            return (f"keep requests within max_model_len={self.plan.max_model_len}, or raise max_model_len when "
-                    "compiling the plan")
-        steps = -(-self.plan.max_model_len // limits.max_num_batched_tokens)
-        return (f"graphkv keeps every page of a request to its end (pages that left the window are not freed), so this "
-                f"table holds {self.max_pages[g] * group.block_size} tokens of a request: keep requests within that, "
-                f"or plan the sliding tables for whole requests with Limits(max_concurrent_batches={steps}) "
-                "(cdiv(max_model_len, max_num_batched_tokens); graphkv.hf.generation.sliding_tables_for(limits, "
-                "model_kv) sets it)")
+        """What to do when a request outgrows group ``g``'s table
+        (:func:`~graphkv.runtime.tables.refusals.capacity_fix`)."""
+        return capacity_fix(self.plan, self.mirror, g)

@@ -18,6 +18,7 @@ from graphkv.runtime import BlockTables
 from graphkv.runtime.ops import torch_ops
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.runtime.ops.reference import expand_pages_ref, gather_ref, write_pages_ref
+from graphkv.runtime.tables import block_tables as block_tables_module
 
 
 def _expected_tables(tables: BlockTables) -> list[torch.Tensor]:
@@ -465,10 +466,10 @@ def test_sync_with_rows_checked_skips_the_row_checks(monkeypatch, kernels, devic
     """rows_checked=True (a Step's own rows) costs no row check; rows_checked=False checks them."""
     tables = _two_rows(kernels, device)
 
-    def refuse(rows, same_rows):
+    def refuse(mirror, rows, same_rows):
         raise AssertionError("rows checked")
 
-    monkeypatch.setattr(tables, "_checked_rows", refuse)
+    monkeypatch.setattr(block_tables_module, "checked_rows", refuse)
     tables.sync(np.array([3, 0]), 2, rows_checked=True)
     assert [t[:2, :3].tolist() for t in tables.input_tables] == [[[9, 10, 0], [5, 0, 0]]]
     with pytest.raises(AssertionError, match="rows checked"):
