@@ -9,6 +9,7 @@
 #   python -m pip install --no-deps --no-build-isolation -e . -q
 #   bash scripts/gpu_priority.sh                      # 540 s budget, output in gpu_priority_out
 #   bash scripts/gpu_priority.sh --budget 300 --out "$OUT/p" --from 3   # steps 3.. only
+#   bash scripts/gpu_priority.sh --only 1,2,3,6,7     # these steps only, in this order
 #   bash scripts/gpu_priority.sh --list               # the steps, their limits and commands; runs nothing
 #
 # Steps (in order; the session of 2026-11-26 (ninth) ran an earlier list in 538 s on an H100, cold caches). A step
@@ -50,15 +51,17 @@ cd "$(dirname "$0")/.."
 BUDGET=540
 OUT="gpu_priority_out"
 FROM=1
+ONLY=""
 LIST=0
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --budget) BUDGET="${2:-}"; shift ;;
     --out) OUT="${2:-}"; shift ;;
     --from) FROM="${2:-}"; shift ;;
+    --only) ONLY="${2:-}"; shift ;;
     --list) LIST=1 ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --list or --help)" >&2
+    *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --only N,M,..., --list or --help)" >&2
        exit 2 ;;
   esac
   shift
@@ -101,6 +104,18 @@ for step in "${STEPS[@]}"; do
     exit 2
   fi
 done
+if [ -n "$ONLY" ]; then
+  if ! [[ "$ONLY" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+    echo "gpu_priority.sh: --only '$ONLY' must be step numbers separated by commas, such as 1,2,3,6" >&2
+    exit 2
+  fi
+  for n in ${ONLY//,/ }; do
+    if [ "$n" -gt "${#STEPS[@]}" ]; then
+      echo "gpu_priority.sh: --only names step $n, past the last step (${#STEPS[@]}); see --list" >&2
+      exit 2
+    fi
+  done
+fi
 if [ "$FROM" -gt "${#STEPS[@]}" ]; then
   echo "gpu_priority.sh: --from $FROM is past the last step (${#STEPS[@]}); see --list" >&2
   exit 2
@@ -148,11 +163,14 @@ write_summary() {
   } >"$SUMMARY"
 }
 
-i=0
-for step in "${STEPS[@]}"; do
-  i=$((i + 1))
-  [ "$i" -lt "$FROM" ] && continue
-  IFS='|' read -r name limit least cmd <<<"$step"
+ORDER=()
+if [ -n "$ONLY" ]; then
+  ORDER=(${ONLY//,/ })
+else
+  for ((i = FROM; i <= ${#STEPS[@]}; i++)); do ORDER+=("$i"); done
+fi
+for i in "${ORDER[@]}"; do
+  IFS='|' read -r name limit least cmd <<<"${STEPS[$((i - 1))]}"
   left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt "$least" ]; then  # too little left to show anything; a later, shorter step may still fit
     ROWS+=("| $i | $name | skipped (${left} s of the budget left, ${least} s needed) | 0 | |")

@@ -338,6 +338,26 @@ def test_gpu_priority_runs_every_command_of_a_step_and_the_shorter_steps_that_fi
     assert "second ran" in (tmp_path / "1-two.log").read_text()
 
 
+def test_gpu_priority_only_runs_the_named_steps_in_the_named_order(tmp_path: Path) -> None:
+    """--only 3,1 runs step 3 then step 1 and nothing else (the summary's rows and the logs say so); a malformed list
+    or a step past the last is refused with exit code 2."""
+    steps = "one|10|1|echo one ran\ntwo|10|1|echo two ran\nthree|10|1|echo three ran"
+    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(GPU_PRIORITY), "--only", "3,1", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert [(row[1].strip(), row[2].strip(), row[3].strip()) for row in rows] == [("3", "three", "pass"),
+                                                                                  ("1", "one", "pass")]
+    assert sorted(path.name for path in tmp_path.glob("*.log")) == ["1-one.log", "3-three.log"]
+    for only, text in (("1,,2", "--only '1,,2' must be step numbers separated by commas"),
+                       ("2,4", "--only names step 4, past the last step (3)")):
+        refused = subprocess.run(["bash", str(GPU_PRIORITY), "--only", only], capture_output=True, text=True,
+                                 env=env, timeout=60, cwd=tmp_path)
+        assert refused.returncode == 2 and text in refused.stderr, refused.stderr
+
+
 def test_gpu_priority_demo_step_fails_when_tokens_differ(tmp_path: Path) -> None:
     """The real demo-hf-fused step (7) passes only when both demos print every request equal to model.generate: with
     a stand-in python printing 4/4 it passes, with 3/4 it fails (graphkv demo itself exits 0 either way)."""
