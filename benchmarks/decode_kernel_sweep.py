@@ -62,7 +62,7 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
     max_splits = max(g[0] for g in grid)
     workspace = torch.empty(requests * max_splits, query.shape[1], workspace_row_floats(query.shape[2]),
                             dtype=torch.float32, device=query.device)
-    defaults = (cell["num_splits"], kernel._NUM_WARPS, kernel._NUM_STAGES,
+    defaults = (cell["num_splits"], kernel._NUM_WARPS, kernel._num_stages(cell["num_splits"]),
                 kernel._tile_tokens(max(16, query.shape[2]), cache.element_size()), "nhd")
     caches = {"nhd": cache}
     if any(g[4] == "hnd" for g in grid):
@@ -70,14 +70,14 @@ def sweep_cell(s: Any, requests: int, tokens: int, grid: list[tuple[int, int, in
 
     def setting(splits: int, warps: int, stages: int, tile: int, stride: str) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
-            saved = kernel._NUM_WARPS, kernel._NUM_STAGES, kernel._tile_tokens
-            kernel._NUM_WARPS, kernel._NUM_STAGES, kernel._tile_tokens = warps, stages, lambda d, e: tile
+            saved = kernel._NUM_WARPS, kernel._num_stages, kernel._tile_tokens
+            kernel._NUM_WARPS, kernel._num_stages, kernel._tile_tokens = warps, lambda n: stages, lambda d, e: tile
             try:
                 return kernel.paged_decode_attention(query, caches[stride], table, seq_lens, layout=LAYOUT,
                                                      scale=query.shape[2] ** -0.5, out=out, workspace=workspace,
                                                      num_splits=splits)
             finally:
-                kernel._NUM_WARPS, kernel._NUM_STAGES, kernel._tile_tokens = saved
+                kernel._NUM_WARPS, kernel._num_stages, kernel._tile_tokens = saved
         return run
 
     calls: dict[str, Callable[[], torch.Tensor]] = {"sdpa": sdpa}
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'copy':>5} | "
           f"{'sdpa ms':>8} {'vs sdpa':>7} | max diff")
     for (requests, tokens), group in itertools.groupby(rows, key=lambda r: (r["requests"], r["cached_tokens"])):
-        for r in sorted(group, key=lambda r: r.get("ms", float("inf")))[:8]:
+        for r in sorted(group, key=lambda r: r.get("ms", float("inf"))):  # every row: a lent GPU returns 8 files
             lead = (f"{requests:>4}x{tokens:<5} {r['splits']:>6} {r['warps']:>5} {r['stages']:>6} "
                     f"{r['tile_tokens']:>4} {r['stride']:>3}")
             mark = "*" if r["default"] else " "

@@ -204,7 +204,8 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
             "overlapped_steps": engine.stats.overlapped,
             "top": top_kernels([(e.name, e.device_time_total) for e in kernels], steps, top),
             "kinds": kernel_kinds([(e.name, e.device_time_total) for e in kernels], steps),
-            "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model)}
+            "read_bytes": weight_bytes(model) + kv_tokens * kv_bytes_per_token(model),
+            "kept_guards": [list(g) for g in getattr(getattr(loop.model, "size_guards", None), "kept", None) or ()]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}")
     print(f"{'mode':<12} {'kernels':>8} {'kernel us':>10} {'limit us':>9} {'wall ms':>8} {'sync ms':>8} "
           f"{'device ms':>9} {'build s':>8}  graphs")
-    failed, tops, kinds = 0, {}, {}
+    failed = 0
     for mode in modes:
         cmd = [sys.executable, __file__, "--mode", mode] + [f"--{k}={v}" for k, v in sizes.items()]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -257,14 +258,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<12} {r['kernels_per_step']:>8.1f} {r['kernel_us_per_step']:>10.1f} "
               f"{1e6 * r['read_bytes'] / bandwidth:>9.1f} {wall:>8} {sync_wall:>8} {device_ms:>9} "
               f"{r['build_s']:>8.1f}  {r['graphs'][:80]}")
-        tops[mode], kinds[mode] = r["top"], r.get("kinds", [])
-    for title, by_mode in (("kernels by kind, per step", kinds), ("top kernels by device time per step", tops)):
-        for mode, rows in by_mode.items():
+        for guard in r.get("kept_guards") or ():  # why it traced again (size_guards)
+            print(f"{'':<12} kept shape guard: {'; '.join(guard)[:400]}")
+        # each mode's kernels printed as soon as it ends: a step cut off at its limit keeps the modes done
+        for title, rows in (("kernels by kind, per step", r.get("kinds", [])), ("top kernels by device time per step",
+                                                                                 r["top"])):
             if rows:
-                print(f"\n{mode}: {title}")
+                print(f"  {mode}: {title}")
                 for k in rows:  # a kind's row also says its microseconds per launch
                     each = f"{k['us_per_launch']:>6.2f} us each  " if "kind" in k else ""
-                    print(f"  {k['us_per_step']:>9.1f} us  {100 * k['share']:>5.1f}%  "
+                    print(f"    {k['us_per_step']:>9.1f} us  {100 * k['share']:>5.1f}%  "
                           f"{k['launches_per_step']:>6.1f} x  {each}{k.get('kind', k.get('name', ''))[:100]}")
     return 1 if failed else 0
 

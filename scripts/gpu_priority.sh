@@ -28,8 +28,8 @@
 #                     served until 2026-11-27) vs fused-merged
 #                     (q/k/v and gate/up as one matmul each) vs fused-small (merged, and the small-matmul kernel),
 #                     16 layers, the kernels by kind and the top kernels
-#   6 kernel-sweep    the decode kernel's split counts beside SDPA where the split rule changed (1 and 32 requests x
-#                     512 tokens) and at the issue's cells (32 x 4k / 16k, 1 x 16k), NHD and HND
+#   6 kernel-sweep    the decode kernel's split counts, warps, stages and tiles beside SDPA (1 and 32 requests x
+#                     512 tokens, and the issue's cells: 32 x 4k / 16k, 1 x 16k); every row printed
 #   7 demo-hf-fused   qwen3 and qwen3_next with --compile fused: tokens equal model.generate (failed when a request's
 #                     do not), mixed steps captured
 #   8 profile-b32     the same profile at batch 32 (fused vs fused-merged vs fused-small)
@@ -81,12 +81,12 @@ ALL='r=0; run() { "$@" || r=1; }'
 # variants' verdicts.)
 # name|limit seconds|minimum seconds|command
 STEPS=(
-  "capture-cuda|150|60|$ALL; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py -k 'cuda or capture_gpu'; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_hf_piecewise.py -k cuda; exit \$r"
+  "capture-cuda|150|60|$ALL; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/capture/test_capture_gpu.py tests/models/test_engine_overlap.py -k 'cuda or capture_gpu'; TORCH_LOGS=recompiles run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_hf_piecewise.py -k cuda; exit \$r"
   "decode-kernel-cuda|90|40|python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_decode_kernel.py -k cuda"
   "serving-fused|170|120|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --out $Q_OUT/gpu_serving_fused.json"
   "small-matmul|150|60|$ALL; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/runtime/ops/test_small_matmul.py tests/hf/test_small_matmul_serving.py -k cuda; run python benchmarks/gpu_linear.py --gpu --rows 1 --sweep --matrices qkv o gate_up down head --tile-n 2 4 8 --tile-k 512 1024 --warps 4 8 --stages 3 --repeats 5 --out $Q_OUT/gpu_linear_1.json; run python benchmarks/gpu_linear.py --gpu --rows 8 --repeats 5 --out $Q_OUT/gpu_linear_8.json; exit \$r"
   "profile-b1|240|120|python scripts/decode_profile_gpu.py --batch 1 --modes fused,fused-1tok,fused-merged,fused-small"
-  "kernel-sweep|90|45|python benchmarks/decode_kernel_sweep.py --gpu --cells 1x512 32x512 32x4096 32x16384 1x16384 --splits 1 2 4 8 16 33 --warps 4 --stages 2 3 --tiles 64 --strides nhd hnd --repeats 5 --out $Q_OUT/sweep.json"
+  "kernel-sweep|90|45|python benchmarks/decode_kernel_sweep.py --gpu --cells 1x512 32x512 32x4096 32x16384 1x16384 --splits 1 2 4 8 16 33 --warps 4 8 --stages 2 3 --tiles 64 128 --strides nhd --repeats 5 --out $Q_OUT/sweep.json"
   "demo-hf-fused|120|60|$ALL; run python -m graphkv.cli demo --hf qwen3 --compile fused; run python -m graphkv.cli demo --hf qwen3_next --compile fused; [ \$(grep -cE 'for ([0-9]+)/\\1 requests' \"\$LOG\") -eq 2 ] || { echo 'gpu_priority.sh: tokens differ from model.generate' >&2; r=1; }; exit \$r"
   "profile-b32|200|120|python scripts/decode_profile_gpu.py --batch 32 --modes fused,fused-merged,fused-small"
   "hf-tests-fused|300|120|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider -rf --tb=line tests/hf -k cuda"

@@ -245,7 +245,8 @@ class PagedModel(torch.nn.Module):
         name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
         fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
         # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
-        options = {"guard_filter_fn": step_size_guard_filter(STEP_SIZE_INPUTS)}
+        self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS)  # .kept: shape guards kept, each a retrace
+        options = {"guard_filter_fn": self.size_guards}
         return (torch.compile(fresh, options=options) if self.piecewise is None
                 else torch.compile(fresh, backend=self.piecewise, options=options))
 

@@ -28,10 +28,13 @@ tokens against transformers' ``generate`` through batch-1 decode steps, which ru
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Collection, Sequence
 
-__all__ = ["droppable_shape_guard", "step_size_guard_filter"]
+__all__ = ["StepSizeGuardFilter", "droppable_shape_guard", "step_size_guard_filter"]
+
+logger = logging.getLogger(__name__)
 
 _ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
 _LOWER_BOUND = re.compile(rf"^2 <= {_ACCESS}$")
@@ -54,16 +57,38 @@ def droppable_shape_guard(expressions: Sequence[str], built_together: Collection
     return True
 
 
-def step_size_guard_filter(built_together: Collection[str]) -> Callable[[Sequence[Any]], list[bool]]:
+class StepSizeGuardFilter:
     """A ``guard_filter_fn`` for ``torch.compile(..., options={"guard_filter_fn": ...})``: keeps every guard but a
     shape guard that :func:`droppable_shape_guard` drops (its inputs in ``built_together`` by name, e.g.
     ``("input_ids", "position_ids")``), so one trace at 2 tokens or more serves 1-token steps too. Dynamo calls it
-    on the host when it builds a trace's guards."""
-    names = tuple(built_together)
+    on the host when it builds a trace's guards.
 
-    def keep(entries: Sequence[Any]) -> list[bool]:
-        return [not (entry.guard_type == "SHAPE_ENV"
-                     and droppable_shape_guard(tuple(getattr(entry.orig_guard, "code_list", None) or ()), names))
-                for entry in entries]
+    A shape guard it keeps is recorded in :attr:`kept` (its expressions, one tuple per trace) and logged once at
+    INFO: the expressions that are not 0/1 specialisation say why a later step size traces the forward again (an
+    H100 traced graphkv.hf's forward twice where a CPU traced it once, 2026-11-27)."""
 
-    return keep
+    def __init__(self, built_together: Collection[str]) -> None:
+        self.built_together = tuple(built_together)
+        self.kept: list[tuple[str, ...]] = []
+
+    def __call__(self, entries: Sequence[Any]) -> list[bool]:
+        """Keep (True) or drop (False) each of Dynamo's guard entries."""
+        decisions = []
+        for entry in entries:
+            if entry.guard_type != "SHAPE_ENV":
+                decisions.append(True)
+                continue
+            code = tuple(getattr(entry.orig_guard, "code_list", None) or ())
+            drop = droppable_shape_guard(code, self.built_together)
+            if not drop and code:
+                self.kept.append(code)
+                other = [c for c in code if not _LOWER_BOUND.match(c)]
+                logger.info("graphkv: the compiled forward keeps its shape guard (a step outside it traces the "
+                            "forward again); beyond 0/1 specialisation it holds: %s", "; ".join(other))
+            decisions.append(not drop)
+        return decisions
+
+
+def step_size_guard_filter(built_together: Collection[str]) -> StepSizeGuardFilter:
+    """A :class:`StepSizeGuardFilter` for the inputs ``built_together`` (by name)."""
+    return StepSizeGuardFilter(built_together)

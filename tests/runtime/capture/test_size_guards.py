@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from graphkv.runtime.capture.size_guards import droppable_shape_guard, step_size_guard_filter
@@ -61,3 +63,29 @@ def test_one_trace_serves_one_token_and_keeps_every_other_guard():
     x = torch.ones(2, 8, dtype=torch.float64)
     torch._dynamo.maybe_mark_dynamic(x, 0)
     assert compiled(x, w.double()).dtype == torch.float64 and len(graphs) == 2
+
+
+def _capped(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] <= 512:  # a bound from the code, not from 0/1 specialisation
+        return x * 2
+    return x
+
+
+def test_a_kept_shape_guard_is_recorded_and_logged(caplog):
+    """A shape guard with a bound the code wrote (``size <= 512``) is kept: the filter records its expressions (one
+    tuple per trace) and logs the bound at INFO, so a retrace says why; a droppable one records nothing."""
+    torch._dynamo.reset()
+    keep = step_size_guard_filter(("x",))
+    compiled = torch.compile(_capped, backend=_counting_backend([]), options={"guard_filter_fn": keep})
+    x = torch.ones(5, 8)
+    torch._dynamo.maybe_mark_dynamic(x, 0)
+    with caplog.at_level(logging.INFO, logger="graphkv.runtime.capture.size_guards"):
+        compiled(x)
+    # Dynamo writes the range as one expression, its lower bound from 0/1 specialisation with the code's bound
+    assert keep.kept == [("2 <= L['x'].size()[0] and L['x'].size()[0] <= 512",)]
+    logged = [r.getMessage() for r in caplog.records if "keeps its shape guard" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].endswith("holds: 2 <= L['x'].size()[0] and L['x'].size()[0] <= 512")
+    torch._dynamo.reset()
+    dropped = step_size_guard_filter(("x",))
+    torch.compile(_rms, backend=_counting_backend([]), options={"guard_filter_fn": dropped})(x, torch.ones(8))
+    assert dropped.kept == []
