@@ -245,7 +245,11 @@ class PagedModel(torch.nn.Module):
         name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
         fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
         # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
-        self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS)  # .kept: shape guards kept, each a retrace
+        # (a GPU's Triton kernels add 32-bit indexing bounds on the step's sizes: dropped where the largest step the
+        # plan admits holds them; .kept: the shape guards kept, each a retrace)
+        limits = self.plan.limits
+        self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS, step_sized=STEP_SIZED_INPUTS,
+                                                  max_step=max(limits.max_num_batched_tokens, limits.max_num_seqs))
         options = {"guard_filter_fn": self.size_guards}
         return (torch.compile(fresh, options=options) if self.piecewise is None
                 else torch.compile(fresh, backend=self.piecewise, options=options))
@@ -377,6 +381,9 @@ def _mark_step_dynamic(tensor: torch.Tensor, dim: int) -> None:
 STEP_SIZE_INPUTS = ("input_ids", "position_ids")
 """The compiled forward's inputs built together for a step (one length, contiguous): the equalities of their sizes and
 strides in the shape guard hold by construction, so the guard may be dropped (``step_size_guard_filter``)."""
+STEP_SIZED_INPUTS = ("input_ids", "position_ids", "logits_to_keep")
+"""The compiled forward's inputs sized by the step (its tokens, or its logits rows): never larger than the plan's
+``max_num_batched_tokens`` (tokens) or ``max_num_seqs`` (rows), which bound the upper-bound guards the filter drops."""
 PIECEWISE_SPLITTING_OPS = ("graphkv::attention", "graphkv::state_mixer")
 """Where ``compile="piecewise"`` cuts the forward: attention and recurrent mixers run between the
 captured pieces (their work depends on the step's batch)."""

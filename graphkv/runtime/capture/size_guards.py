@@ -24,6 +24,16 @@ is kept. What no guard shows: a branch on ``size == 1`` that Dynamo decided from
 ``torch._check(size >= 2)`` writes the same ``2 <= size`` and is dropped with it. A forward that served 1-token
 steps differently that way would now serve them as it serves larger ones; the hf tests check the core families'
 tokens against transformers' ``generate`` through batch-1 decode steps, which run on that one trace.
+
+On a GPU the shape guard holds more: Inductor's Triton code generator (the GPU's; a CPU's C++ one does not) proves
+that each kernel may index in 32 bits and writes that proof as guards on the step's size, ``64*tokens <=
+2147483647`` for a kernel over 64 values per token, and Dynamo then writes the size's range as ``2 <= tokens and
+tokens <= 2147483647`` (torch 2.11 and 2.13: ``SIMDScheduling.can_use_32bit_indexing``). That kept the whole guard,
+and an H100 traced graphkv.hf's forward twice (2026-11-27) where a CPU traced it once. Such an upper bound is
+dropped too, but only on a size of an input the caller names as step-sized and only when it holds at the largest
+step the caller will run (``max_step``): ``c * max_step <= N``. It then holds at every step size from 1 to
+``max_step``, so dropping it changes nothing (no index passes 2**31 - 1). A model whose largest step would overflow
+32-bit indexing (a 152k vocabulary's logits over 16k rows) keeps the guard and traces again, as before.
 """
 
 from __future__ import annotations
@@ -39,22 +49,45 @@ logger = logging.getLogger(__name__)
 _ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
 _LOWER_BOUND = re.compile(rf"^2 <= {_ACCESS}$")
 _EQUALITY = re.compile(rf"^{_ACCESS} == {_ACCESS}$")
+_SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.size\(\)\[\d+\]"
+_UPPER_BOUND = re.compile(rf"^(?:(\d+)\*)?{_SIZE} <= (\d+)$")  # Inductor's 32-bit indexing proof
+_RANGE = re.compile(rf"^2 <= {_SIZE} and {_SIZE} <= (\d+)$")  # Dynamo's range of a size bounded both ways
 
 
-def droppable_shape_guard(expressions: Sequence[str], built_together: Collection[str]) -> bool:
-    """Whether a shape guard of these Python ``expressions`` (Dynamo's guard code, e.g.
-    ``"2 <= L['kwargs']['input_ids'].size()[1]"``) only says what 0/1 specialisation and the inputs'
-    construction say: each is a lower bound of 2 on a size, stride or offset, or an equality between sizes / strides of
-    inputs named in ``built_together``. An empty list is not droppable (nothing to drop). Host only."""
-    if not expressions:
+def _droppable(expression: str, built_together: Collection[str], step_sized: Collection[str],
+               max_step: int | None) -> bool:
+    """Whether one expression of a shape guard is droppable (see :func:`droppable_shape_guard`)."""
+    if _LOWER_BOUND.match(expression):
+        return True
+    equality = _EQUALITY.match(expression)
+    if equality is not None:
+        return set(equality.groups()) <= set(built_together)
+    if max_step is None:
         return False
-    for expression in expressions:
-        if _LOWER_BOUND.match(expression):
-            continue
-        equality = _EQUALITY.match(expression)
-        if equality is None or not set(equality.groups()) <= set(built_together):
-            return False
-    return True
+    bound = _UPPER_BOUND.match(expression)
+    if bound is not None:
+        return bound.group(2) in step_sized and int(bound.group(1) or 1) * max_step <= int(bound.group(3))
+    both = _RANGE.match(expression)
+    return (both is not None and both.group(1) == both.group(2) and both.group(1) in step_sized
+            and max_step <= int(both.group(3)))
+
+
+def droppable_shape_guard(expressions: Sequence[str], built_together: Collection[str], *,
+                          step_sized: Collection[str] = (), max_step: int | None = None) -> bool:
+    """Whether a shape guard of these Python ``expressions`` (Dynamo's guard code, e.g.
+    ``"2 <= L['kwargs']['input_ids'].size()[1]"``) only says what 0/1 specialisation, the inputs' construction and
+    the step's largest size say: each is a lower bound of 2 on a size, stride or offset; an equality between sizes /
+    strides of inputs named in ``built_together``; or, with ``max_step``, an upper bound ``c * size <= N`` (or the
+    range ``2 <= size and size <= N``) on a size of an input named in ``step_sized`` that holds at ``size =
+    max_step``. An empty list is not droppable (nothing to drop). Host only.
+
+    >>> ids = "L['kwargs']['input_ids'].size()[1]"
+    >>> droppable_shape_guard([f"2 <= {ids}", f"64*{ids} <= 2147483647"], (), step_sized=("input_ids",), max_step=8192)
+    True
+    >>> droppable_shape_guard([f"64*{ids} <= 2147483647"], (), step_sized=("input_ids",), max_step=2**26)
+    False
+    """
+    return bool(expressions) and all(_droppable(e, built_together, step_sized, max_step) for e in expressions)
 
 
 class StepSizeGuardFilter:
@@ -67,8 +100,9 @@ class StepSizeGuardFilter:
     INFO: the expressions that are not 0/1 specialisation say why a later step size traces the forward again (an
     H100 traced graphkv.hf's forward twice where a CPU traced it once, 2026-11-27)."""
 
-    def __init__(self, built_together: Collection[str]) -> None:
-        self.built_together = tuple(built_together)
+    def __init__(self, built_together: Collection[str], *, step_sized: Collection[str] = (),
+                 max_step: int | None = None) -> None:
+        self.built_together, self.step_sized, self.max_step = tuple(built_together), tuple(step_sized), max_step
         self.kept: list[tuple[str, ...]] = []
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
@@ -79,16 +113,19 @@ class StepSizeGuardFilter:
                 decisions.append(True)
                 continue
             code = tuple(getattr(entry.orig_guard, "code_list", None) or ())
-            drop = droppable_shape_guard(code, self.built_together)
+            drop = droppable_shape_guard(code, self.built_together, step_sized=self.step_sized,
+                                         max_step=self.max_step)
             if not drop and code:
                 self.kept.append(code)
-                other = [c for c in code if not _LOWER_BOUND.match(c)]
+                other = [c for c in code if not _droppable(c, self.built_together, self.step_sized, self.max_step)]
                 logger.info("graphkv: the compiled forward keeps its shape guard (a step outside it traces the "
-                            "forward again); beyond 0/1 specialisation it holds: %s", "; ".join(other))
+                            "forward again); what it holds beyond the droppable: %s", "; ".join(other))
             decisions.append(not drop)
         return decisions
 
 
-def step_size_guard_filter(built_together: Collection[str]) -> StepSizeGuardFilter:
-    """A :class:`StepSizeGuardFilter` for the inputs ``built_together`` (by name)."""
-    return StepSizeGuardFilter(built_together)
+def step_size_guard_filter(built_together: Collection[str], *, step_sized: Collection[str] = (),
+                           max_step: int | None = None) -> StepSizeGuardFilter:
+    """A :class:`StepSizeGuardFilter` for the inputs ``built_together`` (by name), dropping upper bounds on the sizes of
+    ``step_sized`` inputs that hold at ``max_step`` (the largest step size the caller runs)."""
+    return StepSizeGuardFilter(built_together, step_sized=step_sized, max_step=max_step)

@@ -84,8 +84,55 @@ def test_a_kept_shape_guard_is_recorded_and_logged(caplog):
     # Dynamo writes the range as one expression, its lower bound from 0/1 specialisation with the code's bound
     assert keep.kept == [("2 <= L['x'].size()[0] and L['x'].size()[0] <= 512",)]
     logged = [r.getMessage() for r in caplog.records if "keeps its shape guard" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].endswith("holds: 2 <= L['x'].size()[0] and L['x'].size()[0] <= 512")
+    assert len(logged) == 1 and logged[0].endswith("beyond the droppable: 2 <= L['x'].size()[0] and L['x'].size()[0] "
+                                                   "<= 512")
     torch._dynamo.reset()
     dropped = step_size_guard_filter(("x",))
     torch.compile(_rms, backend=_counting_backend([]), options={"guard_filter_fn": dropped})(x, torch.ones(8))
     assert dropped.kept == []
+
+
+W64 = torch.linspace(-1.0, 1.0, 64 * 64).reshape(64, 64)
+
+
+def _step(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    x = ids.float().unsqueeze(-1) * W64[0] + pos.float().unsqueeze(-1)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return torch.nn.functional.silu(x @ W64)
+
+
+def test_the_gpus_triton_kernels_bound_the_step_and_the_filter_drops_what_the_largest_step_holds():
+    """Inductor's Triton code generator (the GPU's, here on a CPU: ``cpu_backend="triton"``; Triton's own compile
+    then fails for want of a GPU driver, after the guards are written, and the piece runs eagerly) proves 32-bit
+    indexing with guards ``c*tokens <= 2147483647``. Without ``max_step`` they keep the shape guard and a 1-token step
+    traces again (2 traces: the H100's 2026-11-27 retrace); with the plan's largest step (8192) they are dropped and
+    5-, 1- and 3-token steps run one trace with eager's values; with a largest step whose indices would pass 2**31
+    (2**26 tokens x 64) the guard is kept."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def inductor_or_eager(graphs: list[torch.fx.GraphModule]):
+        def backend(gm: torch.fx.GraphModule, example_inputs):
+            graphs.append(gm)
+            try:
+                return compile_fx(gm, example_inputs)
+            except Exception:  # noqa: BLE001 - no GPU driver: Triton cannot compile here
+                return gm.forward
+        return backend
+
+    traces, kept = {}, {}
+    with torch._inductor.config.patch(cpu_backend="triton"):
+        for max_step in (None, 8192, 2 ** 26):
+            torch._dynamo.reset()
+            graphs: list[torch.fx.GraphModule] = []
+            guards = step_size_guard_filter(("ids", "pos"), step_sized=("ids", "pos"), max_step=max_step)
+            compiled = torch.compile(_step, backend=inductor_or_eager(graphs), options={"guard_filter_fn": guards})
+            for n in (5, 1, 3):
+                ids, pos = torch.arange(n).view(1, n), torch.arange(n).view(1, n) + 7
+                for t in (ids, pos):
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+                torch.testing.assert_close(compiled(ids, pos), _step(ids, pos))
+            traces[max_step], kept[max_step] = len(graphs), guards.kept
+    torch._dynamo.reset()
+    assert traces == {None: 2, 8192: 1, 2 ** 26: 2}
+    assert "64*L['ids'].size()[1] <= 2147483647" in kept[None][0] and kept[8192] == []
+    assert "64*L['ids'].size()[1] <= 2147483647" in kept[2 ** 26][0]
