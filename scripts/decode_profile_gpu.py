@@ -129,7 +129,7 @@ def profile_mode(mode: str, *, layers: int, batch: int, context: int, steps: int
         if mode == UNBACKED:  # the marks of the sixth to eighth sessions
             paged_model._mark_step_dynamic = torch._dynamo.decorators.mark_unbacked
         else:  # every guard kept: Dynamo traces 1-token steps again
-            paged_model.step_size_guard_filter = lambda built_together: None
+            paged_model.step_size_guard_filter = lambda *args, **kwargs: None
     torch.manual_seed(0)
     widths = {**GPU_MODEL, "num_hidden_layers": layers} if device == "cuda" else {"num_hidden_layers": layers}
     with torch.device(device):
