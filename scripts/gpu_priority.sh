@@ -39,7 +39,7 @@
 #  11 bisect-fused    graphkv.hf serving on the 0.9B model's widths (2 layers): the benchmark's flow, compile="fused"
 #                     and graphkv after transformers' reduce-overhead generate (the H100's illegal memory access);
 #                     failed when a variant fails
-#  12 float32-tokens  the 0.94B model in float32 at batch 1 and 8: graphkv's greedy tokens against generate's
+#  12 float32-tokens  the 0.94B model in float32 at batch 1 and 8, fused: graphkv's greedy tokens against generate's
 #  13 serving-merged  step 3 with merge_projections=True (the batch-1 profile measured it 0.83x the step's wall time,
 #                     2026-11-27): whether it becomes the default
 # A lent machine's 15 minutes held one run of --only 2,1,3,6,7,12,4,5 on 2026-11-27 (with its start, about 560 s);
@@ -96,7 +96,7 @@ STEPS=(
   "hf-tests-fused|300|120|GRAPHKV_GPU_COMPILE=fused python -m pytest -q -p no:cacheprovider -rf --tb=line tests/hf -k cuda"
   "memory-full-depth|300|120|python -m graphkv.cli bench memory --model llama-3.1-8b --full-depth --out $Q_OUT/bench_memory_full_depth"
   "bisect-fused|280|90|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90; r=\$?; ! grep -qE 'FAIL|TIMEOUT|no verdict' \"\$LOG\" || { echo 'gpu_priority.sh: a variant failed' >&2; r=1; }; exit \$r"
-  "float32-tokens|200|120|python benchmarks/gpu_serving.py --gpu --dtype float32 --batches 1,8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --out $Q_OUT/gpu_serving_float32.json"
+  "float32-tokens|200|120|python benchmarks/gpu_serving.py --gpu --dtype float32 --batches 1,8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --compile fused --out $Q_OUT/gpu_serving_float32.json"
   "serving-merged|170|120|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --merge-projections --out $Q_OUT/gpu_serving_merged.json"
 )
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
