@@ -91,7 +91,9 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mamba-ssm-dtype", metavar="DTYPE", type=nonempty("a dtype, e.g. float32"),
                    help="Mamba / gated-delta state dtype (default: the model's)")
     g.add_argument("--attention-backend", metavar="NAME", type=nonempty("a backend name"),
-                   help="attention backend of non-MLA layers, e.g. flash_attn, flex, flashinfer, triton_paged")
+                   help="attention backend, e.g. flash_attn, flex, flashinfer, triton_paged for attention layers, or "
+                        "flash_attn_mla, flashmla, triton_mla for MLA layers (default: flash_attn; MLA: flash_attn_mla, "
+                        "flashmla for fp8 caches and indexed MLA, as vLLM 0.33 picks on sm_90)")
 
 
 def _add_budget_flags(p: argparse.ArgumentParser) -> None:

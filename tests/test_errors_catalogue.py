@@ -225,7 +225,7 @@ CASES = [
          fixed=lambda: ModelKV.from_specs("m", [(FULL, "flash_attn")])),
     Case("mla-layer-non-mla-backend",
          lambda: ModelKV.from_specs("m", [(MLASpec(kv_lora_rank=512, rope_dim=64), "flash_attn")]),
-         SpecError, "layers[0].backend", "flash_attn", "use 'flashmla' / 'triton_mla'",
+         SpecError, "layers[0].backend", "flash_attn", "use 'flash_attn_mla' / 'flashmla' / 'triton_mla'",
          fixed=lambda: ModelKV.from_specs("m", [(MLASpec(kv_lora_rank=512, rope_dim=64), "triton_mla")])),
     Case("duplicate-layer-names",
          lambda: ModelKV(name="m", layers=[LayerDecl(index=0, name="attn", spec=FULL, backend="flash_attn"),

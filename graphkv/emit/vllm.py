@@ -39,7 +39,8 @@ _DEFAULT_MODE = CudaGraphMode.FULL_AND_PIECEWISE
 _KEEP_CHUNKED_HYBRID = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
 _BIG_GPU_BYTES = 70 << 30  # get_batch_defaults: >= 70 GiB and not an A100 -> the larger defaults
 _BACKEND_NAMES = {"flash_attn": "FLASH_ATTN", "flashinfer": "FLASHINFER", "flex": "FLEX_ATTENTION",
-                  "triton_paged": "TRITON_ATTN", "flashmla": "FLASHMLA", "triton_mla": "TRITON_MLA"}
+                  "triton_paged": "TRITON_ATTN", "flashmla": "FLASHMLA", "triton_mla": "TRITON_MLA",
+                  "flash_attn_mla": "FLASH_ATTN_MLA"}
 
 
 @attrs.frozen(kw_only=True)

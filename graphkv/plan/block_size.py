@@ -14,13 +14,15 @@ import attrs
 from graphkv.errors import PlanError, Problem
 from graphkv.plan.plan import BlockSizeChoice
 from graphkv.spec._checks import cdiv
-from graphkv.spec.layers import MambaCacheMode, MambaSpec
+from graphkv.spec.layers import LayerKind, MambaCacheMode, MambaSpec
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import LayerDecl, ModelKV
 
 __all__ = ["choose_block_size", "pad_mamba_layers"]
 
 DEFAULT_BLOCK_SIZE = 16
+MLA_HYBRID_ALIGNMENT = 128
+"""Tokens a hybrid (attention + Mamba) model's page is a multiple of when its attention is MLA (vLLM 0.33)."""
 
 
 def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
@@ -59,9 +61,16 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
                                mamba_state_bytes=real_state_bytes, mamba_page_bytes=state_bytes)
 
     bytes_per_token = max(spec.bytes_per_token() for spec in attention_specs)
-    kernel_min = max(backend.smallest_kernel_block_size() for backend in {layer.backend.name: layer.backend
-                                                                          for layer in attention}.values())
-    align = max(kernel_min, block_size)
+    # vLLM 0.33 (Platform._align_hybrid_block_size, commit 4ba787ec9): the first attention backend's smallest kernel
+    # block (or the block size) is the step, at least 128 tokens where the attention is MLA (its TRTLLM / FlashInfer
+    # decode kernels need the page's kernel blocks aligned to 128 tokens); the result is then rounded up to a
+    # multiple of every attention backend's smallest kernel block
+    backends = {layer.backend.name: layer.backend for layer in attention}.values()
+    align = max(attention[0].backend.smallest_kernel_block_size(), block_size)
+    floor = ""
+    if any(spec.kind is LayerKind.MLA for spec in attention_specs) and align < MLA_HYBRID_ALIGNMENT:
+        align, floor = MLA_HYBRID_ALIGNMENT, f" (MLA beside a state: at least {MLA_HYBRID_ALIGNMENT} tokens, as vLLM)"
+    every_kernel = math.lcm(*(backend.smallest_kernel_block_size() for backend in backends))
     mode = limits.mamba_cache_mode
     if mode is MambaCacheMode.ALL:
         chunk = limits.mamba_block_size or max(spec.chunk_size for spec in mamba_specs if isinstance(spec, MambaSpec))
@@ -75,11 +84,15 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
                        f"multiple of lcm(mamba_block_size, kernel alignment {align}) = {step}, which gives {aligned}"),
                 fix=f"set mamba_block_size={aligned} or leave it unset"))
         mamba_bs = aligned
-        how = f"lcm(mamba chunk {chunk}, kernel alignment {align}) = {step}, times cdiv(state tokens, {step})"
+        how = f"lcm(mamba chunk {chunk}, kernel alignment {align}{floor}) = {step}, times cdiv(state tokens, {step})"
     else:
         aligned = align * cdiv(state_bytes, align * bytes_per_token)
         mamba_bs = None
-        how = f"kernel alignment {align} x cdiv({state_bytes} state bytes, {align} x {bytes_per_token} bytes/token)"
+        how = (f"kernel alignment {align}{floor} x cdiv({state_bytes} state bytes, {align} x {bytes_per_token} "
+               f"bytes/token)")
+        if aligned % every_kernel:
+            aligned = every_kernel * cdiv(aligned, every_kernel)
+            how += f", rounded up to a multiple of every backend's smallest kernel block ({every_kernel})"
 
     if aligned > block_size:
         reason += f"; grown to {aligned} so one attention page holds one Mamba state ({how})"

@@ -206,6 +206,10 @@ BUILTIN_BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
         Backend(name="flashinfer", supported_kernel_block_sizes=(16, 32, 64),
                 cudagraph_support=CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE,
                 kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST, stride=StrideOrder.HND)),
+        # FlashAttention 3's MLA kernels (Hopper; bf16 / fp16 caches): vLLM 0.33's first MLA backend on sm_90.
+        Backend(name="flash_attn_mla", supported_kernel_block_sizes=(MultipleOf(16),),
+                cudagraph_support=CudaGraphSupport.UNIFORM_BATCH,
+                kv_layout=KVLayout(order=CacheOrder.LATENT), is_mla=True),
         # FlashMLA decode kernel: fixed 64-token pages.
         Backend(name="flashmla", supported_kernel_block_sizes=(64,),
                 cudagraph_support=CudaGraphSupport.UNIFORM_BATCH,

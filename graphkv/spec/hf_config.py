@@ -21,7 +21,7 @@ Dtypes: the attention / MLA cache uses ``kv_cache_dtype``, else the config's ``t
 ``mamba_ssm_dtype``), else the family's default (Nemotron-H: float32, as vLLM), else the
 variant's (KDA: float32), else the config dtype (``"auto"`` means "not set" everywhere, as in vLLM).
 
-Backends: attention ``flash_attn``, MLA ``flashmla``, indexer keys ``indexer``, Mamba1/Mamba2
+Backends: attention ``flash_attn``, MLA ``flash_attn_mla`` (``flashmla`` for fp8 caches and indexed MLA), indexer keys ``indexer``, Mamba1/Mamba2
 ``mamba``, gated-delta ``gdn``, KDA ``kda``, lightning ``lightning``, short conv ``short_conv``.
 ``attention_backend`` replaces the backend of every non-MLA attention layer (or, when it names
 an MLA backend such as ``triton_mla``, of every MLA layer).
@@ -58,7 +58,10 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 
 _DEFAULT_DTYPE = DType.BFLOAT16
 _ATTENTION_BACKEND = "flash_attn"
-_MLA_BACKEND = "flashmla"
+_MLA_BACKEND = "auto"
+"""MLA layers' backend unless named: vLLM 0.33's first on sm_90 (``CudaPlatform`` priorities, commit 4ba787ec9) —
+``flash_attn_mla`` (16-token kernel blocks) for a bf16 / fp16 cache, ``flashmla`` (64) for an fp8 cache, which
+FlashAttention's MLA kernels do not read, and for indexed (sparse) MLA, whose sm_90 backends take 64-token blocks."""
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 
 

@@ -146,7 +146,7 @@ class ModelKV:
         elif not layer.spec.is_ssm and layer.spec.kind.is_latent != layer.backend.is_mla:
             check.add(f"layers[{i}].backend", layer.backend.name,
                       "MLA and indexer layers need an MLA backend and other attention layers a non-MLA one",
-                      "use 'flashmla' / 'triton_mla' for MLA layers, 'indexer' for indexer keys")
+                      "use 'flash_attn_mla' / 'flashmla' / 'triton_mla' for MLA layers, 'indexer' for indexer keys")
 
     @staticmethod
     def _check_cacheless(check: Checker, i: int, decl: Any) -> None:

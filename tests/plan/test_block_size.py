@@ -152,6 +152,37 @@ def test_kernel_minimum_of_the_attention_backend_sets_the_alignment():
     assert plan.kernel_block_sizes[0] == 320  # 320 = 5 * 64 is itself a MultipleOf(64)
 
 
+def test_mla_beside_a_state_aligns_the_page_to_128_tokens_as_vllm():
+    """vLLM 0.33 (_align_hybrid_block_size): with MLA attention beside a state the step is at least 128 tokens.
+    Kimi-Linear at TP 2 (MLA 512 + 64 bf16 = 1152 B/token on flashmla, kernel 64; KDA state (3, 6144) bf16 +
+    (16, 128, 128) fp32 = 1085440 B): 128 x cdiv(1085440, 128 x 1152) = 1024, where 64 x cdiv(1085440, 64 x 1152)
+    = 960 before."""
+    kda = MambaSpec(shapes=((3, 6144), (16, 128, 128)), dtypes=("bfloat16", "float32"))
+    model = ModelKV.from_specs("mla-hybrid", [(MLASpec(kv_lora_rank=512, rope_dim=64), "flashmla"), (kda, "mamba"),
+                                              (kda, "mamba")])
+    choice = choose_block_size(model, limits())
+    assert choice.block_size == 1024 and choice.mamba_page_bytes == 1024 * 1152
+    assert "kernel alignment 128 (MLA beside a state: at least 128 tokens, as vLLM)" in choice.reason
+    # without MLA the same state beside 1152-byte-per-token attention on a 64-token kernel keeps 960
+    gqa = FullAttentionSpec(num_kv_heads=9, head_size=32, dtype="bfloat16")  # 9 x 64 x 2 = 1152 B/token
+    wide = Backend(name="wide", supported_kernel_block_sizes=(MultipleOf(64),),
+                   cudagraph_support=CudaGraphSupport.ALWAYS, kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    plain = ModelKV.from_specs("gqa-hybrid", [(gqa, wide), (kda, "mamba"), (kda, "mamba")])
+    assert choose_block_size(plain, limits()).block_size == 960
+
+
+def test_the_page_is_a_multiple_of_every_attention_backends_smallest_kernel_block():
+    """vLLM 0.33 steps by the first backend's smallest kernel block (16 here) and rounds the result up to the lcm of
+    every backend's (16 and 40: 80): 16 x cdiv(137216, 16 x 512) = 272 -> 320. Stepping by the largest (40), as
+    graphkv did, gave 280, which no 16-token kernel block divides."""
+    forty = Backend(name="forty", supported_kernel_block_sizes=(MultipleOf(40),),
+                    cudagraph_support=CudaGraphSupport.ALWAYS, kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    model = ModelKV.from_specs("two-backends", [(ATTN, "flash_attn"), (MAMBA, "mamba"), (ATTN, forty), (MAMBA, "mamba")])
+    choice = choose_block_size(model, limits())
+    assert choice.block_size == 320 and 320 % 16 == 0 and 320 % 40 == 0
+    assert "rounded up to a multiple of every backend's smallest kernel block (80)" in choice.reason
+
+
 def test_user_padded_mamba_page_counts_in_alignment_but_not_as_state():
     """A user page_size_padded on the Mamba spec is what must fit; the real state bytes are recorded."""
     padded = MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, page_size_padded=140000)

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+import graphkv
+from graphkv import Budget, Limits
 from graphkv.errors import SpecError
 from graphkv.presets import load_preset_config
 from graphkv.spec import DType, LayerKind, MambaSpec, MLASpec, ModelKV, SlidingWindowSpec
@@ -287,15 +289,25 @@ def test_gpt_oss_without_layer_types_alternates_starting_with_sliding():
 # --- DeepSeek-V3 ---------------------------------------------------------------------------
 
 
-def test_deepseek_v3_is_all_mla_on_flashmla():
-    """DeepSeek-V3: 61 MLA layers of 512 + 64 latent elements on flashmla."""
+def test_deepseek_v3_is_all_mla_on_vllms_first_sm90_backend():
+    """DeepSeek-V3: 61 MLA layers of 512 + 64 latent elements on flash_attn_mla (vLLM 0.33's first MLA backend on
+    sm_90: 16-token pages, 16 x 576 x 2 = 18432 bytes); an fp8 cache, which FlashAttention's MLA kernels do not read,
+    goes to flashmla (64-token pages), as does indexed (sparse) MLA; a named backend is kept."""
     model = model_from_hf_config(_cfg("deepseek-v3"))
     spec = model.layers[0].spec
     assert isinstance(spec, MLASpec) and (spec.kv_lora_rank, spec.rope_dim) == (512, 64)
     assert _kinds(model) == "L" * 61
-    assert {layer.backend.name for layer in model.layers} == {"flashmla"}
-    # 64 tokens * 576 * 2 bytes = 73728
-    assert spec.page_size_bytes(64) == 73728
+    assert {layer.backend.name for layer in model.layers} == {"flash_attn_mla"}
+    plan = graphkv.compile(model, Limits(), Budget.kv_bytes("20GiB"))
+    assert plan.block_size == 16 and plan.groups[0].page_size_bytes == 18432
+    fp8 = model_from_hf_config(_cfg("deepseek-v3"), kv_cache_dtype="fp8")
+    assert {layer.backend.name for layer in fp8.layers} == {"flashmla"}
+    assert graphkv.compile(fp8, Limits(), Budget.kv_bytes("20GiB")).block_size == 64
+    sparse = model_from_hf_config(_cfg("deepseek-v3", num_hidden_layers=4, layer_types=["indexed_attention"] * 4,
+                                       index_head_dim=128, indexer_types=["full", "shared"] * 2))
+    assert {layer.backend.name for layer in sparse.layers} == {"flashmla", "indexer"}
+    named = model_from_hf_config(_cfg("deepseek-v3"), attention_backend="triton_mla")
+    assert {layer.backend.name for layer in named.layers} == {"triton_mla"}
 
 
 def test_deepseek_v3_latent_is_not_sharded_by_tp():

@@ -90,7 +90,7 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
         elif latent is not None:
             assert latent.latent is not None
             for k in range(per_layer):
-                entries.add(i, f"attn{k}" if k else "", latent.latent, opts.mla_backend)
+                entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(opts, latent))
             if role is Role.INDEXED and indexer_owner[i]:
                 entries.add(i, "indexer", latent.indexer, "indexer")
         else:
@@ -125,3 +125,13 @@ def probe_layers(cfg: ConfigReader, opts: Options) -> None:
         MLAReader(cfg, opts, indexed=False)
     else:
         AttentionReader(cfg, opts, {Role.FULL})
+
+
+def mla_backend(opts: Options, latent: MLAReader) -> str:
+    """The MLA layers' backend: the one named, else vLLM 0.33's first on sm_90 for this cache (see
+    ``graphkv.spec.hf_config._MLA_BACKEND``): ``flashmla`` for an fp8 cache or indexed (sparse) MLA, else
+    ``flash_attn_mla``."""
+    if opts.mla_backend != "auto":
+        return opts.mla_backend
+    assert latent.latent is not None
+    return "flashmla" if latent.indexer is not None or latent.latent.dtype.itemsize == 1 else "flash_attn_mla"
