@@ -55,14 +55,16 @@ cd "$(dirname "$0")/.."
 BUDGET=540
 OUT="gpu_priority_out"
 FROM=1
+FROM_SET=0
 ONLY=""
+ONLY_SET=0
 LIST=0
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --budget) BUDGET="${2:-}"; shift ;;
     --out) OUT="${2:-}"; shift ;;
-    --from) FROM="${2:-}"; shift ;;
-    --only) ONLY="${2:-}"; shift ;;
+    --from) FROM="${2:-}"; FROM_SET=1; shift ;;
+    --only) ONLY="${2:-}"; ONLY_SET=1; shift ;;
     --list) LIST=1 ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu_priority.sh: unknown argument '$1' (use --budget S, --out DIR, --from N, --only N,M,..., --list or --help)" >&2
@@ -109,16 +111,26 @@ for step in "${STEPS[@]}"; do
     exit 2
   fi
 done
-if [ -n "$ONLY" ]; then
-  if ! [[ "$ONLY" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+if [ "$ONLY_SET" -eq 1 ]; then  # an empty or malformed list must not fall back to every step
+  if ! [[ "$ONLY" =~ ^[1-9][0-9]{0,2}(,[1-9][0-9]{0,2})*$ ]]; then
     echo "gpu_priority.sh: --only '$ONLY' must be step numbers separated by commas, such as 1,2,3,6" >&2
     exit 2
   fi
+  if [ "$FROM_SET" -eq 1 ]; then
+    echo "gpu_priority.sh: --only and --from both choose the steps; pass one of them" >&2
+    exit 2
+  fi
+  SEEN=","
   for n in ${ONLY//,/ }; do
     if [ "$n" -gt "${#STEPS[@]}" ]; then
       echo "gpu_priority.sh: --only names step $n, past the last step (${#STEPS[@]}); see --list" >&2
       exit 2
     fi
+    if [[ "$SEEN" == *",$n,"* ]]; then
+      echo "gpu_priority.sh: --only names step $n twice (its log would be overwritten); name each step once" >&2
+      exit 2
+    fi
+    SEEN+="$n,"
   done
 fi
 if [ "$FROM" -gt "${#STEPS[@]}" ]; then
@@ -169,7 +181,7 @@ write_summary() {
 }
 
 ORDER=()
-if [ -n "$ONLY" ]; then
+if [ "$ONLY_SET" -eq 1 ]; then
   ORDER=(${ONLY//,/ })
 else
   for ((i = FROM; i <= ${#STEPS[@]}; i++)); do ORDER+=("$i"); done

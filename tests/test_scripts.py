@@ -340,8 +340,8 @@ def test_gpu_priority_runs_every_command_of_a_step_and_the_shorter_steps_that_fi
 
 
 def test_gpu_priority_only_runs_the_named_steps_in_the_named_order(tmp_path: Path) -> None:
-    """--only 3,1 runs step 3 then step 1 and nothing else (the summary's rows and the logs say so); a malformed list
-    or a step past the last is refused with exit code 2."""
+    """--only 3,1 runs step 3 then step 1 and nothing else (the summary's rows and the logs say so); a malformed or
+    empty list, a step past the last or named twice, and --only with --from are refused with exit code 2."""
     steps = "one|10|1|echo one ran\ntwo|10|1|echo two ran\nthree|10|1|echo three ran"
     env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -352,9 +352,14 @@ def test_gpu_priority_only_runs_the_named_steps_in_the_named_order(tmp_path: Pat
     assert [(row[1].strip(), row[2].strip(), row[3].strip()) for row in rows] == [("3", "three", "pass"),
                                                                                   ("1", "one", "pass")]
     assert sorted(path.name for path in tmp_path.glob("*.log")) == ["1-one.log", "3-three.log"]
-    for only, text in (("1,,2", "--only '1,,2' must be step numbers separated by commas"),
-                       ("2,4", "--only names step 4, past the last step (3)")):
-        refused = subprocess.run(["bash", str(GPU_PRIORITY), "--only", only], capture_output=True, text=True,
+    for argv, text in ((["--only", "1,,2"], "--only '1,,2' must be step numbers separated by commas"),
+                       (["--only", "2,4"], "--only names step 4, past the last step (3)"),
+                       (["--only", ""], "--only '' must be step numbers"),  # not every step
+                       (["--only"], "--only '' must be step numbers"),
+                       (["--only", "1,1"], "--only names step 1 twice"),
+                       (["--only", "99999999999999999999"], "must be step numbers"),
+                       (["--only", "1", "--from", "2"], "--only and --from both choose the steps")):
+        refused = subprocess.run(["bash", str(GPU_PRIORITY), *argv], capture_output=True, text=True,
                                  env=env, timeout=60, cwd=tmp_path)
         assert refused.returncode == 2 and text in refused.stderr, refused.stderr
 

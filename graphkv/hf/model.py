@@ -114,6 +114,9 @@ class PagedModel(torch.nn.Module):
     ``kernels`` resolves to Triton; with torch's kernels nothing is routed. Off by default until an H100 measures it
     faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
+    :attr:`size_guards` (compiled forwards: ``"model"``, ``"piecewise"``, ``"fused"``) is the guard filter that lets
+    one trace serve every step size (:mod:`graphkv.runtime.capture.size_guards`); its ``kept`` lists the shape guards
+    it kept, each of which traces the forward again for a step outside it.
     :attr:`step_dependent_rope`: the rope type (``"dynamic"``, ``"longrope"``) of a model whose rotary frequencies
     transformers picks per forward call from its longest position, else ``None``; a step is one call, so a
     request's logits then follow the longest request of its step (logged as a warning at set-up).
@@ -312,8 +315,12 @@ class PagedModel(torch.nn.Module):
         """Logits of the step's packed tokens (see the class docstring for the rows). Runs inside a
         step's forward context; builds the flex masks once (inside a captured graph the replay
         rebuilds them). Capture-safe."""
-        ctx = current_context()
         num_tokens = input_ids.shape[0]
+        if num_tokens > self.plan.limits.max_num_batched_tokens:  # the bound the compiled forward's guards rely on
+            raise SpecError(Problem(field="input_ids", value=f"{num_tokens} tokens",
+                                    limit=f"the plan's max_num_batched_tokens={self.plan.limits.max_num_batched_tokens}",
+                                    fix="run steps from a Step of this model's plan (it splits longer batches)"))
+        ctx = current_context()
         shape = current_shape()
         decode = shape is not None and shape.uniform
         # A one-token decode step on the decode kernel reads the block tables directly: no mask to build.

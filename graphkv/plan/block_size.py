@@ -74,17 +74,19 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     mode = limits.mamba_cache_mode
     if mode is MambaCacheMode.ALL:
         chunk = limits.mamba_block_size or max(spec.chunk_size for spec in mamba_specs if isinstance(spec, MambaSpec))
-        step = math.lcm(chunk, align)
+        step = math.lcm(chunk, align, every_kernel)
         aligned = step * cdiv(cdiv(state_bytes, bytes_per_token), step)
         if limits.mamba_block_size is not None and limits.mamba_block_size != aligned:
             raise PlanError(Problem(
                 field="mamba_block_size", value=limits.mamba_block_size,
                 limit=(f"with mamba_cache_mode='all' one attention page must hold a whole Mamba state "
                        f"({state_bytes} bytes = {cdiv(state_bytes, bytes_per_token)} tokens of attention) and be a "
-                       f"multiple of lcm(mamba_block_size, kernel alignment {align}) = {step}, which gives {aligned}"),
+                       f"multiple of lcm(mamba_block_size, kernel alignment {align}{floor}, every backend's smallest "
+                       f"kernel block {every_kernel}) = {step}, which gives {aligned}"),
                 fix=f"set mamba_block_size={aligned} or leave it unset"))
         mamba_bs = aligned
-        how = f"lcm(mamba chunk {chunk}, kernel alignment {align}{floor}) = {step}, times cdiv(state tokens, {step})"
+        how = (f"lcm(mamba chunk {chunk}, kernel alignment {align}{floor}, every backend's smallest kernel block "
+               f"{every_kernel}) = {step}, times cdiv(state tokens, {step})")
     else:
         aligned = align * cdiv(state_bytes, align * bytes_per_token)
         mamba_bs = None

@@ -61,7 +61,9 @@ _ATTENTION_BACKEND = "flash_attn"
 _MLA_BACKEND = "auto"
 """MLA layers' backend unless named: vLLM 0.33's first on sm_90 (``CudaPlatform`` priorities, commit 4ba787ec9) —
 ``flash_attn_mla`` (16-token kernel blocks) for a bf16 / fp16 cache, ``flashmla`` (64) for an fp8 cache, which
-FlashAttention's MLA kernels do not read, and for indexed (sparse) MLA, whose sm_90 backends take 64-token blocks."""
+FlashAttention's MLA kernels do not read, and for indexed (sparse) MLA, whose sm_90 backends take 64-token blocks;
+``triton_mla`` for a float32 cache (``graphkv.spec.hf.build.mla_backend``). It assumes an sm_90 GPU whatever
+``--gpu`` names (a B200's vLLM picks FlashInfer's MLA)."""
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 
 

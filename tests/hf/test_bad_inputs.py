@@ -360,3 +360,11 @@ def test_capture_graphs_must_be_a_bool():
     with pytest.raises(SpecError, match=r"^capture_graphs='no': must be a bool"):
         ServingLoop(tiny_model("qwen3"), limits=Limits(max_model_len=64), budget=Budget.kv_bytes("1MiB"),
                     capture_graphs="no")
+
+
+def test_a_step_longer_than_the_plan_is_refused_before_the_compiled_forward(loop) -> None:
+    """The compiled forward's guards may rely on the plan's largest step (size_guards drops 32-bit indexing bounds
+    that hold there): a step of more tokens than max_num_batched_tokens (a Step of another plan) is refused naming
+    the tokens and the limit."""
+    with pytest.raises(SpecError, match=r"input_ids='65 tokens': the plan's max_num_batched_tokens=64"):
+        loop.model(torch.zeros(65, dtype=torch.long))

@@ -154,7 +154,7 @@ def test_kernel_minimum_of_the_attention_backend_sets_the_alignment():
 
 def test_mla_beside_a_state_aligns_the_page_to_128_tokens_as_vllm():
     """vLLM 0.33 (_align_hybrid_block_size): with MLA attention beside a state the step is at least 128 tokens.
-    Kimi-Linear at TP 2 (MLA 512 + 64 bf16 = 1152 B/token on flashmla, kernel 64; KDA state (3, 6144) bf16 +
+    Kimi-Linear at TP 2 (MLA 512 + 64 bf16 = 1152 B/token, here on flashmla, kernel 64; KDA state (3, 6144) bf16 +
     (16, 128, 128) fp32 = 1085440 B): 128 x cdiv(1085440, 128 x 1152) = 1024, where 64 x cdiv(1085440, 64 x 1152)
     = 960 before."""
     kda = MambaSpec(shapes=((3, 6144), (16, 128, 128)), dtypes=("bfloat16", "float32"))
@@ -181,6 +181,10 @@ def test_the_page_is_a_multiple_of_every_attention_backends_smallest_kernel_bloc
     choice = choose_block_size(model, limits())
     assert choice.block_size == 320 and 320 % 16 == 0 and 320 % 40 == 0
     assert "rounded up to a multiple of every backend's smallest kernel block (80)" in choice.reason
+    # mode 'all' (graphkv's, after vLLM's newer main): C = lcm(chunk 256, 16, 80) = 1280; B = 1280 x cdiv(268, 1280)
+    every = compile_plan(model, limits(mamba_cache_mode="all"), Budget.kv_bytes("1GiB"))
+    assert every.block_size == every.block.mamba_block_size == 1280
+    assert "every backend's smallest kernel block 80) = 1280" in every.block.reason
 
 
 def test_user_padded_mamba_page_counts_in_alignment_but_not_as_state():

@@ -19,7 +19,7 @@ from graphkv import (AUTO, Budget, CapacityError, ChunkedLocalSpec, CudaGraphMod
 from graphkv.spec.budget import KNOWN_GPUS
 
 ATTENTION_BACKENDS = ("flash_attn", "flashinfer", "flex", "triton_paged")
-MLA_BACKENDS = ("flashmla", "triton_mla")
+MLA_BACKENDS = ("flash_attn_mla", "flashmla", "triton_mla")
 STATE_BACKENDS = ("mamba", "gdn", "kda", "lightning", "short_conv")
 ATTENTION_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 STATE_DTYPES = ("bfloat16", "float16", "float32")

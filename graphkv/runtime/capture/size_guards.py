@@ -49,9 +49,9 @@ logger = logging.getLogger(__name__)
 _ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
 _LOWER_BOUND = re.compile(rf"^2 <= {_ACCESS}$")
 _EQUALITY = re.compile(rf"^{_ACCESS} == {_ACCESS}$")
-_SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.size\(\)\[\d+\]"
+_SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.size\(\)\[(\d+)\]"
 _UPPER_BOUND = re.compile(rf"^(?:(\d+)\*)?{_SIZE} <= (\d+)$")  # Inductor's 32-bit indexing proof
-_RANGE = re.compile(rf"^2 <= {_SIZE} and {_SIZE} <= (\d+)$")  # Dynamo's range of a size bounded both ways
+_RANGE = re.compile(rf"^2 <= {_SIZE} and {_SIZE} <= (\d+)$")  # Dynamo's range of one size bounded both ways
 
 
 def _droppable(expression: str, built_together: Collection[str], step_sized: Collection[str],
@@ -66,10 +66,10 @@ def _droppable(expression: str, built_together: Collection[str], step_sized: Col
         return False
     bound = _UPPER_BOUND.match(expression)
     if bound is not None:
-        return bound.group(2) in step_sized and int(bound.group(1) or 1) * max_step <= int(bound.group(3))
-    both = _RANGE.match(expression)
-    return (both is not None and both.group(1) == both.group(2) and both.group(1) in step_sized
-            and max_step <= int(both.group(3)))
+        return bound.group(2) in step_sized and int(bound.group(1) or 1) * max_step <= int(bound.group(4))
+    both = _RANGE.match(expression)  # the same input and dimension on both sides
+    return (both is not None and both.group(1, 2) == both.group(3, 4) and both.group(1) in step_sized
+            and max_step <= int(both.group(5)))
 
 
 def droppable_shape_guard(expressions: Sequence[str], built_together: Collection[str], *,

@@ -26,6 +26,7 @@ from graphkv.spec.hf.families import Family
 from graphkv.spec.hf.layout import Layout, Role, has_attention_heads, has_state_fields
 from graphkv.spec.hf.mla import MLAReader, is_mla
 from graphkv.spec.hf.states import STATE_BACKENDS, read_conv_state, read_state
+from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import KVSharedSpec, MambaSpec, NoCacheSpec
 from graphkv.spec.model import CachelessDecl, LayerDecl
 
@@ -129,9 +130,13 @@ def probe_layers(cfg: ConfigReader, opts: Options) -> None:
 
 def mla_backend(opts: Options, latent: MLAReader) -> str:
     """The MLA layers' backend: the one named, else vLLM 0.33's first on sm_90 for this cache (see
-    ``graphkv.spec.hf_config._MLA_BACKEND``): ``flashmla`` for an fp8 cache or indexed (sparse) MLA, else
-    ``flash_attn_mla``."""
+    ``graphkv.spec.hf_config._MLA_BACKEND``): ``flashmla`` for indexed (sparse) MLA and for an fp8 cache (vLLM's
+    FlashMLA reads e4m3; an e5m2 cache plans the same pages), ``triton_mla`` for a float32 cache (which neither
+    FlashAttention's nor FlashMLA's kernels read), else (bf16 / fp16) ``flash_attn_mla``."""
     if opts.mla_backend != "auto":
         return opts.mla_backend
     assert latent.latent is not None
-    return "flashmla" if latent.indexer is not None or latent.latent.dtype.itemsize == 1 else "flash_attn_mla"
+    dtype = latent.latent.dtype
+    if latent.indexer is not None or dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2):
+        return "flashmla"
+    return "triton_mla" if dtype is DType.FLOAT32 else "flash_attn_mla"

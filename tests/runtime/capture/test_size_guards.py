@@ -27,6 +27,16 @@ def test_lower_bounds_and_equalities_of_inputs_built_together_are_droppable():
     assert not droppable_shape_guard([f"{IDS}.size()[1] != 1"], built)
     assert not droppable_shape_guard([f"{IDS}.size()[1] <= 512"], built)
     assert not droppable_shape_guard([], built)
+    # upper bounds: only on a step-sized input's size, holding at max_step, one size per expression
+    sized = {"step_sized": ("input_ids",), "max_step": 8192}
+    assert droppable_shape_guard([f"64*{IDS}.size()[1] <= 2147483647", f"{IDS}.size()[1] <= 8192"], (), **sized)
+    assert droppable_shape_guard([f"2 <= {IDS}.size()[1] and {IDS}.size()[1] <= 2147483647"], (), **sized)
+    assert not droppable_shape_guard([f"64*{IDS}.size()[1] <= 2147483647"], ())  # no max_step: kept
+    assert not droppable_shape_guard([f"{IDS}.size()[1] <= 8191"], (), **sized)  # fails at the largest step
+    assert not droppable_shape_guard([f"64*{POS}.size()[1] <= 2147483647"], (), **sized)  # not step-sized
+    assert not droppable_shape_guard([f"2 <= {IDS}.size()[1] and {IDS}.size()[0] <= 2147483647"], (), **sized)
+    assert not droppable_shape_guard([f"64*{IDS}.size()[1] + 64 <= 2147483647"], (), **sized)
+    assert not droppable_shape_guard([f"64*{IDS}.stride()[0] <= 2147483647"], (), **sized)
 
 
 def _counting_backend(graphs: list[torch.fx.GraphModule]):
