@@ -42,6 +42,8 @@
 #  12 float32-tokens  the 0.94B model in float32 at batch 1 and 8, fused: graphkv's greedy tokens against generate's
 #  13 serving-merged  step 3 with merge_projections=True (the batch-1 profile measured it 0.83x the step's wall time,
 #                     2026-11-27): whether it becomes the default
+#  14 vs-static-b32   batch 32 against transformers' fastest path (generate with a static cache under torch.compile):
+#                     issue 20's "3x its tokens/s", never measured (its compile takes minutes)
 # A lent machine's 15 minutes held one run of --only 2,1,3,6,7,12,4,5 on 2026-11-27 (with its start, about 560 s);
 # at most 8 files come back from it, so read summary.md from the run's output (cat it last).
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
@@ -100,6 +102,7 @@ STEPS=(
   "bisect-fused|280|90|python scripts/bisect_serving_gpu.py --layers 2 --batch 1 --new 8 --variants bench,fused,after_static_compile --timeout 90; r=\$?; ! grep -qE 'FAIL|TIMEOUT|no verdict' \"\$LOG\" || { echo 'gpu_priority.sh: a variant failed' >&2; r=1; }; exit \$r"
   "float32-tokens|200|120|python benchmarks/gpu_serving.py --gpu --dtype float32 --batches 1,8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --compile fused --out $Q_OUT/gpu_serving_float32.json"
   "serving-merged|170|120|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --merge-projections --out $Q_OUT/gpu_serving_merged.json"
+  "vs-static-b32|300|200|python benchmarks/gpu_serving.py --gpu --batches 32 --new-tokens 64 --repeats 1 --contenders graphkv,generate_static_compiled --compile fused --out $Q_OUT/gpu_serving_static.json"
 )
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
   mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"

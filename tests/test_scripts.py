@@ -272,7 +272,7 @@ GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
-    """--list prints the thirteen steps in order with their limits; a bad budget or an unknown flag is one line on
+    """--list prints the fourteen steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
     subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
@@ -280,7 +280,7 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
         "capture-cuda", "decode-kernel-cuda", "serving-fused", "small-matmul", "profile-b1", "kernel-sweep",
         "demo-hf-fused", "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens",
-        "serving-merged"]
+        "serving-merged", "vs-static-b32"]
     old_format = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60,
                                 env=dict(os.environ, GPU_PRIORITY_STEPS="a|10|true"))  # the former 3 fields
     assert old_format.returncode == 2 and "step 'a' is not 'name|limit seconds|minimum seconds|command'" in \
