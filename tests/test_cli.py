@@ -74,7 +74,7 @@ def test_json_has_every_required_key_with_its_type(capsys: pytest.CaptureFixture
 
 def test_json_equals_compile_on_the_same_inputs(capsys: pytest.CaptureFixture[str]) -> None:
     """The `--json` numbers are exactly those of graphkv.compile on the same model, limits and budget."""
-    code, out, _ = run(capsys, "plan", "--preset", DEFAULT_PRESET, "--kv-memory", "24GiB", "--max-num-seqs", "128",
+    code, out, _ = run(capsys, "plan", "--preset", DEFAULT_PRESET, "--kv-memory", "28GiB", "--max-num-seqs", "128",
                        "--mamba-cache-mode", "align", "--num-speculative-tokens", "2", "--json")
     assert code == 0
     data = json.loads(out)
@@ -82,7 +82,7 @@ def test_json_equals_compile_on_the_same_inputs(capsys: pytest.CaptureFixture[st
     data.pop("budget")
     limits = graphkv.Limits(max_num_seqs=128, mamba_cache_mode="align", num_speculative_tokens=2,
                             tensor_parallel_size=1)
-    expected = graphkv.compile(preset_model(DEFAULT_PRESET), limits, graphkv.Budget.kv_bytes("24GiB"))
+    expected = graphkv.compile(preset_model(DEFAULT_PRESET), limits, graphkv.Budget.kv_bytes("28GiB"))
     assert data == json.loads(json.dumps(expected.to_dict()))
 
 

@@ -71,6 +71,15 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     if any(spec.kind is LayerKind.MLA for spec in attention_specs) and align < MLA_HYBRID_ALIGNMENT:
         align, floor = MLA_HYBRID_ALIGNMENT, f" (MLA beside a state: at least {MLA_HYBRID_ALIGNMENT} tokens, as vLLM)"
     every_kernel = math.lcm(*(backend.smallest_kernel_block_size() for backend in backends))
+    # vLLM 0.33: in mode align a prefill checkpoint lands on a page boundary, when every state layer exports them
+    # (get_mamba_prefill_checkpoint_alignment): the step is a multiple of their alignment
+    alignments = [spec.prefill_checkpoint_alignment for spec in mamba_specs if isinstance(spec, MambaSpec)]
+    if (limits.mamba_cache_mode is MambaCacheMode.ALIGN and len(alignments) == len(mamba_specs)
+            and all(a is not None for a in alignments)):
+        every_checkpoint = math.lcm(*(a for a in alignments if a is not None))
+        if align % every_checkpoint:
+            align = math.lcm(align, every_checkpoint)
+            floor += f" (the lcm with prefill checkpoints every {every_checkpoint} tokens)"
     mode = limits.mamba_cache_mode
     if mode is MambaCacheMode.ALL:
         chunk = limits.mamba_block_size or max(spec.chunk_size for spec in mamba_specs if isinstance(spec, MambaSpec))

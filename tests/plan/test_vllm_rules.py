@@ -75,13 +75,19 @@ def test_mamba2_align_plan_pages_per_request():
     assert plan.capacity.pages_per_request == 26
 
 
-def test_gated_delta_align_plan_keeps_two_pages():
-    """Qwen3-Next (gated-delta, no checkpoint export assumed) in align mode: 16 attention + 3 groups x 2 = 22."""
-    # block 544 (README): cdiv(8192, 544) = 16.
+def test_gated_delta_align_plan_keeps_a_checkpoint_page_on_64_token_multiples():
+    """Qwen3-Next in align mode, as vLLM 0.33 plans it on sm_90 (FlashInfer's GDN prefill exports checkpoints every
+    64 tokens: QwenGatedDeltaNetAttention.get_kv_cache_spec): pages are multiples of lcm(16, 64) = 64 tokens,
+    64 x cdiv(1097728, 64 x 2048) = 576 (544 in mode none), and each gated-delta group keeps 2 + 1 checkpoint pages:
+    cdiv(8192, 576) = 15 attention + 3 groups x 3 = 24. OLMo-Hybrid's gated delta exports none."""
     plan = compile_plan(preset_model("qwen3-next-80b-a3b"), Limits(mamba_cache_mode="align", max_model_len=8192,
                                                                    max_num_seqs=16), GIB20)
-    assert [g.pages_per_request for g in plan.groups] == [2, 2, 2, 16]
-    assert plan.capacity.pages_per_request == 22
+    assert plan.block_size == 576
+    assert [g.pages_per_request for g in plan.groups] == [3, 3, 3, 15]
+    assert plan.capacity.pages_per_request == 24
+    none = compile_plan(preset_model("qwen3-next-80b-a3b"), Limits(mamba_cache_mode="none", max_model_len=8192,
+                                                                   max_num_seqs=16), GIB20)
+    assert none.block_size == 544 and [g.pages_per_request for g in none.groups] == [1, 1, 1, 16]
 
 
 def test_non_divisible_hybrid_attention_page_is_padded_with_its_padding_in_the_ledger():

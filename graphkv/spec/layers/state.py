@@ -68,7 +68,10 @@ class MambaSpec:
     :data:`STATE_VARIANTS`). page bytes = ``sum(prod(shape) * itemsize)`` or ``page_size_padded``
     (the planner pads it to the attention page in hybrid models). ``chunk_size`` is the kernel's
     chunk length in tokens (prefix-caching mode ``all``); ``prefill_checkpoint_pages`` the extra
-    pages mode ``align`` keeps per request (1 for Mamba2, else 0). ``tp_split`` (optional) says
+    pages mode ``align`` keeps per request (1 for Mamba2, else 0); ``prefill_checkpoint_alignment`` (optional) the
+    tokens a prefill checkpoint lands on in mode ``align``, which the page size becomes a multiple of (vLLM 0.33:
+    Qwen's gated-delta layers export checkpoints every 64 tokens with FlashInfer's GDN prefill, its sm_90
+    default). ``tp_split`` (optional) says
     how the shapes split over tensor-parallel ranks (:class:`StateSplit`); at ``tp=1`` it must give
     ``shapes``. Without it the state cannot be sharded (:meth:`per_rank` refuses ``tp > 1``).
     """
@@ -81,6 +84,7 @@ class MambaSpec:
     prefill_checkpoint_pages: int = attrs.field(default=attrs.Factory(_default_checkpoint_pages, takes_self=True),
                                                 converter=as_int)
     tp_split: StateSplit | None = None
+    prefill_checkpoint_alignment: int | None = attrs.field(default=None, converter=as_int)
 
     kind = LayerKind.MAMBA
     is_ssm = True
@@ -111,6 +115,8 @@ class MambaSpec:
             check.add("variant", self.variant, "must be a non-empty name", f"use one of {list(STATE_VARIANTS)}")
         check.positive_int("chunk_size", self.chunk_size)
         check.non_negative_int("prefill_checkpoint_pages", self.prefill_checkpoint_pages)
+        if self.prefill_checkpoint_alignment is not None:
+            check.positive_int("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         if self.page_size_padded is not None and check.positive_int("page_size_padded", self.page_size_padded):
             if not check.problems and self.page_size_padded < self.real_page_size_bytes():
                 check.add("page_size_padded", self.page_size_padded,
