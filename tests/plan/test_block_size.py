@@ -12,7 +12,7 @@ The hybrid model used throughout (numbers from DESIGN step 1):
 import pytest
 
 from graphkv import (Backend, CapacityError, Budget, CacheOrder, CudaGraphSupport, FullAttentionSpec, KVLayout, Limits, MambaSpec,
-                     MLASpec, ModelKV, MultipleOf, PlanError, compile_plan)
+                     MLASpec, ModelKV, MultipleOf, PlanError, SpecError, compile_plan)
 from graphkv.plan.block_size import choose_block_size
 
 ATTN = FullAttentionSpec(num_kv_heads=2, head_size=64, dtype="bfloat16")
@@ -262,3 +262,19 @@ def test_align_mode_counts_two_live_state_pages_per_sequence():
     with pytest.raises(CapacityError, match=r"max_num_seqs=17.*102 pages.*99 usable.*<= 16"):
         compile_plan(hybrid(mamba=gdn), limits(mamba_cache_mode="align", max_num_seqs=17),
                      Budget.kv_bytes(100 * 278528))
+
+
+def test_prefill_checkpoint_alignment_steps_align_mode_pages_when_every_state_declares_it():
+    """Mode 'align' with every state layer declaring prefill checkpoints every 64 tokens (Qwen's gated delta on
+    FlashInfer): K = lcm(16, 64) = 64; B = 64 x cdiv(137216, 64 x 512) = 320 (272 without). Mode 'none' ignores it,
+    so does a model where one state layer declares none; 0 is refused naming the field."""
+    checkpointed = MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, variant="gated_delta",
+                             prefill_checkpoint_pages=1, prefill_checkpoint_alignment=64)
+    assert choose_block_size(hybrid(mamba=checkpointed), limits(mamba_cache_mode="align")).block_size == 320
+    assert "(the lcm with prefill checkpoints every 64 tokens)" in choose_block_size(
+        hybrid(mamba=checkpointed), limits(mamba_cache_mode="align")).reason
+    assert choose_block_size(hybrid(mamba=checkpointed), limits()).block_size == 272
+    mixed = ModelKV.from_specs("mixed", [(ATTN, "flash_attn"), (checkpointed, "gdn"), (MAMBA, "mamba")])
+    assert choose_block_size(mixed, limits(mamba_cache_mode="align")).block_size == 272
+    with pytest.raises(SpecError, match=r"prefill_checkpoint_alignment=0"):
+        MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, prefill_checkpoint_alignment=0)
