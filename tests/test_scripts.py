@@ -271,6 +271,13 @@ def test_decode_profile_sums_kernels_by_kind() -> None:
 GPU_PRIORITY = ROOT / "scripts" / "gpu_priority.sh"
 
 
+def _stand_in_steps(steps: str) -> dict[str, str]:
+    """The environment that runs gpu_priority.sh's ``steps`` (its GPU_PRIORITY_STEPS lines) on a CPU, with this
+    interpreter as its python."""
+    return dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
+                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     """--list prints the fourteen steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
@@ -297,8 +304,7 @@ def test_gpu_priority_stops_at_its_budget_and_writes_the_summary(tmp_path: Path)
     budget less 5 s (TIMEOUT), step 3 is skipped and listed, summary.md holds both rows, the exit status is 1; a
     relative --out is taken from where the script was called, and --from past the last step is refused."""
     steps = "one|10|5|true\nsleeper|100|5|sleep 100\nlast|10|10|true"
-    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # its python is ours
+    env = _stand_in_steps(steps)
     done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "40", "--from", "2", "--out", "out"],
                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -326,8 +332,7 @@ def test_gpu_priority_runs_every_command_of_a_step_and_the_shorter_steps_that_fi
     needing more than is left is skipped while a later, shorter one still runs; summary.md's header is read once."""
     steps = ("two|20|5|r=0; run() { \"$@\" || r=1; }; run false; run echo second ran; exit $r\n"
              "long|50|1000|true\nshort|20|5|echo short ran")
-    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = _stand_in_steps(steps)
     done = subprocess.run(["bash", str(GPU_PRIORITY), "--budget", "60", "--out", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -343,8 +348,7 @@ def test_gpu_priority_only_runs_the_named_steps_in_the_named_order(tmp_path: Pat
     """--only 3,1 runs step 3 then step 1 and nothing else (the summary's rows and the logs say so); a malformed or
     empty list, a step past the last or named twice, and --only with --from are refused with exit code 2."""
     steps = "one|10|1|echo one ran\ntwo|10|1|echo two ran\nthree|10|1|echo three ran"
-    env = dict(os.environ, GPU_PRIORITY_ALLOW_CPU="1", GPU_PRIORITY_STEPS=steps,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = _stand_in_steps(steps)
     done = subprocess.run(["bash", str(GPU_PRIORITY), "--only", "3,1", "--out", str(tmp_path)], capture_output=True,
                           text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -67,9 +67,10 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     # multiple of every attention backend's smallest kernel block
     backends = {layer.backend.name: layer.backend for layer in attention}.values()
     align = max(attention[0].backend.smallest_kernel_block_size(), block_size)
-    floor = ""
+    why_align = ""
     if any(spec.kind is LayerKind.MLA for spec in attention_specs) and align < MLA_HYBRID_ALIGNMENT:
-        align, floor = MLA_HYBRID_ALIGNMENT, f" (MLA beside a state: at least {MLA_HYBRID_ALIGNMENT} tokens, as vLLM)"
+        align = MLA_HYBRID_ALIGNMENT
+        why_align = f" (MLA beside a state: at least {MLA_HYBRID_ALIGNMENT} tokens, as vLLM)"
     every_kernel = math.lcm(*(backend.smallest_kernel_block_size() for backend in backends))
     # vLLM 0.33: in mode align a prefill checkpoint lands on a page boundary, when every state layer exports them
     # (get_mamba_prefill_checkpoint_alignment): the step is a multiple of their alignment
@@ -79,7 +80,7 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
         every_checkpoint = math.lcm(*(a for a in alignments if a is not None))
         if align % every_checkpoint:
             align = math.lcm(align, every_checkpoint)
-            floor += f" (the lcm with prefill checkpoints every {every_checkpoint} tokens)"
+            why_align += f" (the lcm with prefill checkpoints every {every_checkpoint} tokens)"
     mode = limits.mamba_cache_mode
     if mode is MambaCacheMode.ALL:
         chunk = limits.mamba_block_size or max(spec.chunk_size for spec in mamba_specs if isinstance(spec, MambaSpec))
@@ -90,16 +91,16 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
                 field="mamba_block_size", value=limits.mamba_block_size,
                 limit=(f"with mamba_cache_mode='all' one attention page must hold a whole Mamba state "
                        f"({state_bytes} bytes = {cdiv(state_bytes, bytes_per_token)} tokens of attention) and be a "
-                       f"multiple of lcm(mamba_block_size, kernel alignment {align}{floor}, every backend's smallest "
-                       f"kernel block {every_kernel}) = {step}, which gives {aligned}"),
+                       f"multiple of lcm(mamba_block_size, kernel alignment {align}{why_align}, every backend's "
+                       f"smallest kernel block {every_kernel}) = {step}, which gives {aligned}"),
                 fix=f"set mamba_block_size={aligned} or leave it unset"))
         mamba_bs = aligned
-        how = (f"lcm(mamba chunk {chunk}, kernel alignment {align}{floor}, every backend's smallest kernel block "
+        how = (f"lcm(mamba chunk {chunk}, kernel alignment {align}{why_align}, every backend's smallest kernel block "
                f"{every_kernel}) = {step}, times cdiv(state tokens, {step})")
     else:
         aligned = align * cdiv(state_bytes, align * bytes_per_token)
         mamba_bs = None
-        how = (f"kernel alignment {align}{floor} x cdiv({state_bytes} state bytes, {align} x {bytes_per_token} "
+        how = (f"kernel alignment {align}{why_align} x cdiv({state_bytes} state bytes, {align} x {bytes_per_token} "
                f"bytes/token)")
         if aligned % every_kernel:
             aligned = every_kernel * cdiv(aligned, every_kernel)

@@ -21,8 +21,9 @@ Dtypes: the attention / MLA cache uses ``kv_cache_dtype``, else the config's ``t
 ``mamba_ssm_dtype``), else the family's default (Nemotron-H: float32, as vLLM), else the
 variant's (KDA: float32), else the config dtype (``"auto"`` means "not set" everywhere, as in vLLM).
 
-Backends: attention ``flash_attn``, MLA ``flash_attn_mla`` (``flashmla`` for fp8 caches and indexed MLA), indexer keys ``indexer``, Mamba1/Mamba2
-``mamba``, gated-delta ``gdn``, KDA ``kda``, lightning ``lightning``, short conv ``short_conv``.
+Backends: attention ``flash_attn``, MLA ``flash_attn_mla`` (``flashmla`` for fp8 caches and indexed MLA,
+``triton_mla`` for float32), indexer keys ``indexer``, Mamba1/Mamba2 ``mamba``, gated-delta ``gdn``, KDA ``kda``,
+lightning ``lightning``, short conv ``short_conv``.
 ``attention_backend`` replaces the backend of every non-MLA attention layer (or, when it names
 an MLA backend such as ``triton_mla``, of every MLA layer).
 
@@ -169,7 +170,8 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
                                  "pick one of those, or leave attention_backend unset for the defaults")
         else:
             backends["mla_backend" if backend.is_mla else "attention_backend"] = backend.name
-    return Options(tp=tp, model_dtype=model_dtype, attention_dtype=attention_dtype, ssm_dtype=ssm_dtype, **backends)
+    return Options(tp=tp, model_dtype=model_dtype, attention_dtype=attention_dtype, ssm_dtype=ssm_dtype, **backends,
+                   state_checkpoint_tokens=family.state_checkpoint_tokens if family is not None else None)
 
 
 def _check_backend_used(cfg: ConfigReader, attention_backend: Any, layers: list[LayerDecl]) -> None:

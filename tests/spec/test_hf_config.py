@@ -11,32 +11,16 @@ import pytest
 import graphkv
 from graphkv import Budget, Limits
 from graphkv.errors import SpecError
-from graphkv.presets import load_preset_config
-from graphkv.spec import DType, LayerKind, MambaSpec, MLASpec, ModelKV, SlidingWindowSpec
+from graphkv.spec import DType, LayerKind, MLASpec, ModelKV, SlidingWindowSpec
 from graphkv.spec.hf_config import model_from_hf_config
 
-
-def _cfg(preset: str, **changes: Any) -> dict[str, Any]:
-    """A preset's config with ``changes`` applied (``None`` deletes the key)."""
-    config = load_preset_config(preset)
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
+from preset_configs import JUNK as _JUNK, preset_config as _cfg, state_of as _state
 
 
 def _kinds(model: ModelKV) -> str:
     """One letter per declared layer: F full, S sliding, M Mamba-style state, L MLA."""
     letters = {LayerKind.FULL_ATTENTION: "F", LayerKind.SLIDING_WINDOW: "S", LayerKind.MAMBA: "M", LayerKind.MLA: "L"}
     return "".join(letters[layer.spec.kind] for layer in model.layers)
-
-
-def _state(model: ModelKV) -> MambaSpec:
-    spec = next(layer.spec for layer in model.layers if layer.spec.is_ssm)
-    assert isinstance(spec, MambaSpec)
-    return spec
 
 
 def _attention(model: ModelKV) -> Any:
@@ -473,9 +457,6 @@ def test_bad_override_is_reported_with_the_config_problems():
     with pytest.raises(SpecError) as info:
         model_from_hf_config(_cfg("jamba-mini-1.5", mamba_d_state=None), tp=0, attention_backend="nope")
     assert {"tp", "attention_backend", "config.mamba_d_state"} <= {p.field for p in info.value.problems}
-
-
-_JUNK = [None, "x", -1, 0, 1.5, True, [], {}, [1], 3]
 
 
 @pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5",

@@ -3,35 +3,13 @@ safely (issue 22). Split from test_hf_config.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from graphkv import Budget, Limits
 from graphkv.errors import SpecError
-from graphkv.presets import load_preset_config
-from graphkv.spec import MambaSpec, ModelKV
 from graphkv.spec.hf_config import model_from_hf_config
 
-
-def _cfg(preset: str, **changes: Any) -> dict[str, Any]:
-    """A preset's config with ``changes`` applied (``None`` deletes the key)."""
-    config = load_preset_config(preset)
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
-
-
-_JUNK = [None, "x", -1, 0, 1.5, True, [], {}, [1], 3]  # as in test_hf_config.py
-
-
-def _state(model: ModelKV) -> MambaSpec:
-    spec = next(layer.spec for layer in model.layers if layer.spec.is_ssm)
-    assert isinstance(spec, MambaSpec)
-    return spec
+from preset_configs import JUNK as _JUNK, preset_config as _cfg, state_of as _state
 
 
 @pytest.mark.parametrize("preset", ["llama-3.1-8b", "gpt-oss-20b", "deepseek-v3"])

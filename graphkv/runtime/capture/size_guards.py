@@ -113,14 +113,12 @@ class StepSizeGuardFilter:
                 decisions.append(True)
                 continue
             code = tuple(getattr(entry.orig_guard, "code_list", None) or ())
-            drop = droppable_shape_guard(code, self.built_together, step_sized=self.step_sized,
-                                         max_step=self.max_step)
-            if not drop and code:
+            other = [c for c in code if not _droppable(c, self.built_together, self.step_sized, self.max_step)]
+            if code and other:  # kept (droppable_shape_guard is False)
                 self.kept.append(code)
-                other = [c for c in code if not _droppable(c, self.built_together, self.step_sized, self.max_step)]
                 logger.info("graphkv: the compiled forward keeps its shape guard (a step outside it traces the "
                             "forward again); what it holds beyond the droppable: %s", "; ".join(other))
-            decisions.append(not drop)
+            decisions.append(not code or bool(other))
         return decisions
 
 

@@ -54,6 +54,7 @@ class Options:
     ssm_dtype: DType | None  # recurrent state asked for by the user or config; None: the family's default
     attention_backend: str  # non-MLA attention layers
     mla_backend: str  # MLA layers
+    state_checkpoint_tokens: int | None = None  # the family's prefill checkpoints in align mode (Family)
 
     def state_dtype(self, default: DType | None = None) -> DType:
         """The recurrent-state dtype: the one asked for, else ``default``, else the model dtype."""

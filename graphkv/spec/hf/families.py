@@ -40,6 +40,9 @@ class Family:
     aliases: tuple[str, ...] = ()
     sliding_pattern: int | None = None
     state_dtype: str | None = None
+    # tokens between the prefill checkpoints its state layers export in mamba_cache_mode="align" (vLLM 0.33 on sm_90:
+    # Qwen's QwenGatedDeltaNetAttention with FlashInfer's GDN prefill, every 64 tokens); None: it exports none
+    state_checkpoint_tokens: int | None = None
     attentions_per_layer: int = 1
     parallel_hybrid: bool = False
 
@@ -49,6 +52,7 @@ def _f(model_type: str, checkpoint: str, kinds: str, **quirks: object) -> Family
 
 
 _FULL, _SLIDE, _BOTH = "full_attention", "sliding_window", "full_attention sliding_window"
+_FLASHINFER_GDN_CHECKPOINTS = 64  # vLLM 0.33 FLASHINFER_GDN_CHECKPOINT_ALIGNMENT (v1/attention/backends/gdn_attn.py)
 
 FAMILIES: tuple[Family, ...] = (
     # --- full attention (MHA / GQA / MQA)
@@ -159,9 +163,12 @@ FAMILIES: tuple[Family, ...] = (
     _f("zamba2", "Zyphra/Zamba2-2.7B", "full_attention mamba2"),
     _f("falcon_h1", "tiiuae/Falcon-H1-1.5B-Deep-Instruct", "full_attention mamba2", parallel_hybrid=True),
     _f("nemotron_h", "nvidia/Nemotron-H-8B-Base-8K", "full_attention mamba2 none", state_dtype="float32"),
-    _f("qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", "full_attention gated_delta"),
-    _f("qwen3_5_text", "Qwen/Qwen3.5-27B", "full_attention gated_delta", aliases=("qwen3_5",)),
-    _f("qwen3_5_moe_text", "Qwen/Qwen3.5-397B-A17B", "full_attention gated_delta", aliases=("qwen3_5_moe",)),
+    _f("qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", "full_attention gated_delta",
+       state_checkpoint_tokens=_FLASHINFER_GDN_CHECKPOINTS),
+    _f("qwen3_5_text", "Qwen/Qwen3.5-27B", "full_attention gated_delta", aliases=("qwen3_5",),
+       state_checkpoint_tokens=_FLASHINFER_GDN_CHECKPOINTS),
+    _f("qwen3_5_moe_text", "Qwen/Qwen3.5-397B-A17B", "full_attention gated_delta", aliases=("qwen3_5_moe",),
+       state_checkpoint_tokens=_FLASHINFER_GDN_CHECKPOINTS),
     _f("olmo_hybrid", "allenai/Olmo-Hybrid-7B", "full_attention gated_delta"),
     _f("kimi_linear", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "mla kda"),
     _f("bailing_hybrid", "inclusionAI/Ling-3.0-Flash", "mla kda"),

@@ -139,16 +139,6 @@ def _mamba2(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
                      dtypes=(opts.model_dtype, opts.state_dtype()), variant="mamba2", chunk_size=chunk, tp_split=split)
 
 
-QWEN_GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5")
-"""Families whose gated-delta layers are vLLM 0.33's ``QwenGatedDeltaNetAttention`` (Qwen3-Next, Qwen3.5 and its MoE;
-not OLMo-Hybrid's): with FlashInfer's GDN prefill, vLLM's default on sm_90, they export prefill checkpoints, and in
-mode ``align`` keep one checkpoint page per request (``num_prefill_checkpoint_blocks=1``) on pages that are multiples
-of :data:`FLASHINFER_GDN_CHECKPOINT_TOKENS`."""
-FLASHINFER_GDN_CHECKPOINT_TOKENS = 64
-"""Tokens between the prefill checkpoints FlashInfer's GDN prefill exports (vLLM 0.33
-``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``): in mode ``align`` the page size is a multiple of it."""
-
-
 def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     kernel = cfg.int_field("linear_conv_kernel_dim", minimum=2, cap="kernel")
     key_heads = cfg.int_field("linear_num_key_heads", cap="heads")
@@ -169,12 +159,11 @@ def _gated_delta(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
     split = StateSplit.gated_delta(key_heads=key_heads, value_heads=value_heads, key_dim=key_dim, value_dim=value_dim,
                                    conv_kernel=kernel, names={"key_heads": "config.linear_num_key_heads",
                                                               "value_heads": "config.linear_num_value_heads"})
-    model_type = cfg.get("model_type")
-    qwen = isinstance(model_type, str) and model_type.startswith(QWEN_GDN_MODEL_TYPES)
+    checkpoints = opts.state_checkpoint_tokens  # each exported checkpoint keeps a page of its own in align mode
     return MambaSpec(shapes=split.shapes_per_rank(1),
                      dtypes=(opts.model_dtype, opts.state_dtype()), variant="gated_delta",
-                     chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split, prefill_checkpoint_pages=1 if qwen else 0,
-                     prefill_checkpoint_alignment=FLASHINFER_GDN_CHECKPOINT_TOKENS if qwen else None)
+                     chunk_size=GATED_DELTA_CHUNK_TOKENS, tp_split=split,
+                     prefill_checkpoint_pages=0 if checkpoints is None else 1, prefill_checkpoint_alignment=checkpoints)
 
 
 def _kda(cfg: ConfigReader, opts: Options) -> MambaSpec | None:
