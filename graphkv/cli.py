@@ -36,8 +36,9 @@ from graphkv.plan import Plan
 from graphkv.plan.block_size import choose_block_size
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_consensus, format_plan, format_table
-from graphkv.spec.budget import KNOWN_GPUS
+from graphkv.spec.budget import KNOWN_GPUS, arch_of
 from graphkv.spec.hf.families import FAMILIES
+from graphkv.spec.hf.gpu_backends import PLANNED_ARCHS
 from graphkv.spec.layers import MambaCacheMode
 from graphkv.spec.limits import AUTO, CudaGraphMode, Limits
 from graphkv.spec.split_rules import MAX_TP_TRIED
@@ -92,8 +93,12 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="Mamba / gated-delta state dtype (default: the model's)")
     g.add_argument("--attention-backend", metavar="NAME", type=nonempty("a backend name"),
                    help="attention backend, e.g. flash_attn, flex, flashinfer, triton_paged for attention layers, or "
-                        "flash_attn_mla, flashmla, triton_mla for MLA layers (default: flash_attn; MLA: flash_attn_mla, "
-                        "flashmla for fp8 caches and indexed MLA, as vLLM 0.33 picks on sm_90)")
+                        "flash_attn_mla, flashmla, triton_mla for MLA layers (default: what vLLM 0.33 picks on --arch: "
+                        "flash_attn; MLA on sm_90 flash_attn_mla, flashmla for fp8 caches and indexed MLA, on sm_80 / "
+                        "sm_89 triton_mla)")
+    g.add_argument("--arch", choices=PLANNED_ARCHS,
+                   help="GPU architecture whose backends to plan for, as vLLM 0.33 picks them there (default: "
+                        "--gpu's, else sm_90, an H100's)")
 
 
 def _add_budget_flags(p: argparse.ArgumentParser) -> None:
@@ -103,7 +108,8 @@ def _add_budget_flags(p: argparse.ArgumentParser) -> None:
                      help="bytes for the KV pool, e.g. 40GiB, 512MiB")
     src.add_argument("--gpu", metavar="NAME", type=nonempty("a GPU name"),
                      help=f"one of {', '.join(g.name for g in KNOWN_GPUS.values())}: the pool gets total x "
-                          "utilization - weights - activations - graph reserve")
+                          "utilization - weights - activations - graph reserve, and the layers the backends vLLM 0.33 "
+                          "runs on that GPU's architecture")
     g.add_argument("--utilization", type=real_fraction, metavar="F",
                    help="fraction of the GPU's memory to use (--gpu only; default 0.9)")
     g.add_argument("--weights-memory", metavar="SIZE", type=nonempty("a size, e.g. 16GiB"),
@@ -235,8 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The model reader's keyword overrides the flags give: dtypes, a backend, and the GPU whose backends to plan for
+    (``--gpu``; an unknown name is refused by the reader, naming the flag)."""
     names = ("kv_cache_dtype", "mamba_ssm_dtype", "attention_backend")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    arch, gpu = getattr(args, "arch", None), getattr(args, "gpu", None)
+    if arch is not None and gpu is not None and arch_of(gpu) not in (None, arch):
+        raise SpecError(Problem(field="--arch", value=arch, limit=f"contradicts --gpu {gpu}, an {arch_of(gpu)} GPU",
+                                fix=f"drop --arch (--gpu {gpu} plans {arch_of(gpu)}'s backends) or name another GPU"))
+    if arch is not None or gpu is not None:
+        overrides["gpu"] = arch if arch is not None else gpu
+    return overrides
 
 
 def _build_limits(args: argparse.Namespace) -> Limits:

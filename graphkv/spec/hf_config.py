@@ -21,9 +21,10 @@ Dtypes: the attention / MLA cache uses ``kv_cache_dtype``, else the config's ``t
 ``mamba_ssm_dtype``), else the family's default (Nemotron-H: float32, as vLLM), else the
 variant's (KDA: float32), else the config dtype (``"auto"`` means "not set" everywhere, as in vLLM).
 
-Backends: attention ``flash_attn``, MLA ``flash_attn_mla`` (``flashmla`` for fp8 caches and indexed MLA,
-``triton_mla`` for float32), indexer keys ``indexer``, Mamba1/Mamba2 ``mamba``, gated-delta ``gdn``, KDA ``kda``,
-lightning ``lightning``, short conv ``short_conv``.
+Backends: those vLLM 0.33 picks on the GPU named by ``gpu`` (an H100's, sm_90, when none is named;
+:mod:`graphkv.spec.hf.gpu_backends`): attention ``flash_attn``, MLA ``flash_attn_mla`` on sm_90 (``flashmla`` for fp8
+caches and indexed MLA, ``triton_mla`` for float32) and ``triton_mla`` on sm_80 / sm_89, indexer keys ``indexer``,
+Mamba1/Mamba2 ``mamba``, gated-delta ``gdn``, KDA ``kda``, lightning ``lightning``, short conv ``short_conv``.
 ``attention_backend`` replaces the backend of every non-MLA attention layer (or, when it names
 an MLA backend such as ``triton_mla``, of every MLA layer).
 
@@ -41,11 +42,13 @@ from typing import Any, Mapping
 
 from graphkv.errors import SpecError
 from graphkv.spec.backends import BUILTIN_BACKENDS, get_backend
+from graphkv.spec.budget import GPU
 from graphkv.spec._checks import as_int
 from graphkv.spec.dtypes import DType, parse_cache_dtype, parse_dtype
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
+from graphkv.spec.hf.gpu_backends import exports_gdn_checkpoints, resolve_gpu_arch
 from graphkv.spec.hf.layout import Role, read_layout
 from graphkv.spec.hf.sharing import kv_sources
 from graphkv.spec.hf.positions import read_position_cap
@@ -58,29 +61,28 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 """The ``model_type`` of every family graphkv lists (``graphkv models``); others plan by their fields."""
 
 _DEFAULT_DTYPE = DType.BFLOAT16
-_ATTENTION_BACKEND = "flash_attn"
+_ATTENTION_BACKEND = "auto"  # vLLM's pick on the planned GPU (graphkv.spec.hf.gpu_backends.attention_backend)
 _MLA_BACKEND = "auto"
-"""MLA layers' backend unless named: vLLM 0.33's first on sm_90 (``CudaPlatform`` priorities, commit 4ba787ec9) —
-``flash_attn_mla`` (16-token kernel blocks) for a bf16 / fp16 cache, ``flashmla`` (64) for an fp8 cache, which
-FlashAttention's MLA kernels do not read, and for indexed (sparse) MLA, whose sm_90 backends take 64-token blocks;
-``triton_mla`` for a float32 cache (``graphkv.spec.hf.build.mla_backend``). It assumes an sm_90 GPU whatever
-``--gpu`` names (a B200's vLLM picks FlashInfer's MLA)."""
+"""MLA layers' backend unless named: vLLM 0.33's pick on the planned GPU for the cache's dtype
+(:func:`graphkv.spec.hf.gpu_backends.default_mla_backend`)."""
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 
 
 def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dtype: str | None = None,
                          mamba_ssm_dtype: str | None = None, attention_backend: str | None = None,
-                         name: str | None = None) -> ModelKV:
+                         name: str | None = None, gpu: "GPU | str | None" = None) -> ModelKV:
     """What tensor-parallel rank 0 of ``tp`` caches for the model ``config`` describes.
 
     ``config`` is the parsed ``config.json`` (a ``PretrainedConfig`` is accepted through its
     ``to_dict()``); ``tp`` the tensor-parallel size. The reader builds the whole model (every
     head; state specs carry their :class:`~graphkv.spec.layers.StateSplit`), checks that ``tp``
     splits every head count, and returns ``model.shard(tp, 0)`` — with ``tp=1``, the whole model,
-    which :meth:`ModelKV.shard` splits for any rank. The result records ``tensor_parallel_size=tp``, ``max_position_embeddings``, ``hidden_size`` and a note
-    saying how the config was read, and is named ``name``, else the config's ``_name_or_path``,
-    else its ``model_type``. Cache entries are ``layers``; MLP and KV-shared layers are declared
-    in ``cacheless``.
+    which :meth:`ModelKV.shard` splits for any rank. ``gpu`` (a :class:`~graphkv.spec.budget.GPU`, a known GPU's
+    name such as ``"A100-80GB"``, or an architecture such as ``"sm_89"``) picks the backends vLLM 0.33 runs there
+    (:mod:`graphkv.spec.hf.gpu_backends`); unset, an H100's (sm_90). The result records ``tensor_parallel_size=tp``,
+    ``max_position_embeddings``, ``hidden_size`` and a note saying how the config was read and for which GPU's
+    backends, and is named ``name``, else the config's ``_name_or_path``, else its ``model_type``. Cache entries are
+    ``layers``; MLP and KV-shared layers are declared in ``cacheless``.
 
     Raises :class:`SpecError` listing every problem found (missing or mistyped field, a count
     beyond its plausibility cap, heads ``tp`` cannot split, a bad override); a config whose layers
@@ -91,7 +93,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     family = source.family
     cfg.label = family.model_type if family else (source.model_type or source.architecture or "this")
     opts = _resolve_options(cfg, family, tp=tp, kv_cache_dtype=kv_cache_dtype, mamba_ssm_dtype=mamba_ssm_dtype,
-                            attention_backend=attention_backend)
+                            attention_backend=attention_backend, gpu=gpu)
     model_name = _model_name(cfg, source, name)
     hidden_size = cfg.optional_int(_HIDDEN_KEYS[0], also=_HIDDEN_KEYS[1:], cap="width")
     positions = read_position_cap(cfg, family.model_type if family else str(source.model_type or ""))
@@ -116,7 +118,8 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     if attention_backend is not None:
         _check_backend_used(cfg, attention_backend, layers)
     cfg.raise_if_any()
-    note = f"config reader: {source.describe()}; layer kinds from {layout.source}"
+    note = (f"config reader: {source.describe()}; layer kinds from {layout.source}; backends as vLLM 0.33 picks them "
+            f"on {opts.gpu_arch}" + (" (assumed: no GPU named)" if gpu is None else ""))
     if shared:
         note += f"; the last {len(shared)} layers read earlier layers' KV (num_kv_shared_layers)"
     if positions.note is not None:
@@ -139,7 +142,7 @@ def _dtype(cfg: ConfigReader, value: Any, field: str, fallback: DType | None, *,
 
 
 def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_cache_dtype: Any,
-                     mamba_ssm_dtype: Any, attention_backend: Any) -> Options:
+                     mamba_ssm_dtype: Any, attention_backend: Any, gpu: Any) -> Options:
     """The overrides resolved; a bad one records a problem and falls back to its default, so the
     config's own problems are still collected and reported with it."""
     tp = as_int(tp)  # a numpy int as a Python int
@@ -170,8 +173,10 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
                                  "pick one of those, or leave attention_backend unset for the defaults")
         else:
             backends["mla_backend" if backend.is_mla else "attention_backend"] = backend.name
+    arch = resolve_gpu_arch(cfg, gpu)
+    checkpoints = family.state_checkpoint_tokens if family is not None and exports_gdn_checkpoints(arch) else None
     return Options(tp=tp, model_dtype=model_dtype, attention_dtype=attention_dtype, ssm_dtype=ssm_dtype, **backends,
-                   state_checkpoint_tokens=family.state_checkpoint_tokens if family is not None else None)
+                   state_checkpoint_tokens=checkpoints, gpu_arch=arch)
 
 
 def _check_backend_used(cfg: ConfigReader, attention_backend: Any, layers: list[LayerDecl]) -> None:

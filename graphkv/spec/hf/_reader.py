@@ -52,9 +52,10 @@ class Options:
     model_dtype: DType  # the checkpoint's dtype: conv states use it
     attention_dtype: DType  # attention / MLA cache
     ssm_dtype: DType | None  # recurrent state asked for by the user or config; None: the family's default
-    attention_backend: str  # non-MLA attention layers
-    mla_backend: str  # MLA layers
-    state_checkpoint_tokens: int | None = None  # the family's prefill checkpoints in align mode (Family)
+    attention_backend: str  # non-MLA attention layers ("auto": vLLM's pick on gpu_arch)
+    mla_backend: str  # MLA layers ("auto": vLLM's pick on gpu_arch)
+    state_checkpoint_tokens: int | None = None  # the family's prefill checkpoints in align mode, where it exports them
+    gpu_arch: str = "sm_90"  # the GPU's compute capability the backends are chosen for (graphkv.spec.hf.gpu_backends)
 
     def state_dtype(self, default: DType | None = None) -> DType:
         """The recurrent-state dtype: the one asked for, else ``default``, else the model dtype."""

@@ -23,10 +23,10 @@ from typing import Any
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.attention import AttentionReader
 from graphkv.spec.hf.families import Family
+from graphkv.spec.hf.gpu_backends import attention_backend, default_mla_backend
 from graphkv.spec.hf.layout import Layout, Role, has_attention_heads, has_state_fields
 from graphkv.spec.hf.mla import MLAReader, is_mla
 from graphkv.spec.hf.states import STATE_BACKENDS, read_conv_state, read_state
-from graphkv.spec.dtypes import DType
 from graphkv.spec.layers import KVSharedSpec, MambaSpec, NoCacheSpec
 from graphkv.spec.model import CachelessDecl, LayerDecl
 
@@ -76,6 +76,9 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
     cfg.raise_if_any()
 
     indexer_owner = _indexer_owners(cfg, len(roles)) if Role.INDEXED in present else []
+    attention_specs = {i: attention.spec(i, Role.FULL if role is Role.HYBRID else role) for i, role in enumerate(roles)
+                       if attention is not None and i not in shared and role in _ATTENTION}
+    triton_for_all = _triton_for_all(family, attention_specs.values())
     entries = _Entries(len(roles))
     cacheless: list[CachelessDecl] = []
     per_layer = family.attentions_per_layer if family is not None else 1
@@ -91,17 +94,30 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
         elif latent is not None:
             assert latent.latent is not None
             for k in range(per_layer):
-                entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(opts, latent))
+                entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(cfg, opts, latent))
             if role is Role.INDEXED and indexer_owner[i]:
                 entries.add(i, "indexer", latent.indexer, "indexer")
         else:
             assert attention is not None
-            entries.add(i, "", attention.spec(i, Role.FULL if role is Role.HYBRID else role), opts.attention_backend)
+            spec = attention_specs[i]
+            if spec is None:  # its problem is recorded and raised below
+                continue
+            entries.add(i, "", spec, attention_backend(
+                cfg, opts.gpu_arch, None if opts.attention_backend == "auto" else opts.attention_backend,
+                model_dtype=opts.model_dtype, cache_dtype=spec.dtype, head_size=spec.head_size,
+                sinks=family is not None and family.attention_sinks, triton_for_all=triton_for_all))
             if role is Role.HYBRID:
                 assert isinstance(state, MambaSpec)
                 entries.add(i, state.variant, state, STATE_BACKENDS[state.variant])
     cfg.raise_if_any()
     return entries.layers + entries.extra, cacheless
+
+
+def _triton_for_all(family: Family | None, specs: Any) -> bool:
+    """Whether vLLM 0.33 serves every attention layer of this model with Triton below Hopper (the family's
+    ``triton_below_hopper``: always, or when its layers' head sizes differ)."""
+    rule = family.triton_below_hopper if family is not None else ""
+    return rule == "always" or (rule == "mixed_heads" and len({s.head_size for s in specs if s is not None}) > 1)
 
 
 def _indexer_owners(cfg: ConfigReader, count: int) -> list[bool]:
@@ -128,15 +144,10 @@ def probe_layers(cfg: ConfigReader, opts: Options) -> None:
         AttentionReader(cfg, opts, {Role.FULL})
 
 
-def mla_backend(opts: Options, latent: MLAReader) -> str:
-    """The MLA layers' backend: the one named, else vLLM 0.33's first on sm_90 for this cache (see
-    ``graphkv.spec.hf_config._MLA_BACKEND``): ``flashmla`` for indexed (sparse) MLA and for an fp8 cache (vLLM's
-    FlashMLA reads e4m3; an e5m2 cache plans the same pages), ``triton_mla`` for a float32 cache (which neither
-    FlashAttention's nor FlashMLA's kernels read), else (bf16 / fp16) ``flash_attn_mla``."""
+def mla_backend(cfg: ConfigReader, opts: Options, latent: MLAReader) -> str:
+    """The MLA layers' backend: the one named, else vLLM 0.33's pick on the planned GPU for this cache
+    (:func:`~graphkv.spec.hf.gpu_backends.default_mla_backend`)."""
     if opts.mla_backend != "auto":
         return opts.mla_backend
     assert latent.latent is not None
-    dtype = latent.latent.dtype
-    if latent.indexer is not None or dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2):
-        return "flashmla"
-    return "triton_mla" if dtype is DType.FLOAT32 else "flash_attn_mla"
+    return default_mla_backend(cfg, opts.gpu_arch, latent.latent.dtype, indexed=latent.indexer is not None)

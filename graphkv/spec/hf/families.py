@@ -45,6 +45,11 @@ class Family:
     state_checkpoint_tokens: int | None = None
     attentions_per_layer: int = 1
     parallel_hybrid: bool = False
+    # its attention layers have sinks (gpt-oss), which only Hopper's FlashAttention serves in vLLM 0.33
+    attention_sinks: bool = False
+    # vLLM 0.33 serves it with Triton below Hopper: "always" (MiMo-V2, its own backend choice), "mixed_heads" (Gemma-4
+    # when its layers' head sizes differ: Gemma4Config, FlashAttention 4 being Hopper's); "": vLLM's usual choice
+    triton_below_hopper: str = ""
 
 
 def _f(model_type: str, checkpoint: str, kinds: str, **quirks: object) -> Family:
@@ -128,7 +133,7 @@ FAMILIES: tuple[Family, ...] = (
     _f("vaultgemma", "google/vaultgemma-1b", _BOTH, sliding_pattern=2),
     _f("cohere2", "CohereForAI/c4ai-command-r7b-12-2024", _BOTH, sliding_pattern=4),
     _f("cohere2_moe", "CohereLabs/command-a-plus-05-2026", _BOTH, sliding_pattern=4),
-    _f("gpt_oss", "openai/gpt-oss-20b", _BOTH, sliding_pattern=2),
+    _f("gpt_oss", "openai/gpt-oss-20b", _BOTH, sliding_pattern=2, attention_sinks=True),
     _f("olmo3", "allenai/Olmo-3-7B-Instruct", _BOTH, sliding_pattern=4),
     _f("exaone4", "LGAI-EXAONE/EXAONE-4.0-32B", _BOTH, sliding_pattern=4),
     _f("exaone_moe", "LGAI-EXAONE/K-EXAONE-236B-A23B", _BOTH, sliding_pattern=4),
@@ -139,10 +144,10 @@ FAMILIES: tuple[Family, ...] = (
     _f("flint", "RecursiveSI/flint", _BOTH),
     _f("beam", "reflection/Beam-1.0-501B-A23B", _BOTH),
     _f("gpt_neo", "EleutherAI/gpt-neo-1.3B", _BOTH),
-    _f("mimo_v2_flash", "XiaomiMiMo/MiMo-V2-Flash", _BOTH),
+    _f("mimo_v2_flash", "XiaomiMiMo/MiMo-V2-Flash", _BOTH, triton_below_hopper="always"),
     # --- chunked local attention, per-layer head sizes, KV sharing
     _f("llama4_text", "meta-llama/Llama-4-Scout-17B-16E", "full_attention chunked_local", aliases=("llama4",)),
-    _f("gemma4_text", "google/gemma-4-e2b-it", _BOTH, aliases=("gemma4",)),
+    _f("gemma4_text", "google/gemma-4-e2b-it", _BOTH, aliases=("gemma4",), triton_below_hopper="mixed_heads"),
     _f("gemma3n_text", "google/gemma-3n-E4B", _BOTH + " kv_shared", aliases=("gemma3n",)),
     # --- multi-head latent attention (and the sparse-attention indexer)
     _f("deepseek_v2", "deepseek-ai/DeepSeek-V2-Lite", "mla"),

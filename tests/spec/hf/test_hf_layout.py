@@ -33,7 +33,8 @@ def test_unknown_architecture_with_a_known_layout_plans_and_says_which_reader():
     assert kinds(model) == "SF" * 16
     assert model.layers[0].spec.window == 1024 and model.layers[1].spec.num_kv_heads == 8
     assert model.notes == ("config reader: read AcmeForCausalLM by its fields: model_type 'acme' is not a family "
-                           "graphkv lists (`graphkv models`); layer kinds from layer_types (32 layers)",)
+                           "graphkv lists (`graphkv models`); layer kinds from layer_types (32 layers); backends as vLLM "
+                           "0.33 picks them on sm_90 (assumed: no GPU named)",)
 
 
 def test_nemotron_h_both_config_formats_read_the_same():

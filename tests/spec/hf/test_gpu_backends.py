@@ -1,0 +1,187 @@
+"""The backends a model plans on follow the GPU, as vLLM 0.33 picks them (graphkv.spec.hf.gpu_backends)."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphkv
+from graphkv.errors import SpecError
+from graphkv.spec import Budget, Limits
+from graphkv.spec.backends import CudaGraphSupport, MultipleOf
+from graphkv.spec.budget import KNOWN_GPUS
+from graphkv.spec.hf_config import model_from_hf_config
+from graphkv.spec.limits import CudaGraphMode
+from tests.preset_configs import preset_config
+
+M16 = (MultipleOf(16),)
+
+
+def _backends(model: graphkv.ModelKV) -> set[tuple[str, tuple, str]]:
+    return {(x.backend.name, x.backend.supported_kernel_block_sizes, x.backend.cudagraph_support.name)
+            for x in model.layers}
+
+
+def _llama(**changes: object) -> dict:
+    return preset_config("llama-3.1-8b", **changes)
+
+
+@pytest.mark.parametrize(("gpu", "want"), [
+    (None, ("flash_attn", M16, "ALWAYS")),  # FlashAttention 3, an H100 assumed
+    ("H100", ("flash_attn", M16, "ALWAYS")),
+    ("h200", ("flash_attn", M16, "ALWAYS")),  # any case
+    ("sm_90", ("flash_attn", M16, "ALWAYS")),  # an architecture itself
+    ("A100-80GB", ("flash_attn", M16, "UNIFORM_BATCH")),  # FlashAttention 2 captures uniform batches only
+    ("L40S", ("flash_attn", M16, "UNIFORM_BATCH")),
+    (KNOWN_GPUS["rtx4090"], ("flash_attn", M16, "UNIFORM_BATCH")),  # a GPU object
+])
+def test_attention_follows_the_gpu(gpu, want):
+    assert _backends(model_from_hf_config(_llama(), gpu=gpu)) == {want}
+
+
+def test_fp8_attention_below_hopper_runs_flashinfer():
+    """FlashAttention 2 reads no fp8 cache: vLLM takes FlashInfer (16 / 32 / 64-token kernel blocks), whose
+    FlashAttention-2 decode captures uniform batches; on an H100 FlashAttention 3 reads e4m3, and FlashInfer serves
+    e5m2 (single-token decodes: the level it reports without its downloadable kernels)."""
+    flashinfer = (16, 32, 64)
+    assert _backends(model_from_hf_config(_llama(), kv_cache_dtype="fp8", gpu="A100-80GB")) == {
+        ("flashinfer", flashinfer, "UNIFORM_BATCH")}
+    assert _backends(model_from_hf_config(_llama(), kv_cache_dtype="fp8")) == {("flash_attn", M16, "ALWAYS")}
+    assert _backends(model_from_hf_config(_llama(), kv_cache_dtype="fp8_e5m2")) == {
+        ("flashinfer", flashinfer, "UNIFORM_SINGLE_TOKEN_DECODE")}
+    assert _backends(model_from_hf_config(_llama(), kv_cache_dtype="fp8_e5m2", gpu="L40S")) == {
+        ("flashinfer", flashinfer, "UNIFORM_BATCH")}
+
+
+@pytest.mark.parametrize(("head", "dtype", "gpu", "want"), [
+    (512, "fp8", "H100", ("flash_attn", (64,), "ALWAYS")),  # FlashAttention 4's fp8 kernel reads 64-token pages
+    (512, None, "H100", ("flash_attn", M16, "ALWAYS")),  # FlashAttention 4
+    (512, None, "A100-80GB", ("flashinfer", (16, 32, 64), "UNIFORM_BATCH")),  # FlashAttention 2 stops at 256
+    (384, "fp8", "H100", ("triton_paged", M16, "ALWAYS")),  # FA4's fp8 kernel is for 512 only; FlashInfer has no 384
+    (80, "fp8", "L40S", ("triton_paged", M16, "ALWAYS")),  # FlashInfer has no 80; Triton reads fp8 from sm_89
+    (20, None, "H100", ("flex", M16, "ALWAYS")),  # FlashAttention wants multiples of 8, Triton 32 and wider
+])
+def test_head_sizes_pick_the_backend_vllm_runs(head, dtype, gpu, want):
+    config = _llama(head_dim=head, num_attention_heads=8, hidden_size=8 * head)
+    kwargs = {} if dtype is None else {"kv_cache_dtype": dtype}
+    assert _backends(model_from_hf_config(config, gpu=gpu, **kwargs)) == {want}
+
+
+def test_fp8_head_512_on_hopper_plans_64_token_pages():
+    config = _llama(head_dim=512, num_attention_heads=8, hidden_size=4096)
+    plan = graphkv.compile(model_from_hf_config(config, kv_cache_dtype="fp8"), Limits(), Budget.kv_bytes("4GiB"))
+    assert (plan.block_size, plan.groups[0].kernel_block_size) == (64, 64)
+    bf16 = graphkv.compile(model_from_hf_config(config), Limits(), Budget.kv_bytes("4GiB"))
+    assert bf16.block_size == 16
+
+
+def test_fp8_only_triton_reads_is_refused_on_an_a100():
+    config = _llama(head_dim=80, num_attention_heads=8, hidden_size=640)
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(config, kv_cache_dtype="fp8", gpu="A100-40GB")
+    (problem,) = err.value.problems
+    assert problem.field == "kv_cache_dtype"
+    assert "80-wide attention heads with Triton on sm_80" in problem.limit and "bfloat16" in problem.fix
+
+
+def test_float32_runs_triton_everywhere():
+    """FlashAttention and FlashInfer run bf16 / fp16 models only; vLLM serves float32 with Triton."""
+    for gpu in ("H100", "A100-80GB", "L40S"):
+        assert _backends(model_from_hf_config(_llama(torch_dtype="float32"), gpu=gpu)) == {
+            ("triton_paged", M16, "ALWAYS")}
+
+
+def test_gpt_oss_sinks_run_triton_below_hopper():
+    assert {x.backend.name for x in model_from_hf_config(preset_config("gpt-oss-20b")).layers} == {"flash_attn"}
+    for gpu in ("A100-80GB", "L40S"):
+        model = model_from_hf_config(preset_config("gpt-oss-20b"), gpu=gpu)
+        assert _backends(model) == {("triton_paged", M16, "ALWAYS")}
+    with pytest.raises(SpecError, match="kv_cache_dtype"):  # Triton's fp8 needs sm_89
+        model_from_hf_config(preset_config("gpt-oss-20b"), gpu="A100-80GB", kv_cache_dtype="fp8")
+
+
+def test_gemma4_with_two_head_widths_runs_triton_below_hopper():
+    config = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 6,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+              "num_global_key_value_heads": 2, "attention_k_eq_v": True, "hidden_size": 2304,
+              "sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    assert _backends(model_from_hf_config(config, gpu="L40S")) == {("triton_paged", M16, "ALWAYS")}
+    assert _backends(model_from_hf_config(config)) == {("flash_attn", M16, "ALWAYS")}  # FlashAttention 4, every layer
+    one_width = {**config, "global_head_dim": 256}
+    assert _backends(model_from_hf_config(one_width, gpu="L40S")) == {("flash_attn", M16, "UNIFORM_BATCH")}
+
+
+@pytest.mark.parametrize(("gpu", "backend"), [(None, "flash_attn_mla"), ("A100-80GB", "triton_mla"),
+                                              ("L40S", "triton_mla")])
+def test_mla_follows_the_gpu(gpu, backend):
+    """Neither FlashAttention's nor FlashMLA's MLA kernels run below Hopper: vLLM serves MLA with Triton there."""
+    model = model_from_hf_config(preset_config("deepseek-v3"), gpu=gpu)
+    assert {x.backend.name for x in model.layers} == {backend}
+    assert graphkv.compile(model, Limits(), Budget.kv_bytes("20GiB")).num_blocks == 19099
+
+
+def test_fp8_mla_below_hopper():
+    """fp8 on an L40S: Triton MLA's 16-token pages, where an H100 plans FlashMLA's 64; an A100 is refused."""
+    l40s = model_from_hf_config(preset_config("deepseek-v3"), kv_cache_dtype="fp8", gpu="L40S")
+    assert {x.backend.name for x in l40s.layers} == {"triton_mla"}
+    plan = graphkv.compile(l40s, Limits(), Budget.kv_bytes("20GiB"))
+    assert (plan.block_size, plan.num_blocks) == (16, 38199)
+    h100 = graphkv.compile(model_from_hf_config(preset_config("deepseek-v3"), kv_cache_dtype="fp8"), Limits(),
+                           Budget.kv_bytes("20GiB"))
+    assert (h100.block_size, h100.num_blocks) == (64, 9549)
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(preset_config("deepseek-v3"), kv_cache_dtype="fp8", gpu="A100-80GB")
+    (problem,) = err.value.problems
+    assert problem.field == "kv_cache_dtype" and "sm_80" in problem.limit and "bfloat16" in problem.fix
+
+
+def test_indexed_mla_below_hopper_is_refused_unless_a_backend_is_named():
+    config = preset_config("deepseek-v3", num_hidden_layers=4, layer_types=["indexed_attention"] * 4,
+                           index_head_dim=128)
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(config, gpu="L40S")
+    (problem,) = err.value.problems
+    assert (problem.field, problem.value) == ("gpu", "sm_89") and "need an sm_90 GPU" in problem.limit
+    named = model_from_hf_config(config, gpu="L40S", attention_backend="flashmla")
+    assert {x.backend.name for x in named.layers} == {"flashmla", "indexer"}
+
+
+def test_qwen_gated_delta_checkpoints_only_on_hopper():
+    """FlashInfer's GDN prefill (sm_90) exports a checkpoint every 64 tokens; Triton's (sm_80 / sm_89) none, so an
+    A100's align-mode plan keeps two state pages of 544 tokens, as vLLM does there."""
+    limits = Limits(mamba_cache_mode="align", max_num_seqs=64)
+    h100 = graphkv.compile(model_from_hf_config(preset_config("qwen3-next-80b-a3b")), limits, Budget.kv_bytes("20GiB"))
+    a100 = graphkv.compile(model_from_hf_config(preset_config("qwen3-next-80b-a3b"), gpu="A100-80GB"), limits,
+                           Budget.kv_bytes("20GiB"))
+    assert (h100.block_size, h100.num_blocks) == (576, 1517)
+    assert (a100.block_size, a100.num_blocks) == (544, 1606)
+
+
+def test_a_named_backend_runs_as_it_does_on_that_gpu():
+    for name in ("flash_attn", "flashinfer"):
+        model = model_from_hf_config(_llama(), attention_backend=name, gpu="A100-80GB")
+        assert {x.backend.cudagraph_support for x in model.layers} == {CudaGraphSupport.UNIFORM_BATCH}
+    assert {x.backend.cudagraph_support for x in model_from_hf_config(_llama(), attention_backend="flex",
+                                                                      gpu="A100-80GB").layers} == {
+        CudaGraphSupport.ALWAYS}
+
+
+def test_full_cudagraph_mode_downgrades_on_an_a100():
+    """FlashAttention 2 cannot hold a mixed step in a graph: FULL becomes FULL_AND_PIECEWISE there, as in vLLM."""
+    limits = Limits(cudagraph_mode="FULL")
+    h100 = graphkv.compile(model_from_hf_config(_llama()), limits, Budget.kv_bytes("20GiB"))
+    a100 = graphkv.compile(model_from_hf_config(_llama(), gpu="A100-80GB"), limits, Budget.kv_bytes("20GiB"))
+    assert (h100.cudagraph.mode, a100.cudagraph.mode) == (CudaGraphMode.FULL, CudaGraphMode.FULL_AND_PIECEWISE)
+    assert a100.cudagraph.limited_by == "group 0 (flash_attn)"
+
+
+@pytest.mark.parametrize("gpu", ["B200", "", 3, KNOWN_GPUS["h100"].__class__(name="X1", total_memory_bytes=1)])
+def test_an_unknown_gpu_is_refused_naming_the_known_ones(gpu):
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(_llama(), gpu=gpu)
+    (problem,) = err.value.problems
+    assert problem.field == "gpu" and "H100, H200, A100-80GB" in problem.limit and "sm_80, sm_89, sm_90" in problem.fix
+
+
+def test_the_notes_say_which_gpu_the_backends_are_for():
+    assert model_from_hf_config(_llama(), gpu="L40S").notes[0].endswith("backends as vLLM 0.33 picks them on sm_89")
+    assert model_from_hf_config(_llama()).notes[0].endswith("on sm_90 (assumed: no GPU named)")
