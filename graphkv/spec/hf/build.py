@@ -23,7 +23,7 @@ from typing import Any
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.attention import AttentionReader
 from graphkv.spec.hf.families import Family
-from graphkv.spec.hf.gpu_backends import attention_backend, default_mla_backend
+from graphkv.spec.hf.gpu_backends import attention_backend, mla_backend
 from graphkv.spec.hf.layout import Layout, Role, has_attention_heads, has_state_fields
 from graphkv.spec.hf.mla import MLAReader, is_mla
 from graphkv.spec.hf.states import STATE_BACKENDS, read_conv_state, read_state
@@ -94,7 +94,8 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
         elif latent is not None:
             assert latent.latent is not None
             for k in range(per_layer):
-                entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(cfg, opts, latent))
+                entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(
+                    cfg, opts.gpu_arch, opts.mla_backend, latent.latent.dtype, indexed=latent.indexer is not None))
             if role is Role.INDEXED and indexer_owner[i]:
                 entries.add(i, "indexer", latent.indexer, "indexer")
         else:
@@ -142,12 +143,3 @@ def probe_layers(cfg: ConfigReader, opts: Options) -> None:
         MLAReader(cfg, opts, indexed=False)
     else:
         AttentionReader(cfg, opts, {Role.FULL})
-
-
-def mla_backend(cfg: ConfigReader, opts: Options, latent: MLAReader) -> str:
-    """The MLA layers' backend: the one named, else vLLM 0.33's pick on the planned GPU for this cache
-    (:func:`~graphkv.spec.hf.gpu_backends.default_mla_backend`)."""
-    if opts.mla_backend != "auto":
-        return opts.mla_backend
-    assert latent.latent is not None
-    return default_mla_backend(cfg, opts.gpu_arch, latent.latent.dtype, indexed=latent.indexer is not None)

@@ -11,7 +11,7 @@ made for the wrong architecture has the wrong pages. graphkv knows three (:data:
   Hopper), and Qwen's gated-delta prefill runs Triton, not FlashInfer.
 
 :func:`resolve_gpu_arch` reads the ``gpu`` argument, :func:`attention_backend` gives a non-MLA attention layer's
-backend as it runs there, :func:`default_mla_backend` picks the MLA layers' backend, :func:`exports_gdn_checkpoints`
+backend as it runs there, :func:`mla_backend` the MLA layers' (:func:`default_mla_backend` when none is named), :func:`exports_gdn_checkpoints`
 says whether gated-delta layers export prefill checkpoints. A backend keeps vLLM's name on every architecture (vLLM's
 ``FLASH_ATTN`` is FlashAttention 2 on an A100 and 3 on an H100); its descriptor is the one for the planned GPU.
 """
@@ -28,7 +28,7 @@ from graphkv.spec.dtypes import DType
 from graphkv.spec.hf._reader import ConfigReader
 
 __all__ = ["ASSUMED_ARCH", "HOPPER", "PLANNED_ARCHS", "attention_backend", "default_mla_backend",
-           "exports_gdn_checkpoints", "resolve_gpu_arch"]
+           "exports_gdn_checkpoints", "mla_backend", "resolve_gpu_arch"]
 
 HOPPER = "sm_90"
 ASSUMED_ARCH = HOPPER
@@ -61,6 +61,30 @@ def resolve_gpu_arch(cfg: ConfigReader, gpu: Any) -> str:
     return ASSUMED_ARCH
 
 
+_HOPPER_ONLY = {"flash_attn_mla": "FlashAttention 3's MLA kernels", "flashmla": "FlashMLA"}
+"""Backends whose kernels need an sm_90 GPU (vLLM 0.33 ``supports_compute_capability``), with what they run."""
+
+
+def mla_backend(cfg: ConfigReader, arch: str, named: str, dtype: DType, *, indexed: bool) -> str:
+    """The MLA layers' backend on ``arch``: ``named`` (``"auto"``: :func:`default_mla_backend`). A Hopper-only
+    backend named for another architecture, and indexed MLA below Hopper, record a problem naming the fix."""
+    if named == "auto":
+        return default_mla_backend(cfg, arch, dtype, indexed=indexed)
+    if arch != HOPPER and named in _HOPPER_ONLY:
+        cfg.argument_problem("attention_backend", named, f"runs {_HOPPER_ONLY[named]}, which need an sm_90 GPU, "
+                             f"but the plan is for {arch}", "use triton_mla there (vLLM 0.33's MLA backend below "
+                             "Hopper), or plan for an H100 / H200")
+    elif arch != HOPPER and indexed:
+        _no_sparse_mla(cfg, arch)
+    return named
+
+
+def _no_sparse_mla(cfg: ConfigReader, arch: str) -> None:
+    cfg.argument_problem("gpu", arch, "indexed (sparse) MLA runs on vLLM 0.33's FlashMLA / FlashAttention sparse "
+                         "kernels, which need an sm_90 GPU; this model has no backend below Hopper",
+                         "plan for an H100 or H200 (--gpu H100 or --arch sm_90)")
+
+
 def default_mla_backend(cfg: ConfigReader, arch: str, dtype: DType, *, indexed: bool) -> str:
     """The MLA layers' backend vLLM 0.33 picks on ``arch`` for a ``dtype`` cache (``indexed``: sparse MLA with an
     indexer, DeepSeek-V3.2 / GLM-5).
@@ -79,9 +103,7 @@ def default_mla_backend(cfg: ConfigReader, arch: str, dtype: DType, *, indexed: 
             return "flashmla"
         return "triton_mla" if dtype is DType.FLOAT32 else "flash_attn_mla"
     if indexed:
-        cfg.argument_problem("gpu", arch, "indexed (sparse) MLA runs on vLLM 0.33's FlashMLA / FlashAttention sparse "
-                             "kernels, which need an sm_90 GPU; this model has no backend below Hopper",
-                             "plan for an H100 or H200 (--gpu H100), or name a backend with attention_backend")
+        _no_sparse_mla(cfg, arch)
     elif fp8 and arch == "sm_80":
         cfg.argument_problem("kv_cache_dtype", dtype.value, "vLLM 0.33's only MLA backend on sm_80 (Triton MLA) "
                              "reads an fp8 cache from sm_89 on",

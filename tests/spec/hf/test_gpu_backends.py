@@ -134,15 +134,27 @@ def test_fp8_mla_below_hopper():
     assert problem.field == "kv_cache_dtype" and "sm_80" in problem.limit and "bfloat16" in problem.fix
 
 
-def test_indexed_mla_below_hopper_is_refused_unless_a_backend_is_named():
+def test_indexed_mla_below_hopper_is_refused():
+    """vLLM 0.33's sparse MLA backends all need an sm_90 GPU: below Hopper such a model cannot start."""
     config = preset_config("deepseek-v3", num_hidden_layers=4, layer_types=["indexed_attention"] * 4,
                            index_head_dim=128)
+    for named in (None, "triton_mla"):
+        with pytest.raises(SpecError) as err:
+            model_from_hf_config(config, gpu="L40S", attention_backend=named)
+        (problem,) = err.value.problems
+        assert (problem.field, problem.value) == ("gpu", "sm_89") and "need an sm_90 GPU" in problem.limit
+    assert {x.backend.name for x in model_from_hf_config(config).layers} == {"flashmla", "indexer"}
+
+
+@pytest.mark.parametrize("named", ["flash_attn_mla", "flashmla"])
+def test_a_hopper_only_mla_backend_named_below_hopper_is_refused(named):
     with pytest.raises(SpecError) as err:
-        model_from_hf_config(config, gpu="L40S")
+        model_from_hf_config(preset_config("deepseek-v3"), gpu="A100-80GB", attention_backend=named)
     (problem,) = err.value.problems
-    assert (problem.field, problem.value) == ("gpu", "sm_89") and "need an sm_90 GPU" in problem.limit
-    named = model_from_hf_config(config, gpu="L40S", attention_backend="flashmla")
-    assert {x.backend.name for x in named.layers} == {"flashmla", "indexer"}
+    assert (problem.field, problem.value) == ("attention_backend", named)
+    assert "need an sm_90 GPU, but the plan is for sm_80" in problem.limit and "triton_mla" in problem.fix
+    assert {x.backend.name for x in model_from_hf_config(preset_config("deepseek-v3"), attention_backend=named,
+                                                         gpu="H100").layers} == {named}
 
 
 def test_qwen_gated_delta_checkpoints_only_on_hopper():
