@@ -7,12 +7,14 @@ up to the attention page.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import attrs
 
 from graphkv.errors import PlanError, Problem
 from graphkv.plan.plan import BlockSizeChoice
+from graphkv.spec.backends import Backend, MultipleOf
 from graphkv.spec._checks import cdiv
 from graphkv.spec.layers import LayerKind, MambaCacheMode, MambaSpec
 from graphkv.spec.limits import Limits
@@ -39,10 +41,7 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     if limits.block_size is not None:
         block_size, reason = limits.block_size, f"block_size={limits.block_size} set by the user"
     elif attention:
-        backend = attention[0].backend
-        block_size = backend.preferred_block_size(DEFAULT_BLOCK_SIZE)
-        reason = (f"{backend.name} (first attention backend) prefers {block_size}"
-                  + ("" if block_size == DEFAULT_BLOCK_SIZE else f" ({DEFAULT_BLOCK_SIZE} unsupported)"))
+        block_size, reason = _preferred_block_size(list(dict.fromkeys(layer.backend for layer in attention)))
     else:
         block_size, reason = DEFAULT_BLOCK_SIZE, f"no attention layers: default {DEFAULT_BLOCK_SIZE}"
 
@@ -127,6 +126,27 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     attention_page = max(spec.page_size_bytes(block_size) for spec in attention_specs)
     return BlockSizeChoice(block_size=block_size, mamba_block_size=mamba_bs, reason=reason,
                            mamba_state_bytes=real_state_bytes, mamba_page_bytes=attention_page)
+
+
+def _preferred_block_size(backends: list[Backend]) -> tuple[int, str]:
+    """The block size with none given, as vLLM 0.33 picks it (``Platform._preferred_block_size_for_backends``,
+    commit 4ba787ec9): one backend's preferred size (the default 16 if it takes it, else its smallest kernel block);
+    with several, 16 if every one takes it, else the smallest lcm of one size per backend that every one takes."""
+    first = backends[0]
+    if len(backends) == 1:
+        size = first.preferred_block_size(DEFAULT_BLOCK_SIZE)
+        return size, (f"{first.name} (first attention backend) prefers {size}"
+                      + ("" if size == DEFAULT_BLOCK_SIZE else f" ({DEFAULT_BLOCK_SIZE} unsupported)"))
+    names = ", ".join(f"{b.name} {b.describe_sizes()}" for b in backends)
+    if all(b.supports(DEFAULT_BLOCK_SIZE) for b in backends):
+        return DEFAULT_BLOCK_SIZE, f"every attention backend ({names}) takes {DEFAULT_BLOCK_SIZE}"
+    per_backend = [[s.n if isinstance(s, MultipleOf) else s for s in b.supported_kernel_block_sizes] or [1]
+                   for b in backends]
+    for size in sorted({math.lcm(*sizes) for sizes in itertools.product(*per_backend)}):
+        if all(b.supports(size) for b in backends):
+            return size, f"the smallest size every attention backend ({names}) takes"
+    raise PlanError(Problem(field="block_size", value=None, limit=f"the attention backends share no kernel block "
+                            f"size: {names}", fix="name one attention backend for every layer (attention_backend)"))
 
 
 def _without_attention(block_size: int, reason: str, limits: Limits) -> tuple[int, int | None, str]:

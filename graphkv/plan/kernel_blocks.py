@@ -21,7 +21,8 @@ def choose_kernel_block_size(block_size: int, backends: Sequence[Backend], *, gr
     >>> choose_kernel_block_size(64, [get_backend("flashinfer")])
     64
     """
-    backends = list({b.name: b for b in backends}.values())  # one entry per backend, in first-seen order
+    backends = list(dict.fromkeys(backends))  # one entry per backend (descriptors, not names: one name can run
+    # with other kernel blocks on another GPU or head size), in first-seen order
     if all(b.is_ssm for b in backends) or all(b.supports(block_size) for b in backends):
         return block_size
     candidates: set[int] = set()
@@ -34,8 +35,7 @@ def choose_kernel_block_size(block_size: int, backends: Sequence[Backend], *, gr
     fitting = [c for c in candidates if all(b.supports(c) for b in backends)]
     if fitting:
         return max(fitting)
-    distinct = {b.name: b for b in backends}  # a 32-layer group names flash_attn once, not 32 times
-    sizes = ", ".join(f"{b.name} {b.describe_sizes()}" for b in distinct.values())
+    sizes = ", ".join(f"{b.name} {b.describe_sizes()}" for b in backends)  # a 32-layer group names each once
     raise PlanError(Problem(
         field="block_size", value=block_size,
         limit=f"{group}: no kernel block size is supported by all of {sizes} and divides {block_size}",

@@ -172,15 +172,18 @@ def test_mla_beside_a_state_aligns_the_page_to_128_tokens_as_vllm():
 
 
 def test_the_page_is_a_multiple_of_every_attention_backends_smallest_kernel_block():
-    """vLLM 0.33 steps by the first backend's smallest kernel block (16 here) and rounds the result up to the lcm of
-    every backend's (16 and 40: 80): 16 x cdiv(137216, 16 x 512) = 272 -> 320. Stepping by the largest (40), as
-    graphkv did, gave 280, which no 16-token kernel block divides."""
+    """vLLM 0.33 starts from the smallest size both backends take (16 is not a multiple of 40: lcm(16, 40) = 80),
+    steps by the larger of that and the first backend's smallest kernel block (80), and rounds the result up to the lcm
+    of every backend's (80): 80 x cdiv(137216, 80 x 512) = 320. Stepping by the largest (40), as graphkv did, gave 280,
+    which no 16-token kernel block divides."""
     forty = Backend(name="forty", supported_kernel_block_sizes=(MultipleOf(40),),
                     cudagraph_support=CudaGraphSupport.ALWAYS, kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
     model = ModelKV.from_specs("two-backends", [(ATTN, "flash_attn"), (MAMBA, "mamba"), (ATTN, forty), (MAMBA, "mamba")])
     choice = choose_block_size(model, limits())
     assert choice.block_size == 320 and 320 % 16 == 0 and 320 % 40 == 0
-    assert "rounded up to a multiple of every backend's smallest kernel block (80)" in choice.reason
+    assert choice.reason.startswith("the smallest size every attention backend (flash_attn [MultipleOf(16)], forty "
+                                    "[MultipleOf(40)]) takes; grown to 320")
+    assert "kernel alignment 80 x cdiv(137216 state bytes, 80 x 512 bytes/token)" in choice.reason
     # mode 'all' (graphkv's, after vLLM's newer main): C = lcm(chunk 256, 16, 80) = 1280; B = 1280 x cdiv(268, 1280)
     every = compile_plan(model, limits(mamba_cache_mode="all"), Budget.kv_bytes("1GiB"))
     assert every.block_size == every.block.mamba_block_size == 1280
@@ -278,3 +281,21 @@ def test_prefill_checkpoint_alignment_steps_align_mode_pages_when_every_state_de
     assert choose_block_size(mixed, limits(mamba_cache_mode="align")).block_size == 272
     with pytest.raises(SpecError, match=r"prefill_checkpoint_alignment=0"):
         MambaSpec(shapes=MAMBA.shapes, dtypes=MAMBA.dtypes, prefill_checkpoint_alignment=0)
+
+
+def test_several_attention_backends_start_from_a_size_every_one_takes():
+    """vLLM 0.33 (Platform._preferred_block_size_for_backends): one backend's preferred size; several: 16 when every
+    one takes it, else the smallest lcm of one size per backend that every one takes."""
+    only64 = Backend(name="only64", supported_kernel_block_sizes=(64,), cudagraph_support=CudaGraphSupport.ALWAYS,
+                     kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    both = ModelKV.from_specs("m", [(ATTN, "flash_attn"), (ATTN, "flashinfer")])
+    assert (choose_block_size(both, limits()).block_size, choose_block_size(both, limits()).reason) == (
+        16, "every attention backend (flash_attn [MultipleOf(16)], flashinfer [16, 32, 64]) takes 16")
+    mixed = ModelKV.from_specs("m", [(ATTN, "flash_attn"), (ATTN, only64)])
+    assert choose_block_size(mixed, limits()).block_size == 64
+    alone = ModelKV.from_specs("m", [(ATTN, only64)])
+    assert choose_block_size(alone, limits()).reason == "only64 (first attention backend) prefers 64 (16 unsupported)"
+    odd = Backend(name="odd", supported_kernel_block_sizes=(24,), cudagraph_support=CudaGraphSupport.ALWAYS,
+                  kv_layout=KVLayout(order=CacheOrder.BLOCKS_FIRST))
+    with pytest.raises(PlanError, match="share no kernel block size: only64 \\[64\\], odd \\[24\\]"):
+        choose_block_size(ModelKV.from_specs("m", [(ATTN, only64), (ATTN, odd)]), limits())

@@ -60,10 +60,12 @@ def test_mla_page_scaled_to_the_attention_page():
     mla = MLASpec(kv_lora_rank=512, rope_dim=64)  # 576 * 2 = 1152 B/token, 18432 B per 16-token page
     model = ModelKV.from_specs("m", [(sliding, "flash_attn"), (mla, "flashmla")])
     plan = compile_plan(model, Limits(max_model_len=4096, max_num_batched_tokens=1024), Budget.kv_bytes("1GiB"))
-    # ratio 73728 / 18432 = 4 -> MLA block 64, which flashmla's [64] supports.
-    assert [(g.block_size, g.kernel_block_size) for g in plan.groups] == [(16, 16), (64, 64)]
-    # Pages per request at 4096: sliding cdiv(min(511 + 2 x 1024, 4096), 16) + 1 = 160 + 1, MLA cdiv(4096, 64) = 64.
-    assert [g.pages_per_request for g in plan.groups] == [161, 64]
+    # block size 64: flashmla does not take vLLM's default 16, so it is the smallest size both backends take
+    # (lcm(16, 64)); ratio 73728 / 18432 = 4 -> MLA block 256, split into flashmla's 64-token kernel blocks.
+    assert plan.block_size == 64
+    assert [(g.block_size, g.kernel_block_size) for g in plan.groups] == [(64, 64), (256, 64)]
+    # Pages per request at 4096: sliding cdiv(min(511 + 2 x 1024, 4096), 64) + 1 = 40 + 1, MLA cdiv(4096, 256) = 16.
+    assert [g.pages_per_request for g in plan.groups] == [41, 16]
 
 
 def test_mla_and_full_attention_share_one_group():

@@ -197,3 +197,16 @@ def test_an_unknown_gpu_is_refused_naming_the_known_ones(gpu):
 def test_the_notes_say_which_gpu_the_backends_are_for():
     assert model_from_hf_config(_llama(), gpu="L40S").notes[0].endswith("backends as vLLM 0.33 picks them on sm_89")
     assert model_from_hf_config(_llama()).notes[0].endswith("on sm_90 (assumed: no GPU named)")
+
+
+def test_gemma4_fp8_on_hopper_pages_every_layer_in_64_tokens():
+    """Its 512-wide full-attention heads read FlashAttention 4's 64-token fp8 pages and its 256-wide sliding heads
+    FlashAttention 3's 16-token multiples: the block size is the smallest both take."""
+    config = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 6,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+              "num_global_key_value_heads": 2, "attention_k_eq_v": True, "hidden_size": 2304,
+              "sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    model = model_from_hf_config(config, kv_cache_dtype="fp8")
+    assert _backends(model) == {("flash_attn", M16, "ALWAYS"), ("flash_attn", (64,), "ALWAYS")}
+    plan = graphkv.compile(model, Limits(), Budget.kv_bytes("4GiB"))
+    assert plan.block_size == 64 and {g.kernel_block_size for g in plan.groups} == {64}
