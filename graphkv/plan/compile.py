@@ -247,10 +247,17 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
                      "the runtime keeps one state per request, which has absorbed every token written, so a running "
                      "request's context cannot roll back: a step after rejected drafts is refused (write a draft's "
                      "tokens only once verified)")
+    arch_note = None
+    if gpu is not None and model.gpu_arch is not None and arch_of(gpu) not in (None, model.gpu_arch):
+        arch_note = (f"WARNING: the budget is for the {gpu.name} ({arch_of(gpu)}) but the model's backends are those "
+                     f"vLLM runs on {model.gpu_arch}: build it for that GPU (ModelKV.from_hf_config(config, "
+                     f"gpu={gpu.name!r}) or preset_model(name, gpu={gpu.name!r}); graphkv plan --gpu does) for its kernel "
+                     "blocks and CUDA-graph support")
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
                 ledger=ledger, notes=(*model.notes, *grouping.notes, *((beside_note,) if beside_note else ()),
                                       *((promoted_note,) if promoted_note else ()),
                                           *((seqs_note,) if seqs_note else ()),
-                                          *((spec_note,) if spec_note else ())),
+                                          *((spec_note,) if spec_note else ()),
+                                          *((arch_note,) if arch_note else ())),
                 cacheless=model.cacheless)

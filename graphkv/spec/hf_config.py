@@ -125,7 +125,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
     if positions.note is not None:
         note += f"; {positions.note}"
     model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=positions.value,
-                    hidden_size=hidden_size, notes=(note,))
+                    hidden_size=hidden_size, notes=(note,), gpu_arch=opts.gpu_arch)
     return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
 

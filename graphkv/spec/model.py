@@ -73,7 +73,9 @@ class ModelKV:
     caps ``max_model_len``; ``tensor_parallel_size`` / ``tensor_parallel_rank`` record the sharding
     the specs were built for (:meth:`shard`); ``pipeline`` the stage the layers are (:meth:`stage`;
     ``None``: every layer); ``hidden_size`` sizes the estimated activations of captured graphs;
-    ``notes`` (e.g. which config reader built the model) are copied into the plan.
+    ``notes`` (e.g. which config reader built the model) are copied into the plan; ``gpu_arch`` the GPU
+    architecture whose backends the layers run (``"sm_90"``; set by :meth:`from_hf_config`; ``None``: not said),
+    which a plan for another GPU names in its notes.
     """
 
     name: str
@@ -85,6 +87,7 @@ class ModelKV:
     notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     tensor_parallel_rank: int = 0
     pipeline: PipelineStage | None = None
+    gpu_arch: str | None = None
 
     def __attrs_post_init__(self) -> None:
         check = Checker(f"ModelKV[{self.name}]")
@@ -112,6 +115,9 @@ class ModelKV:
             check.add("pipeline", self.pipeline, "must be a PipelineStage or None", "build stages with ModelKV.stage(...)")
         if self.hidden_size is not None:
             check.positive_int("hidden_size", self.hidden_size)
+        if self.gpu_arch is not None and (not isinstance(self.gpu_arch, str) or not self.gpu_arch.startswith("sm_")):
+            check.add("gpu_arch", self.gpu_arch, "must be a compute capability such as 'sm_90', or None",
+                      "leave it unset, or build the model with ModelKV.from_hf_config(config, gpu=...)")
         if not isinstance(self.notes, tuple) or not all(isinstance(n, str) for n in self.notes):
             check.add("notes", self.notes, "must be a sequence of strings", "pass notes as a tuple of str")
         check.raise_if_any()

@@ -210,3 +210,26 @@ def test_gemma4_fp8_on_hopper_pages_every_layer_in_64_tokens():
     assert _backends(model) == {("flash_attn", M16, "ALWAYS"), ("flash_attn", (64,), "ALWAYS")}
     plan = graphkv.compile(model, Limits(), Budget.kv_bytes("4GiB"))
     assert plan.block_size == 64 and {g.kernel_block_size for g in plan.groups} == {64}
+
+
+def test_a_budget_for_another_gpu_is_named_in_the_plan():
+    """The model records its architecture (kept by shard); a plan whose budget is another GPU says so."""
+    model = model_from_hf_config(_llama())
+    assert (model.gpu_arch, model.shard(2, 1).gpu_arch) == ("sm_90", "sm_90")
+    budget = Budget.for_gpu("A100-80GB", weights_bytes=16 << 30)
+    (warning,) = [n for n in graphkv.compile(model, Limits(), budget).notes if n.startswith("WARNING")]
+    assert warning.startswith("WARNING: the budget is for the A100-80GB (sm_80) but the model's backends are those "
+                              "vLLM runs on sm_90: build it for that GPU (ModelKV.from_hf_config(config, "
+                              "gpu='A100-80GB')")
+    a100 = model_from_hf_config(_llama(), gpu="A100-80GB")
+    assert not [n for n in graphkv.compile(a100, Limits(), budget).notes if n.startswith("WARNING")]
+    by_hand = graphkv.ModelKV.from_specs("m", [(model.layers[0].spec, "flash_attn")])
+    assert by_hand.gpu_arch is None
+    assert not [n for n in graphkv.compile(by_hand, Limits(), budget).notes if n.startswith("WARNING")]
+
+
+@pytest.mark.parametrize("bad", ["H100", 90, ""])
+def test_gpu_arch_must_be_a_compute_capability(bad):
+    layer = model_from_hf_config(_llama()).layers[0]
+    with pytest.raises(SpecError, match="gpu_arch"):
+        graphkv.ModelKV(name="m", layers=(layer,), gpu_arch=bad)
