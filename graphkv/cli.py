@@ -276,7 +276,7 @@ def _inputs(source: ModelSource, limits: Limits, args: argparse.Namespace) -> di
     limit_dict = {name: (value.value if hasattr(value, "value") else value)
                   for name, value in attrs.asdict(limits, recurse=False).items()}
     dtypes = {"kv_cache_dtype": args.kv_cache_dtype, "mamba_ssm_dtype": args.mamba_ssm_dtype,
-              "attention_backend": args.attention_backend}
+              "attention_backend": args.attention_backend, "arch": args.arch}
     partition = list(args.pp_partition) if args.pp_partition is not None else None
     return {**source.description, "tp": args.tp, "pp": args.pp, "pp_partition": partition, **dtypes,
             "limits": limit_dict}
@@ -426,6 +426,8 @@ def _in_flag_terms(error: GraphkvError, args: argparse.Namespace) -> GraphkvErro
             error = in_tp_terms(error, tp, valid, up_to=MAX_TP_TRIED)
         except GraphkvError:  # the config could not be read again: keep the problems as they were
             pass
+    if getattr(args, "arch", None) is not None and getattr(args, "gpu", None) is None:  # the reader's gpu is --arch
+        error = type(error)(*(attrs.evolve(p, field="arch") if p.field == "gpu" else p for p in error.problems))
     typed = {flag: getattr(args, name, None) for flag, name in (("--kv-memory", "kv_memory"), ("--gpu", "gpu"))}
     return in_flag_terms(error, budget_flag=_budget_flag(args), typed=typed,
                          has_flag=lambda flag: hasattr(args, flag.lstrip("-").replace("-", "_")))

@@ -31,6 +31,7 @@ FIELD_FLAGS: Mapping[str, str] = types.MappingProxyType({
     "graph_reserve_bytes": "--graph-reserve",
     "utilization": "--utilization",
     "gpu": "--gpu",
+    "arch": "--arch",
     "max_model_len": "--max-model-len",
     "concurrency": "--concurrency",
     "max_num_seqs": "--max-num-seqs",

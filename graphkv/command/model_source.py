@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from graphkv.command.flag_errors import tp_split_problems
 from graphkv.errors import Problem, SpecError
 from graphkv.inputs import CheckpointWeights, checkpoint_weights, read_json_file
 from graphkv.presets import list_presets, load_preset_config, preset_model
@@ -115,7 +116,8 @@ def _split_sizes(config: Mapping[str, Any], overrides: Mapping[str, Any], up_to:
     for tp in range(1, up_to + 1):
         try:
             ModelKV.from_hf_config(config, tp=tp, **overrides)
-        except SpecError:
-            continue
+        except SpecError as error:
+            if tp_split_problems(error, tp):  # other problems (a dtype or backend refused) are not the split's
+                continue
         sizes.append(tp)
     return tuple(sizes)

@@ -35,8 +35,10 @@ def model_fingerprint(model: ModelKV) -> Fingerprint:
     rows = [("model.max_position_embeddings", str(whole.max_position_embeddings)),
             ("model.tensor_parallel_size", str(whole.tensor_parallel_size)),
             ("model.layers (count)", str(len(whole.layers))), ("model.cacheless (count)", str(len(whole.cacheless)))]
-    rows += [(f"model.layers[{x.name}]", f"{x.spec.describe()} on {x.backend.name} (index {x.index}, layer "
+    rows += [(f"model.layers[{x.name}]", f"{x.spec.describe()} on {x.backend.name} {x.backend.describe_sizes()} "
+                                          f"{x.backend.cudagraph_support.name} (index {x.index}, layer "
                                           f"{x.model_layer}, {x.tp_replicas} replica(s))") for x in whole.layers]
+    rows.append(("model.gpu_arch", str(whole.gpu_arch)))
     rows += [(f"model.cacheless[{x.name}]", f"{x.spec.describe()} (index {x.index})") for x in whole.cacheless]
     return tuple(rows)
 

@@ -41,7 +41,10 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     if limits.block_size is not None:
         block_size, reason = limits.block_size, f"block_size={limits.block_size} set by the user"
     elif attention:
-        block_size, reason = _preferred_block_size(list(dict.fromkeys(layer.backend for layer in attention)))
+        first: dict[str, Backend] = {}  # one per backend name, as vLLM asks each backend class for its sizes
+        for layer in attention:
+            first.setdefault(layer.backend.name, layer.backend)
+        block_size, reason = _preferred_block_size(list(first.values()))
     else:
         block_size, reason = DEFAULT_BLOCK_SIZE, f"no attention layers: default {DEFAULT_BLOCK_SIZE}"
 
@@ -64,7 +67,7 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
     # block (or the block size) is the step, at least 128 tokens where the attention is MLA (its TRTLLM / FlashInfer
     # decode kernels need the page's kernel blocks aligned to 128 tokens); the result is then rounded up to a
     # multiple of every attention backend's smallest kernel block
-    backends = {layer.backend.name: layer.backend for layer in attention}.values()
+    backends = dict.fromkeys(layer.backend for layer in attention)  # each descriptor (a name can have several)
     align = max(attention[0].backend.smallest_kernel_block_size(), block_size)
     why_align = ""
     if any(spec.kind is LayerKind.MLA for spec in attention_specs) and align < MLA_HYBRID_ALIGNMENT:
@@ -131,7 +134,10 @@ def choose_block_size(model: ModelKV, limits: Limits) -> BlockSizeChoice:
 def _preferred_block_size(backends: list[Backend]) -> tuple[int, str]:
     """The block size with none given, as vLLM 0.33 picks it (``Platform._preferred_block_size_for_backends``,
     commit 4ba787ec9): one backend's preferred size (the default 16 if it takes it, else its smallest kernel block);
-    with several, 16 if every one takes it, else the smallest lcm of one size per backend that every one takes."""
+    with several, 16 if every one takes it, else the smallest lcm of one size per backend that every one takes.
+    ``backends`` holds one descriptor per name, the first layer's: vLLM asks a backend class for its sizes without a
+    layer (a FlashAttention layer whose own kernel blocks differ, e.g. FlashAttention 4's 64-token fp8 pages at
+    512-wide heads beside 256-wide ones, is then refused by the kernel-block step, as vLLM fails at start-up)."""
     first = backends[0]
     if len(backends) == 1:
         size = first.preferred_block_size(DEFAULT_BLOCK_SIZE)

@@ -26,6 +26,7 @@ from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.plan.plausibility import beside_pool_note
 from graphkv.plan.promotion import promote_for_limits, promotion_note
 from graphkv.plan.stage_groups import project_grouping
+from graphkv.spec.hf.gpu_backends import ARCH_DEPENDENT_BACKENDS, ASSUMED_ARCH
 from graphkv.spec.budget import GPU, Budget, arch_of
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
@@ -152,8 +153,9 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
     if promotion is not None:
         grouping = attrs.evolve(grouping, promotion=promotion)
     layers = grouping.layers_as_planned(layers)
+    picked = "" if limits.block_size is not None else " (the page size vLLM picks: no block_size given)"
     kernel_sizes = [
-        choose_kernel_block_size(d.block_size, [layer.backend for layer in d.layers], group=f"group {i}")
+        choose_kernel_block_size(d.block_size, [layer.backend for layer in d.layers], group=f"group {i}{picked}")
         for i, d in enumerate(grouping.groups)
     ]
     backends = [tuple(dict.fromkeys(layer.backend.name for layer in d.layers)) for d in grouping.groups]
@@ -235,7 +237,8 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
     graph_keys, graph_reason = _graph_pool(model, graph_pool, keys)
     # the eager steps' stream, and the capture stream once graphs are captured: a cuBLAS workspace set each
     gpu = budget.gpu if budget is not None and isinstance(budget.gpu, GPU) else None
-    blas = blas_workspaces(arch_of(gpu), num_streams=2 if keys else 1, gpu_name=gpu.name if gpu is not None else None)
+    blas = blas_workspaces(arch_of(gpu) or model.gpu_arch, num_streams=2 if keys else 1,
+                           gpu_name=gpu.name if gpu is not None else None)
     ledger = build_ledger(budget_bytes=budget_bytes, capacity=capacity, groups=groups, slots=slots,
                           cpu_allocations=allocations["cpu"], cuda_allocations=allocations["cuda"],
                           graph_keys=graph_keys, graph_pool_reason=graph_reason, blas=blas)
@@ -247,12 +250,7 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
                      "the runtime keeps one state per request, which has absorbed every token written, so a running "
                      "request's context cannot roll back: a step after rejected drafts is refused (write a draft's "
                      "tokens only once verified)")
-    arch_note = None
-    if gpu is not None and model.gpu_arch is not None and arch_of(gpu) not in (None, model.gpu_arch):
-        arch_note = (f"WARNING: the budget is for the {gpu.name} ({arch_of(gpu)}) but the model's backends are those "
-                     f"vLLM runs on {model.gpu_arch}: build it for that GPU (ModelKV.from_hf_config(config, "
-                     f"gpu={gpu.name!r}) or preset_model(name, gpu={gpu.name!r}); graphkv plan --gpu does) for its kernel "
-                     "blocks and CUDA-graph support")
+    arch_note = _arch_note(model, gpu)
     return Plan(model_name=model.name, limits=limits, layers=layers, block=block, groups=groups, slots=slots,
                 group_size=grouping.group_size, capacity=capacity, buffers=buffers, cudagraph=cudagraph,
                 ledger=ledger, notes=(*model.notes, *grouping.notes, *((beside_note,) if beside_note else ()),
@@ -261,3 +259,20 @@ def _compile(model: ModelKV, limits: Limits, budget: Budget | None, graph_pool: 
                                           *((spec_note,) if spec_note else ()),
                                           *((arch_note,) if arch_note else ())),
                 cacheless=model.cacheless)
+
+
+def _arch_note(model: ModelKV, gpu: GPU | None) -> str | None:
+    """A warning when the budget's GPU is not the architecture the model's backends were chosen for (the model's
+    ``gpu_arch``, else an H100's, as the built-in backends are), for a model whose backends differ by architecture."""
+    arch = arch_of(gpu)
+    built_for = model.gpu_arch or ASSUMED_ARCH
+    if gpu is None or arch is None or arch == built_for:
+        return None
+    if not any(layer.backend.name in ARCH_DEPENDENT_BACKENDS
+               or getattr(layer.spec, "prefill_checkpoint_alignment", None) for layer in model.layers):
+        return None
+    named = "" if model.gpu_arch is not None else " (no GPU was named when it was built)"
+    return (f"WARNING: the budget is for the {gpu.name} ({arch}) but the model's backends are those vLLM runs on "
+            f"{built_for}{named}: build it for that GPU (ModelKV.from_hf_config(config, gpu={gpu.name!r}) or "
+            f"preset_model(name, gpu={gpu.name!r}); graphkv plan --gpu does) for its kernel blocks and CUDA-graph "
+            "support")

@@ -36,7 +36,10 @@ def choose_kernel_block_size(block_size: int, backends: Sequence[Backend], *, gr
     if fitting:
         return max(fitting)
     sizes = ", ".join(f"{b.name} {b.describe_sizes()}" for b in backends)  # a 32-layer group names each once
+    larger = next((k * block_size for k in range(2, 257) if all(b.supports(k * block_size) for b in backends)), None)
+    fix = (f"set block_size={larger} (every backend of the group takes it; vLLM needs --block-size {larger} too)"
+           if larger is not None else "choose a block_size that is a multiple of a size every backend supports")
     raise PlanError(Problem(
         field="block_size", value=block_size,
         limit=f"{group}: no kernel block size is supported by all of {sizes} and divides {block_size}",
-        fix="choose a block_size that is a multiple of a size every backend supports, or use one backend for the group"))
+        fix=f"{fix}, or use one backend for the group"))

@@ -48,7 +48,7 @@ from graphkv.spec.dtypes import DType, parse_cache_dtype, parse_dtype
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
-from graphkv.spec.hf.gpu_backends import exports_gdn_checkpoints, resolve_gpu_arch
+from graphkv.spec.hf.gpu_backends import exports_gdn_checkpoints, gpu_label, resolve_gpu_arch
 from graphkv.spec.hf.layout import Role, read_layout
 from graphkv.spec.hf.sharing import kv_sources
 from graphkv.spec.hf.positions import read_position_cap
@@ -119,13 +119,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
         _check_backend_used(cfg, attention_backend, layers)
     cfg.raise_if_any()
     note = (f"config reader: {source.describe()}; layer kinds from {layout.source}; backends as vLLM 0.33 picks them "
-            f"on {opts.gpu_arch}" + (" (assumed: no GPU named)" if gpu is None else ""))
+            f"on {opts.gpu_arch}" + ("" if opts.gpu_named else " (assumed: no GPU named)"))
     if shared:
         note += f"; the last {len(shared)} layers read earlier layers' KV (num_kv_shared_layers)"
     if positions.note is not None:
         note += f"; {positions.note}"
     model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=positions.value,
-                    hidden_size=hidden_size, notes=(note,), gpu_arch=opts.gpu_arch)
+                    hidden_size=hidden_size, notes=(note,), gpu_arch=opts.gpu_arch if opts.gpu_named else None)
     return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
 
@@ -176,7 +176,8 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
     arch = resolve_gpu_arch(cfg, gpu)
     checkpoints = family.state_checkpoint_tokens if family is not None and exports_gdn_checkpoints(arch) else None
     return Options(tp=tp, model_dtype=model_dtype, attention_dtype=attention_dtype, ssm_dtype=ssm_dtype, **backends,
-                   state_checkpoint_tokens=checkpoints, gpu_arch=arch)
+                   state_checkpoint_tokens=checkpoints, gpu_arch=arch, gpu_label=gpu_label(gpu, arch),
+                   gpu_named=gpu is not None, gpu_value=gpu.name if isinstance(gpu, GPU) else gpu)
 
 
 def _check_backend_used(cfg: ConfigReader, attention_backend: Any, layers: list[LayerDecl]) -> None:

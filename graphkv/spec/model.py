@@ -74,8 +74,9 @@ class ModelKV:
     the specs were built for (:meth:`shard`); ``pipeline`` the stage the layers are (:meth:`stage`;
     ``None``: every layer); ``hidden_size`` sizes the estimated activations of captured graphs;
     ``notes`` (e.g. which config reader built the model) are copied into the plan; ``gpu_arch`` the GPU
-    architecture whose backends the layers run (``"sm_90"``; set by :meth:`from_hf_config`; ``None``: not said),
-    which a plan for another GPU names in its notes.
+    architecture whose backends the layers run (``"sm_80"``), when it was named (:meth:`from_hf_config`'s ``gpu``;
+    ``None``: an H100's, sm_90, assumed, as the built-in backends are), which the plan's cuBLAS workspaces follow
+    and a plan for another GPU names in its notes.
     """
 
     name: str

@@ -55,3 +55,27 @@ def test_bad_arch_and_unknown_gpu_are_one_error(capsys: pytest.CaptureFixture[st
 def test_fp8_mla_on_an_a100_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "plan", "--preset", "deepseek-v3", "--arch", "sm_80", "--kv-cache-dtype", "fp8")
     assert_one_error(code, err, "--kv-cache-dtype=", "Triton MLA", "--kv-cache-dtype='bfloat16'")
+
+
+def test_a_refusal_for_the_architecture_names_the_flag_typed(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    config = tmp_path / "config.json"
+    from tests.preset_configs import preset_config
+
+    config.write_text(json.dumps(preset_config("deepseek-v3", num_hidden_layers=4, index_head_dim=128,
+                                               layer_types=["indexed_attention"] * 4)))
+    code, _, err = run(capsys, "plan", "--hf-config", str(config), "--arch", "sm_89")
+    assert_one_error(code, err, "--arch='sm_89'", "and the plan is for sm_89")
+    code, _, err = run(capsys, "plan", "--hf-config", str(config), "--gpu", "L40S")
+    assert_one_error(code, err, "--gpu='L40S'", "and the plan is for L40S (sm_89)")
+
+
+def test_a_bad_tp_beside_an_architecture_refusal_still_lists_the_sizes_that_split(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "--preset", "deepseek-v3", "--tp", "3", "--arch", "sm_80",
+                       "--kv-cache-dtype", "fp8")
+    assert_one_error(code, err, "--tp=3", "use --tp 1, 2, 4, 8, 16, 32 or 64")
+
+
+def test_the_json_inputs_record_the_architecture(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _plan_json(capsys, "--preset", "llama-3.1-8b", "--arch", "sm_80")["inputs"]["arch"] == "sm_80"
+    assert _plan_json(capsys, "--preset", "llama-3.1-8b")["inputs"]["arch"] is None

@@ -56,6 +56,9 @@ class Options:
     mla_backend: str  # MLA layers ("auto": vLLM's pick on gpu_arch)
     state_checkpoint_tokens: int | None = None  # the family's prefill checkpoints in align mode, where it exports them
     gpu_arch: str = "sm_90"  # the GPU's compute capability the backends are chosen for (graphkv.spec.hf.gpu_backends)
+    gpu_label: str = "sm_90"  # the GPU as messages name it: what the user gave, with its architecture
+    gpu_named: bool = False  # whether the user named the GPU (else gpu_arch is assumed)
+    gpu_value: Any = None  # the GPU as the user gave it (a problem's value)
 
     def state_dtype(self, default: DType | None = None) -> DType:
         """The recurrent-state dtype: the one asked for, else ``default``, else the model dtype."""

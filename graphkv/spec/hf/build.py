@@ -23,7 +23,8 @@ from typing import Any
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.attention import AttentionReader
 from graphkv.spec.hf.families import Family
-from graphkv.spec.hf.gpu_backends import attention_backend, mla_backend
+from graphkv.spec.hf.gpu_attention import attention_backend
+from graphkv.spec.hf.gpu_backends import mla_backend
 from graphkv.spec.hf.layout import Layout, Role, has_attention_heads, has_state_fields
 from graphkv.spec.hf.mla import MLAReader, is_mla
 from graphkv.spec.hf.states import STATE_BACKENDS, read_conv_state, read_state
@@ -78,7 +79,7 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
     indexer_owner = _indexer_owners(cfg, len(roles)) if Role.INDEXED in present else []
     attention_specs = {i: attention.spec(i, Role.FULL if role is Role.HYBRID else role) for i, role in enumerate(roles)
                        if attention is not None and i not in shared and role in _ATTENTION}
-    triton_for_all = _triton_for_all(family, attention_specs.values())
+    triton_rule = _triton_rule(family, attention_specs.values())
     entries = _Entries(len(roles))
     cacheless: list[CachelessDecl] = []
     per_layer = family.attentions_per_layer if family is not None else 1
@@ -95,7 +96,8 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
             assert latent.latent is not None
             for k in range(per_layer):
                 entries.add(i, f"attn{k}" if k else "", latent.latent, mla_backend(
-                    cfg, opts.gpu_arch, opts.mla_backend, latent.latent.dtype, indexed=latent.indexer is not None))
+                    cfg, opts.gpu_arch, opts.mla_backend, latent.latent.dtype, indexed=latent.indexer is not None,
+                    gpu=opts.gpu_label, gpu_value=opts.gpu_value))
             if role is Role.INDEXED and indexer_owner[i]:
                 entries.add(i, "indexer", latent.indexer, "indexer")
         else:
@@ -106,7 +108,7 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
             entries.add(i, "", spec, attention_backend(
                 cfg, opts.gpu_arch, None if opts.attention_backend == "auto" else opts.attention_backend,
                 model_dtype=opts.model_dtype, cache_dtype=spec.dtype, head_size=spec.head_size,
-                sinks=family is not None and family.attention_sinks, triton_for_all=triton_for_all))
+                sinks=family is not None and family.attention_sinks, triton_rule=triton_rule, gpu=opts.gpu_label))
             if role is Role.HYBRID:
                 assert isinstance(state, MambaSpec)
                 entries.add(i, state.variant, state, STATE_BACKENDS[state.variant])
@@ -114,11 +116,13 @@ def build_layers(cfg: ConfigReader, opts: Options, layout: Layout, family: Famil
     return entries.layers + entries.extra, cacheless
 
 
-def _triton_for_all(family: Family | None, specs: Any) -> bool:
-    """Whether vLLM 0.33 serves every attention layer of this model with Triton below Hopper (the family's
-    ``triton_below_hopper``: always, or when its layers' head sizes differ)."""
+def _triton_rule(family: Family | None, specs: Any) -> str:
+    """The family's rule for serving this model with Triton below Hopper (``triton_below_hopper``), when it applies:
+    ``"always"``, or ``"mixed_heads"`` when its layers' head sizes differ; else ``""``."""
     rule = family.triton_below_hopper if family is not None else ""
-    return rule == "always" or (rule == "mixed_heads" and len({s.head_size for s in specs if s is not None}) > 1)
+    if rule == "mixed_heads" and len({s.head_size for s in specs if s is not None}) < 2:
+        return ""
+    return rule
 
 
 def _indexer_owners(cfg: ConfigReader, count: int) -> list[bool]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import graphkv
-from graphkv.errors import SpecError
+from graphkv.errors import PlanError, SpecError
 from graphkv.spec import Budget, Limits
 from graphkv.spec.backends import CudaGraphSupport, MultipleOf
 from graphkv.spec.budget import KNOWN_GPUS
@@ -80,7 +80,9 @@ def test_fp8_only_triton_reads_is_refused_on_an_a100():
         model_from_hf_config(config, kv_cache_dtype="fp8", gpu="A100-40GB")
     (problem,) = err.value.problems
     assert problem.field == "kv_cache_dtype"
-    assert "80-wide attention heads with Triton on sm_80" in problem.limit and "bfloat16" in problem.fix
+    assert problem.limit == ("neither FlashAttention nor FlashInfer serves 80-wide heads with an fp8 cache on sm_80, "
+                             "and Triton reads an fp8 cache from sm_89 on; the plan is for A100-40GB (sm_80)")
+    assert problem.fix == "use kv_cache_dtype='bfloat16', or plan for another GPU (--gpu / --arch)"
 
 
 def test_float32_runs_triton_everywhere():
@@ -142,7 +144,8 @@ def test_indexed_mla_below_hopper_is_refused():
         with pytest.raises(SpecError) as err:
             model_from_hf_config(config, gpu="L40S", attention_backend=named)
         (problem,) = err.value.problems
-        assert (problem.field, problem.value) == ("gpu", "sm_89") and "need an sm_90 GPU" in problem.limit
+        assert (problem.field, problem.value) == ("gpu", "L40S")
+        assert "need an sm_90 GPU, and the plan is for L40S (sm_89)" in problem.limit
     assert {x.backend.name for x in model_from_hf_config(config).layers} == {"flashmla", "indexer"}
 
 
@@ -152,7 +155,8 @@ def test_a_hopper_only_mla_backend_named_below_hopper_is_refused(named):
         model_from_hf_config(preset_config("deepseek-v3"), gpu="A100-80GB", attention_backend=named)
     (problem,) = err.value.problems
     assert (problem.field, problem.value) == ("attention_backend", named)
-    assert "need an sm_90 GPU, but the plan is for sm_80" in problem.limit and "triton_mla" in problem.fix
+    assert problem.limit.endswith("which need an sm_90 GPU, but the plan is for A100-80GB (sm_80)")
+    assert "triton_mla" in problem.fix
     assert {x.backend.name for x in model_from_hf_config(preset_config("deepseek-v3"), attention_backend=named,
                                                          gpu="H100").layers} == {named}
 
@@ -199,33 +203,105 @@ def test_the_notes_say_which_gpu_the_backends_are_for():
     assert model_from_hf_config(_llama()).notes[0].endswith("on sm_90 (assumed: no GPU named)")
 
 
-def test_gemma4_fp8_on_hopper_pages_every_layer_in_64_tokens():
-    """Its 512-wide full-attention heads read FlashAttention 4's 64-token fp8 pages and its 256-wide sliding heads
-    FlashAttention 3's 16-token multiples: the block size is the smallest both take."""
+def test_gemma4_fp8_on_hopper_needs_64_token_pages_and_says_so():
+    """Its 512-wide full-attention heads read FlashAttention 4's 64-token fp8 pages, its 256-wide sliding heads
+    FlashAttention 3's 16-token multiples. vLLM asks the FLASH_ATTN class for its sizes once, for the model's head size
+    (256), picks 16 and fails on the 512-wide layers: graphkv refuses the same page size, naming 64, which plans."""
     config = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 6,
               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
               "num_global_key_value_heads": 2, "attention_k_eq_v": True, "hidden_size": 2304,
               "sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
     model = model_from_hf_config(config, kv_cache_dtype="fp8")
     assert _backends(model) == {("flash_attn", M16, "ALWAYS"), ("flash_attn", (64,), "ALWAYS")}
-    plan = graphkv.compile(model, Limits(), Budget.kv_bytes("4GiB"))
+    with pytest.raises(PlanError) as err:
+        graphkv.compile(model, Limits(), Budget.kv_bytes("4GiB"))
+    (problem,) = err.value.problems
+    assert (problem.field, problem.value) == ("block_size", 16)
+    assert problem.limit == ("group 5 (the page size vLLM picks: no block_size given): no kernel block size is "
+                             "supported by all of flash_attn [64] and divides 16")
+    assert problem.fix.startswith("set block_size=64 (every backend of the group takes it; vLLM needs --block-size "
+                                  "64 too)")
+    plan = graphkv.compile(model, Limits(block_size=64), Budget.kv_bytes("4GiB"))
     assert plan.block_size == 64 and {g.kernel_block_size for g in plan.groups} == {64}
+
+
+@pytest.mark.parametrize(("named", "gpu", "dtype", "head", "why"), [
+    ("flash_attn", "A100-80GB", "fp8", 128, "FlashAttention 2 (sm_80 / sm_89) reads no fp8 cache"),
+    ("flash_attn", "L40S", None, 512, "FlashAttention 2 (sm_80 / sm_89) takes heads up to 256, not 512"),
+    ("flash_attn", "H100", "fp8_e5m2", 128, "FlashAttention reads no fp8_e5m2 cache"),
+    ("flash_attn", "H100", "fp8", 384, "FlashAttention 3 / 4 (sm_90) reads an fp8 cache of heads up to 256 or of "
+                                       "exactly 512, not 384"),
+    ("flashinfer", "H100", None, 96, "FlashInfer takes heads of 64, 128, 256, 512, not 96"),
+])
+def test_a_named_backend_that_cannot_run_the_layer_is_refused(named, gpu, dtype, head, why):
+    config = _llama(head_dim=head, num_attention_heads=8, hidden_size=8 * head)
+    kwargs = {} if dtype is None else {"kv_cache_dtype": dtype}
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(config, attention_backend=named, gpu=gpu, **kwargs)
+    (problem,) = err.value.problems
+    assert (problem.field, problem.value) == ("attention_backend", named)
+    assert problem.limit.startswith(why + "; the plan is for ") and problem.fix.startswith("leave attention_backend")
+
+
+def test_a_named_flash_attn_keeps_fa4s_fp8_pages():
+    config = _llama(head_dim=512, num_attention_heads=8, hidden_size=4096)
+    named = model_from_hf_config(config, kv_cache_dtype="fp8", attention_backend="flash_attn")
+    assert _backends(named) == {("flash_attn", (64,), "ALWAYS")}
+
+
+@pytest.mark.parametrize(("gpu", "named", "dtype", "field"), [
+    ("A100-80GB", "triton_mla", "fp8", "kv_cache_dtype"),  # Triton MLA's fp8 needs sm_89, however it was chosen
+    ("L40S", None, "fp8_e5m2", "kv_cache_dtype"),  # no MLA backend reads e5m2
+    ("H100", None, "fp8_e5m2", "kv_cache_dtype"),
+    ("H100", "flash_attn_mla", "fp8", "kv_cache_dtype"),  # FlashAttention's MLA kernels read bf16 / fp16 only
+])
+def test_an_mla_cache_no_backend_reads_is_refused(gpu, named, dtype, field):
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(preset_config("deepseek-v3"), gpu=gpu, attention_backend=named, kv_cache_dtype=dtype)
+    (problem,) = err.value.problems
+    assert problem.field == field and "bfloat16" in problem.fix
+
+
+def test_narrow_heads_with_fp8_or_sinks_have_no_backend():
+    config = _llama(head_dim=20, num_attention_heads=8, hidden_size=160)  # not a multiple of 8: no FlashAttention
+    assert _backends(model_from_hf_config(config)) == {("flex", M16, "ALWAYS")}
+    with pytest.raises(SpecError, match="no vLLM 0.33 backend serves 20-wide heads with an fp8 cache"):
+        model_from_hf_config(config, kv_cache_dtype="fp8")
+
+
+def test_gpt_oss_fp8_on_an_a100_names_the_sinks():
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(preset_config("gpt-oss-20b"), gpu="A100-80GB", kv_cache_dtype="fp8")
+    assert err.value.problems[0].limit.startswith("the attention sinks leave only Triton")
 
 
 def test_a_budget_for_another_gpu_is_named_in_the_plan():
     """The model records its architecture (kept by shard); a plan whose budget is another GPU says so."""
     model = model_from_hf_config(_llama())
-    assert (model.gpu_arch, model.shard(2, 1).gpu_arch) == ("sm_90", "sm_90")
+    assert model.gpu_arch is None  # an H100's assumed
+    h100 = model_from_hf_config(_llama(), gpu="H100")
+    assert (h100.gpu_arch, h100.shard(2, 1).gpu_arch) == ("sm_90", "sm_90")
     budget = Budget.for_gpu("A100-80GB", weights_bytes=16 << 30)
     (warning,) = [n for n in graphkv.compile(model, Limits(), budget).notes if n.startswith("WARNING")]
     assert warning.startswith("WARNING: the budget is for the A100-80GB (sm_80) but the model's backends are those "
-                              "vLLM runs on sm_90: build it for that GPU (ModelKV.from_hf_config(config, "
-                              "gpu='A100-80GB')")
+                              "vLLM runs on sm_90 (no GPU was named when it was built): build it for that GPU "
+                              "(ModelKV.from_hf_config(config, gpu='A100-80GB')")
+    (named,) = [n for n in graphkv.compile(h100, Limits(), budget).notes if n.startswith("WARNING")]
+    assert "vLLM runs on sm_90: build it" in named
     a100 = model_from_hf_config(_llama(), gpu="A100-80GB")
     assert not [n for n in graphkv.compile(a100, Limits(), budget).notes if n.startswith("WARNING")]
-    by_hand = graphkv.ModelKV.from_specs("m", [(model.layers[0].spec, "flash_attn")])
-    assert by_hand.gpu_arch is None
-    assert not [n for n in graphkv.compile(by_hand, Limits(), budget).notes if n.startswith("WARNING")]
+    flex = graphkv.ModelKV.from_specs("m", [(model.layers[0].spec, "flex")])  # the same on every GPU: no warning
+    assert not [n for n in graphkv.compile(flex, Limits(), budget).notes if n.startswith("WARNING")]
+
+
+def test_the_cublas_workspaces_follow_the_named_architecture():
+    """PyTorch's cuBLAS workspace is 32 MiB per stream on sm_90 and 8 MiB + 128 KiB elsewhere."""
+    def lazy(model):
+        plan = graphkv.compile(model, Limits(), Budget.kv_bytes("20GiB"))
+        (entry,) = [e for e in plan.ledger.entries if e.name == "lazy workspaces"]
+        return entry.nbytes, entry.reason.split("(", 1)[1].split(")", 1)[0]
+    assert lazy(model_from_hf_config(_llama())) == (68 << 20, "PyTorch's defaults on sm_90, assumed: no GPU named")
+    assert lazy(model_from_hf_config(_llama(), gpu="sm_80")) == (44 << 20, "PyTorch's defaults on sm_80")
 
 
 @pytest.mark.parametrize("bad", ["H100", 90, ""])
