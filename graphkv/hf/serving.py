@@ -44,6 +44,8 @@ class ServingLoop:
     ``merge_projections`` (with ``compile="piecewise"`` / ``"fused"``): each q / k / v and gate / up group runs as
     one matmul, its weights laid out end to end in the model (:class:`~graphkv.hf.model.PagedModel`).
     ``small_matmul`` (same compile modes): steps of at most 8 tokens multiply through graphkv's small-matmul kernel.
+    ``progress``: write the capture's progress to stderr (each key warmed up, then captured: on a GPU the first
+    warm-up traces and compiles the forward, tens of seconds for a 1B model), and what it did at the end.
 
     Attributes: :attr:`plan`, :attr:`pool`, :attr:`step` (the Step: :class:`Batch` in, buffers
     filled, ownership checked), :attr:`model` (the paged model), :attr:`forward` (the captured
@@ -63,12 +65,14 @@ class ServingLoop:
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
                  kernels: str = "auto", decode_attention: str | None = None,  # noqa: A002
-                 merge_projections: bool = False, small_matmul: bool = False) -> None:
+                 merge_projections: bool = False, small_matmul: bool = False, progress: bool = False) -> None:
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
-        if not isinstance(capture_graphs, bool):  # "no" is truthy: it would capture
-            raise SpecError(Problem(field="capture_graphs", value=capture_graphs, limit="must be a bool",
-                                    fix="pass True to capture the plan's CUDA graphs (rehearse them on a CPU), else "
-                                        "False"))
+        for name, flag in (("capture_graphs", capture_graphs), ("progress", progress)):
+            if not isinstance(flag, bool):  # "no" is truthy: it would capture
+                raise SpecError(Problem(field=name, value=flag, limit="must be a bool",
+                                        fix="pass True or False" + (" (True captures the plan's CUDA graphs, or "
+                                                                    "rehearses them on a CPU)" if name == "capture_graphs"
+                                                                    else "")))
         self.vocab_size = vocab_size_of(model)  # token ids the model embeds: run() refuses others
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.kernels = resolve_kernels(kernels, self.device)
@@ -85,7 +89,7 @@ class ServingLoop:
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:
-            self.capture_report = self.forward.capture(progress=False, prepare=self.step.capture_context,
+            self.capture_report = self.forward.capture(progress=progress, prepare=self.step.capture_context,
                                                        rehearse=rehearses(self.kernels, self.device))
 
     @property

@@ -360,6 +360,25 @@ def test_capture_graphs_must_be_a_bool():
     with pytest.raises(SpecError, match=r"^capture_graphs='no': must be a bool"):
         ServingLoop(tiny_model("qwen3"), limits=Limits(max_model_len=64), budget=Budget.kv_bytes("1MiB"),
                     capture_graphs="no")
+    with pytest.raises(SpecError, match=r"^progress=1: must be a bool; pass True or False$"):
+        ServingLoop(tiny_model("qwen3"), limits=Limits(max_model_len=64), budget=Budget.kv_bytes("1MiB"), progress=1)
+
+
+def test_progress_writes_what_capture_did_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """progress=True: each key's warm-up and capture (here rehearsal: the GPU path on a CPU), then what capture did,
+    on stderr; False (the default): nothing."""
+    from graphkv import Budget, Limits
+    from graphkv.hf import ServingLoop, tiny_model
+
+    limits = Limits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, max_cudagraph_capture_size=2)
+    loop = ServingLoop(tiny_model("qwen3"), limits=limits, budget=Budget.kv_bytes("1MiB"), kernels="triton",
+                       progress=True)
+    err = capsys.readouterr().err
+    assert "\rgraphkv: warming up 1/4 decode(num_tokens=2, num_reqs=2)" in err  # 2 decode and 2 mixed keys
+    assert "\rgraphkv: rehearsing graph keys 4/4 " in err
+    assert err.endswith(f"\rgraphkv: {loop.capture_report}".ljust(80) + "\n")
+    ServingLoop(tiny_model("qwen3"), limits=limits, budget=Budget.kv_bytes("1MiB"), kernels="triton")
+    assert "graphkv:" not in capsys.readouterr().err
 
 
 def test_a_step_longer_than_the_plan_is_refused_before_the_compiled_forward(loop) -> None:

@@ -53,7 +53,7 @@ from graphkv.runtime.capture.checks import (check_callable, check_forward_parame
                                             refuse_other_plan)
 from graphkv.runtime.capture.cut import check_eager_shape, check_fits_key, check_outputs, cut_to_step
 from graphkv.runtime.capture.keys import Dispatcher, GraphKey, StepDispatch, capture_keys, graph_mode
-from graphkv.runtime.capture.report import CPU_UNAVAILABLE, MODE_NONE, CaptureReport
+from graphkv.runtime.capture.report import CPU_UNAVAILABLE, MODE_NONE, CaptureReport, shown
 from graphkv.runtime.capture.shape import ShapeMemo, StepShape, key_shape, shape_context
 from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.static_inputs import StaticInputs
@@ -261,11 +261,11 @@ class CapturedForward:
         if self.unavailable_reason is not None and not (rehearse and self.mode is not CudaGraphMode.NONE):
             self._forget()  # an earlier rehearsal: from now on every step runs eagerly, as the report says
             self._log_once(self.unavailable_reason, logging.WARNING)
-            return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)
+            return CaptureReport(keys=(), seconds=0.0, unavailable_reason=self.unavailable_reason)  # logged above
         if not keys:
-            return CaptureReport(keys=(), seconds=0.0, skipped=(f"the plan's cudagraph support {self.support.name} "
-                                                                f"allows no key of mode {self.mode.value}",),
-                                 rehearsed=rehearse)
+            return shown(CaptureReport(keys=(), seconds=0.0, skipped=(
+                f"the plan's cudagraph support {self.support.name} allows no key of mode {self.mode.value}",),
+                rehearsed=rehearse), progress)
         self.inputs.require()
         if self._priming is not None and not rehearse:
             raise CaptureError(Problem(
@@ -295,10 +295,8 @@ class CapturedForward:
                                skipped=(self._piecewise_missing,) if self._piecewise_missing else (),
                                rehearsed=rehearse, warm_up_seconds=phase_seconds[0],
                                capture_seconds=phase_seconds[1], num_piece_graphs=self._num_piece_graphs)
-        if progress:
-            sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
         logger.info("%s", report)
-        return report
+        return shown(report, progress)
 
     def _warm_up_and_capture(self, keys: tuple[GraphKey, ...], rehearse: bool, progress: bool,
                              prepare: Callable[[GraphKey], ContextManager[Any]] | None,
@@ -495,3 +493,4 @@ def capture(plan: Plan, *, static_inputs: Mapping[str, torch.Tensor] | None = No
         return CapturedForward(fn, plan, static_inputs=static_inputs, pad_values=pad_values, token_dims=token_dims,
                                copy_outputs=copy_outputs, pool=pool, stream=stream)
     return wrap
+

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import attrs
 
 from graphkv.runtime.capture.keys import GraphKey
 
-__all__ = ["CPU_UNAVAILABLE", "MODE_NONE", "CaptureReport"]
+__all__ = ["CPU_UNAVAILABLE", "MODE_NONE", "CaptureReport", "shown"]
 
 CPU_UNAVAILABLE = "CUDA graphs unavailable: torch.cuda.is_available() is False (CPU build / no GPU); running eagerly"
 MODE_NONE = "CUDA graphs disabled: the plan's cudagraph mode is NONE; running eagerly"
@@ -41,3 +43,10 @@ class CaptureReport:
             text = (f"captured {len(self.keys)} CUDA graphs in {self.seconds:.1f} s (warm-up {self.warm_up_seconds:.1f} s,"
                     f" capture {self.capture_seconds:.1f} s{pieces})")
         return "; ".join((text, *self.skipped))
+
+
+def shown(report: CaptureReport, progress: bool) -> CaptureReport:
+    """``report``, written to stderr as the capture's last progress line when ``progress``."""
+    if progress:
+        sys.stderr.write(f"\rgraphkv: {report}".ljust(80) + "\n")
+    return report
