@@ -108,8 +108,8 @@ def _add_budget_flags(p: argparse.ArgumentParser) -> None:
                      help="bytes for the KV pool, e.g. 40GiB, 512MiB")
     src.add_argument("--gpu", metavar="NAME", type=nonempty("a GPU name"),
                      help=f"one of {', '.join(g.name for g in KNOWN_GPUS.values())}: the pool gets total x "
-                          "utilization - weights - activations - graph reserve, and the layers the backends vLLM 0.33 "
-                          "runs on that GPU's architecture")
+                          "utilization - weights - activations - graph reserve; the layers take the backends vLLM "
+                          "0.33 runs on that GPU")
     g.add_argument("--utilization", type=real_fraction, metavar="F",
                    help="fraction of the GPU's memory to use (--gpu only; default 0.9)")
     g.add_argument("--weights-memory", metavar="SIZE", type=nonempty("a size, e.g. 16GiB"),
@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The model reader's keyword overrides the flags give: dtypes, a backend, and the GPU whose backends to plan for
-    (``--gpu``; an unknown name is refused by the reader, naming the flag)."""
+    (``--arch``, else ``--gpu``; an unknown name is refused by the reader, naming the flag; an ``--arch`` that is not
+    ``--gpu``'s is refused here)."""
     names = ("kv_cache_dtype", "mamba_ssm_dtype", "attention_backend")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     arch, gpu = getattr(args, "arch", None), getattr(args, "gpu", None)

@@ -21,10 +21,12 @@ Dtypes: the attention / MLA cache uses ``kv_cache_dtype``, else the config's ``t
 ``mamba_ssm_dtype``), else the family's default (Nemotron-H: float32, as vLLM), else the
 variant's (KDA: float32), else the config dtype (``"auto"`` means "not set" everywhere, as in vLLM).
 
-Backends: those vLLM 0.33 picks on the GPU named by ``gpu`` (an H100's, sm_90, when none is named;
-:mod:`graphkv.spec.hf.gpu_backends`): attention ``flash_attn``, MLA ``flash_attn_mla`` on sm_90 (``flashmla`` for fp8
-caches and indexed MLA, ``triton_mla`` for float32) and ``triton_mla`` on sm_80 / sm_89, indexer keys ``indexer``,
-Mamba1/Mamba2 ``mamba``, gated-delta ``gdn``, KDA ``kda``, lightning ``lightning``, short conv ``short_conv``.
+Backends: those vLLM 0.33 picks on the GPU named by ``gpu`` (an H100's, sm_90, when none is named): attention
+``flash_attn`` where FlashAttention runs the layer, else ``flashinfer``, ``triton_paged`` or ``flex``
+(:mod:`graphkv.spec.hf.gpu_attention`), MLA ``flash_attn_mla`` on sm_90 (``flashmla`` for fp8 caches and indexed MLA,
+``triton_mla`` for float32) and ``triton_mla`` on sm_80 / sm_89 (:mod:`graphkv.spec.hf.gpu_backends`), indexer keys
+``indexer``, Mamba1/Mamba2 ``mamba``, gated-delta ``gdn``, KDA ``kda``, lightning ``lightning``, short conv
+``short_conv``.
 ``attention_backend`` replaces the backend of every non-MLA attention layer (or, when it names
 an MLA backend such as ``triton_mla``, of every MLA layer).
 
