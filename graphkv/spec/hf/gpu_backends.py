@@ -55,11 +55,13 @@ def resolve_gpu_arch(cfg: ConfigReader, gpu: Any) -> str:
     if isinstance(gpu, str) and gpu.strip().lower() in PLANNED_ARCHS:
         return gpu.strip().lower()
     arch = arch_of(gpu) if isinstance(gpu, (GPU, str)) else None
+    arch = arch.strip().lower() if isinstance(arch, str) else None
     if arch in PLANNED_ARCHS:
         return arch
     known = ", ".join(g.name for g in KNOWN_GPUS.values())
     shown = gpu.name if isinstance(gpu, GPU) else gpu
-    why = "names no architecture graphkv plans for" if isinstance(gpu, GPU) else "is not a known GPU"
+    why = (f"has architecture {gpu.arch!r}, not one graphkv plans for ({', '.join(PLANNED_ARCHS)})"
+           if isinstance(gpu, GPU) else "is not a known GPU")
     cfg.argument_problem("gpu", shown, f"{why}; known: {known}",
                          f"name one of those or an architecture ({', '.join(PLANNED_ARCHS)}; --arch on the command "
                          f"line): the plan takes the backends vLLM picks there; unset, an H100's ({ASSUMED_ARCH})")

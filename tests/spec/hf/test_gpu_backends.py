@@ -198,6 +198,18 @@ def test_an_unknown_gpu_is_refused_naming_the_known_ones(gpu):
     assert problem.field == "gpu" and "H100, H200, A100-80GB" in problem.limit and "sm_80, sm_89, sm_90" in problem.fix
 
 
+def test_a_gpu_object_is_read_by_its_architecture():
+    from graphkv.spec.budget import GPU
+
+    assert model_from_hf_config(_llama(), gpu=GPU(name="X", total_memory_bytes=1, arch="SM_89")).notes[0].endswith(
+        "on sm_89")
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(_llama(), gpu=GPU(name="B200", total_memory_bytes=1, arch="sm_100"))
+    (problem,) = err.value.problems
+    assert (problem.field, problem.value) == ("gpu", "B200")
+    assert problem.limit.startswith("has architecture 'sm_100', not one graphkv plans for (sm_80, sm_89, sm_90)")
+
+
 def test_the_notes_say_which_gpu_the_backends_are_for():
     assert model_from_hf_config(_llama(), gpu="L40S").notes[0].endswith("backends as vLLM 0.33 picks them on sm_89")
     assert model_from_hf_config(_llama()).notes[0].endswith("on sm_90 (assumed: no GPU named)")
