@@ -126,7 +126,7 @@ def _sizes(value: object) -> object:
         return value
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)  # hashed per layer when layers are grouped
 class Backend:
     """Capabilities of one attention (or state) implementation.
 
