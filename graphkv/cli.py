@@ -25,6 +25,7 @@ from graphkv.command.args import OneLineParser, count, nonempty, real_fraction
 from graphkv.command.budget import BudgetFlags, PlannedBudget, plan_with_budget
 from graphkv.command.device_flag import DEVICE_CHOICES
 from graphkv.command.flag_errors import in_flag_terms, in_tp_terms, tp_split_problems
+from graphkv.command.gpu_flags import gpu_override, gpu_problems_as_typed
 from graphkv.command.model_source import ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
@@ -36,7 +37,7 @@ from graphkv.plan import Plan
 from graphkv.plan.block_size import choose_block_size
 from graphkv.presets import list_presets, load_preset_config, preset_model
 from graphkv.report import format_consensus, format_plan, format_table
-from graphkv.spec.budget import KNOWN_GPUS, arch_of
+from graphkv.spec.budget import KNOWN_GPUS
 from graphkv.spec.hf.families import FAMILIES
 from graphkv.spec.hf.gpu_backends import PLANNED_ARCHS
 from graphkv.spec.layers import MambaCacheMode
@@ -241,18 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The model reader's keyword overrides the flags give: dtypes, a backend, and the GPU whose backends to plan for
-    (``--arch``, else ``--gpu``; an unknown name is refused by the reader, naming the flag; an ``--arch`` that is not
-    ``--gpu``'s is refused here)."""
+    """The model reader's keyword overrides the flags give: dtypes, a backend, the GPU (:func:`gpu_override`)."""
     names = ("kv_cache_dtype", "mamba_ssm_dtype", "attention_backend")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    arch, gpu = getattr(args, "arch", None), getattr(args, "gpu", None)
-    if arch is not None and gpu is not None and arch_of(gpu) not in (None, arch):
-        raise SpecError(Problem(field="--arch", value=arch, limit=f"contradicts --gpu {gpu}, an {arch_of(gpu)} GPU",
-                                fix=f"drop --arch (--gpu {gpu} plans {arch_of(gpu)}'s backends) or name another GPU"))
-    if arch is not None or gpu is not None:
-        overrides["gpu"] = arch if arch is not None else gpu
-    return overrides
+    return {**overrides, **gpu_override(getattr(args, "arch", None), getattr(args, "gpu", None))}
 
 
 def _build_limits(args: argparse.Namespace) -> Limits:
@@ -427,8 +420,7 @@ def _in_flag_terms(error: GraphkvError, args: argparse.Namespace) -> GraphkvErro
             error = in_tp_terms(error, tp, valid, up_to=MAX_TP_TRIED)
         except GraphkvError:  # the config could not be read again: keep the problems as they were
             pass
-    if getattr(args, "arch", None) is not None and getattr(args, "gpu", None) is None:  # the reader's gpu is --arch
-        error = type(error)(*(attrs.evolve(p, field="arch") if p.field == "gpu" else p for p in error.problems))
+    error = gpu_problems_as_typed(error, arch=getattr(args, "arch", None), gpu=getattr(args, "gpu", None))
     typed = {flag: getattr(args, name, None) for flag, name in (("--kv-memory", "kv_memory"), ("--gpu", "gpu"))}
     return in_flag_terms(error, budget_flag=_budget_flag(args), typed=typed,
                          has_flag=lambda flag: hasattr(args, flag.lstrip("-").replace("-", "_")))

@@ -26,8 +26,8 @@ from graphkv.plan.plan import Capacity, GroupPlan, Plan, SlotPlan
 from graphkv.plan.plausibility import beside_pool_note
 from graphkv.plan.promotion import promote_for_limits, promotion_note
 from graphkv.plan.stage_groups import project_grouping
-from graphkv.spec.hf.gpu_backends import ARCH_DEPENDENT_BACKENDS, ASSUMED_ARCH
-from graphkv.spec.budget import GPU, Budget, arch_of
+from graphkv.spec.backends import ARCH_DEPENDENT_BACKENDS
+from graphkv.spec.budget import ASSUMED_ARCH, GPU, Budget, arch_of
 from graphkv.spec.limits import Limits
 from graphkv.spec.model import ModelKV
 

@@ -23,6 +23,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, as_int
 
 __all__ = [
+    "ARCH_DEPENDENT_BACKENDS",
     "BUILTIN_BACKENDS",
     "Backend",
     "CacheOrder",
@@ -235,6 +236,12 @@ BUILTIN_BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
                 cudagraph_support=CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, kv_layout=_STATE, is_ssm=True),
     )
 })
+
+
+ARCH_DEPENDENT_BACKENDS = ("flash_attn", "flashinfer", "flash_attn_mla", "flashmla")
+"""Built-in backends whose kernel blocks or CUDA-graph support differ by GPU architecture, or that need Hopper
+(:mod:`graphkv.spec.hf.gpu_attention`, :mod:`graphkv.spec.hf.gpu_backends`): their built-in descriptors are an
+H100's."""
 
 
 def get_backend(name: "str | Backend") -> Backend:

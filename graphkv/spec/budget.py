@@ -13,8 +13,8 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker, as_int, is_bool
 
-__all__ = ["ARCH_OF_GPU", "DEFAULT_UTILIZATION", "GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "arch_of", "format_bytes",
-           "parse_bytes"]
+__all__ = ["ARCH_OF_GPU", "ASSUMED_ARCH", "DEFAULT_UTILIZATION", "GPU", "KNOWN_GPUS", "MAX_BYTES", "Budget", "arch_of",
+           "format_bytes", "parse_bytes"]
 
 _MiB = 1 << 20
 DEFAULT_UTILIZATION = 0.9  # the share of GPU memory a budget takes unless told
@@ -47,6 +47,10 @@ KNOWN_GPUS: Mapping[str, GPU] = types.MappingProxyType({
     )
 })
 
+
+ASSUMED_ARCH = "sm_90"
+"""The architecture a plan that names no GPU is made for: graphkv's target, an H100 (its backends, its cuBLAS
+workspaces)."""
 
 ARCH_OF_GPU: Mapping[str, str] = types.MappingProxyType({k: g.arch for k, g in KNOWN_GPUS.items() if g.arch})
 """The compute capability of each known GPU (lower-case names of :data:`KNOWN_GPUS`)."""

@@ -50,7 +50,7 @@ from graphkv.spec.dtypes import DType, parse_cache_dtype, parse_dtype
 from graphkv.spec.hf._reader import ConfigReader, Options
 from graphkv.spec.hf.build import build_layers, probe_layers
 from graphkv.spec.hf.families import FAMILIES, Family
-from graphkv.spec.hf.gpu_backends import exports_gdn_checkpoints, gpu_label, resolve_gpu_arch
+from graphkv.spec.hf.gpu_backends import exports_gdn_checkpoints, resolve_gpu_arch
 from graphkv.spec.hf.layout import Role, read_layout
 from graphkv.spec.hf.sharing import kv_sources
 from graphkv.spec.hf.positions import read_position_cap
@@ -63,7 +63,7 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 """The ``model_type`` of every family graphkv lists (``graphkv models``); others plan by their fields."""
 
 _DEFAULT_DTYPE = DType.BFLOAT16
-_ATTENTION_BACKEND = "auto"  # vLLM's pick on the planned GPU (graphkv.spec.hf.gpu_backends.attention_backend)
+_ATTENTION_BACKEND = "auto"  # vLLM's pick on the planned GPU (graphkv.spec.hf.gpu_attention.attention_backend)
 _MLA_BACKEND = "auto"
 """MLA layers' backend unless named: vLLM 0.33's pick on the planned GPU for the cache's dtype
 (:func:`graphkv.spec.hf.gpu_backends.default_mla_backend`)."""
@@ -121,13 +121,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, tp: int = 1, kv_cache_dty
         _check_backend_used(cfg, attention_backend, layers)
     cfg.raise_if_any()
     note = (f"config reader: {source.describe()}; layer kinds from {layout.source}; backends as vLLM 0.33 picks them "
-            f"on {opts.gpu_arch}" + ("" if opts.gpu_named else " (assumed: no GPU named)"))
+            f"on {opts.gpu_arch}" + ("" if opts.gpu is not None else " (assumed: no GPU named)"))
     if shared:
         note += f"; the last {len(shared)} layers read earlier layers' KV (num_kv_shared_layers)"
     if positions.note is not None:
         note += f"; {positions.note}"
     model = ModelKV(name=model_name, layers=layers, cacheless=cacheless, max_position_embeddings=positions.value,
-                    hidden_size=hidden_size, notes=(note,), gpu_arch=opts.gpu_arch if opts.gpu_named else None)
+                    hidden_size=hidden_size, notes=(note,), gpu_arch=opts.gpu_arch if opts.gpu is not None else None)
     return model.shard(opts.tp, 0)  # every split was checked above, naming config fields
 
 
@@ -178,8 +178,7 @@ def _resolve_options(cfg: ConfigReader, family: Family | None, *, tp: Any, kv_ca
     arch = resolve_gpu_arch(cfg, gpu)
     checkpoints = family.state_checkpoint_tokens if family is not None and exports_gdn_checkpoints(arch) else None
     return Options(tp=tp, model_dtype=model_dtype, attention_dtype=attention_dtype, ssm_dtype=ssm_dtype, **backends,
-                   state_checkpoint_tokens=checkpoints, gpu_arch=arch, gpu_label=gpu_label(gpu, arch),
-                   gpu_named=gpu is not None, gpu_value=gpu.name if isinstance(gpu, GPU) else gpu)
+                   state_checkpoint_tokens=checkpoints, gpu_arch=arch, gpu=gpu)
 
 
 def _check_backend_used(cfg: ConfigReader, attention_backend: Any, layers: list[LayerDecl]) -> None:

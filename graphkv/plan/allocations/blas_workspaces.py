@@ -36,6 +36,7 @@ import attrs
 from graphkv.errors import Problem, SpecError
 from graphkv.plan.allocations.rounding import charge_alone
 from graphkv.printable import shortened
+from graphkv.spec.budget import ASSUMED_ARCH
 
 __all__ = ["BlasWorkspaces", "WorkspaceSettings", "blas_workspaces", "cublas_workspace_bytes",
            "cublaslt_workspace_bytes", "workspace_settings_from"]
@@ -45,7 +46,6 @@ HOPPER_CUBLAS_BYTES = 4096 * 8 * _KIB  # 32 MiB: PyTorch's default on compute ca
 OTHER_CUBLAS_BYTES = 4096 * _KIB * 2 + 16 * _KIB * 8  # ":4096:2:16:8": 8 MiB + 128 KiB elsewhere
 DEFAULT_CUBLASLT_KIB = 1024
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
-ASSUMED_ARCH = "sm_90"  # a plan that names no GPU is charged for graphkv's target, an H100
 
 
 @attrs.frozen(kw_only=True)

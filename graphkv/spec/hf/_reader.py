@@ -18,6 +18,7 @@ import attrs
 
 from graphkv.errors import Problem, SpecError
 from graphkv.spec._checks import Checker
+from graphkv.spec.budget import ASSUMED_ARCH, GPU
 from graphkv.spec.dtypes import DType
 from graphkv.spec.split_rules import Refusal, SplitRule, split_count
 
@@ -55,10 +56,22 @@ class Options:
     attention_backend: str  # non-MLA attention layers ("auto": vLLM's pick on gpu_arch)
     mla_backend: str  # MLA layers ("auto": vLLM's pick on gpu_arch)
     state_checkpoint_tokens: int | None = None  # the family's prefill checkpoints in align mode, where it exports them
-    gpu_arch: str = "sm_90"  # the GPU's compute capability the backends are chosen for (graphkv.spec.hf.gpu_backends)
-    gpu_label: str = "sm_90"  # the GPU as messages name it: what the user gave, with its architecture
-    gpu_named: bool = False  # whether the user named the GPU (else gpu_arch is assumed)
-    gpu_value: Any = None  # the GPU as the user gave it (a problem's value)
+    gpu_arch: str = ASSUMED_ARCH  # the compute capability the backends are chosen for (graphkv.spec.hf.gpu_backends)
+    gpu: Any = None  # the GPU as the user gave it (a GPU, a name, an architecture); None: gpu_arch is assumed
+
+    @property
+    def gpu_value(self) -> Any:
+        """The GPU as the user gave it, as a problem on ``gpu`` shows it (a GPU by its name)."""
+        return self.gpu.name if isinstance(self.gpu, GPU) else self.gpu
+
+    @property
+    def gpu_label(self) -> str:
+        """How messages name the planned GPU: ``"L40S (sm_89)"``, ``"sm_89"`` for an architecture given as such,
+        ``"sm_90 (assumed: no GPU named)"``."""
+        if self.gpu is None:
+            return f"{self.gpu_arch} (assumed: no GPU named)"
+        name = str(self.gpu_value).strip()
+        return self.gpu_arch if name.lower() == self.gpu_arch else f"{name} ({self.gpu_arch})"
 
     def state_dtype(self, default: DType | None = None) -> DType:
         """The recurrent-state dtype: the one asked for, else ``default``, else the model dtype."""

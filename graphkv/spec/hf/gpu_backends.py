@@ -5,7 +5,7 @@ lists, each candidate's ``supports_compute_capability`` and kv-cache dtypes; sou
 backend decides the kernel block sizes a page must split into and how much of a step a CUDA graph may hold. A plan
 made for the wrong architecture has the wrong pages. graphkv knows three (:data:`~graphkv.spec.budget.KNOWN_GPUS`):
 
-- ``sm_90`` (H100, H200), the architecture assumed when no GPU is named (:data:`ASSUMED_ARCH`);
+- ``sm_90`` (H100, H200), the architecture assumed when no GPU is named (:data:`~graphkv.spec.budget.ASSUMED_ARCH`);
 - ``sm_80`` (A100) and ``sm_89`` (L40S, RTX 4090), where FlashAttention runs version 2 (CUDA graphs of uniform
   batches only, no fp8 cache, heads up to 256), neither FlashAttention's nor FlashMLA's MLA kernels run (they need
   Hopper), and Qwen's gated-delta prefill runs Triton, not FlashInfer.
@@ -20,36 +20,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkv.spec.budget import GPU, KNOWN_GPUS, arch_of
+from graphkv.spec.budget import ASSUMED_ARCH, GPU, KNOWN_GPUS, arch_of
 from graphkv.spec.dtypes import DType
 from graphkv.spec.hf._reader import ConfigReader
 
-__all__ = ["ARCH_DEPENDENT_BACKENDS", "ASSUMED_ARCH", "FP8", "HOPPER", "PLANNED_ARCHS", "exports_gdn_checkpoints",
-           "gpu_label", "mla_backend", "resolve_gpu_arch"]
+__all__ = ["FP8", "HOPPER", "PLANNED_ARCHS", "exports_gdn_checkpoints", "mla_backend", "resolve_gpu_arch"]
 
 HOPPER = "sm_90"
-ASSUMED_ARCH = HOPPER
-"""The architecture a model read without a ``gpu`` is planned for: graphkv's target, an H100."""
 PLANNED_ARCHS = ("sm_80", "sm_89", HOPPER)
 """The architectures whose backend choices graphkv follows (those of its known GPUs)."""
 FP8 = (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2)
-ARCH_DEPENDENT_BACKENDS = ("flash_attn", "flashinfer", "flash_attn_mla", "flashmla")
-"""Backends whose kernel blocks or CUDA-graph support differ by architecture, or that need Hopper."""
-
-
-def gpu_label(gpu: Any, arch: str) -> str:
-    """How messages name the planned GPU: ``"L40S (sm_89)"`` for a GPU or its name, ``"sm_89"`` for an architecture,
-    ``"sm_90 (assumed: no GPU named)"`` for ``None``."""
-    if gpu is None:
-        return f"{arch} (assumed: no GPU named)"
-    name = gpu.name if isinstance(gpu, GPU) else str(gpu).strip()
-    return arch if name.lower() == arch else f"{name} ({arch})"
 
 
 def resolve_gpu_arch(cfg: ConfigReader, gpu: Any) -> str:
     """The compute capability (``"sm_80"``) of ``gpu``: a :class:`~graphkv.spec.budget.GPU`, a known GPU's name (any
-    case) or one of :data:`PLANNED_ARCHS` itself; :data:`ASSUMED_ARCH` for ``None``. Anything else records a problem
-    on ``gpu`` and plans for :data:`ASSUMED_ARCH`."""
+    case) or one of :data:`PLANNED_ARCHS` itself; ``ASSUMED_ARCH`` (an H100's) for ``None``. Anything else records a
+    problem on ``gpu`` and plans for ``ASSUMED_ARCH``."""
     if gpu is None:
         return ASSUMED_ARCH
     if isinstance(gpu, str) and gpu.strip().lower() in PLANNED_ARCHS:
@@ -92,8 +78,8 @@ def mla_backend(cfg: ConfigReader, arch: str, named: str, dtype: DType, *, index
 
     Recorded as problems, as vLLM refuses to start: indexed MLA below Hopper (its sparse kernels need sm_90), an
     e5m2 cache (no MLA backend reads it), an fp8 cache on Triton MLA below sm_89, a named backend that needs Hopper
-    or does not read the cache. ``gpu`` names the GPU in messages (:func:`gpu_label`), ``gpu_value`` is what the user
-    gave (the value of a problem on ``gpu``)."""
+    or does not read the cache. ``gpu`` names the GPU in messages (``Options.gpu_label``), ``gpu_value`` is what the
+    user gave (the value of a problem on ``gpu``)."""
     if indexed and arch != HOPPER:
         cfg.argument_problem("gpu", gpu_value if gpu_value is not None else arch, "indexed (sparse) MLA runs on vLLM "
                              "0.33's FlashMLA / FlashAttention sparse kernels, which need an sm_90 GPU, and the plan "
