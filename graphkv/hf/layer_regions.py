@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from graphkv.hf.layer_ops import LAYER_BUFFER
+from graphkv.hf.layer_compile import decoder_layers
 from graphkv.runtime.capture.regions import layer_region, regions_reuse_traces
 
 __all__ = ["region_layers", "unmark_layers"]
@@ -39,13 +39,9 @@ def region_layers(view: torch.nn.Module) -> int:
     if not regions_reuse_traces():
         return 0
     count = 0
-    for module in view.modules():
-        if not isinstance(module, torch.nn.ModuleList):
-            continue
-        for layer in module:
-            if any(LAYER_BUFFER in m._buffers for m in layer.modules()):
-                layer.forward = types.MethodType(_region_forward, layer)
-                count += 1
+    for layer in list(decoder_layers(view)):
+        layer.forward = types.MethodType(_region_forward, layer)
+        count += 1
     return count
 
 

@@ -23,6 +23,7 @@ from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
+from graphkv.hf.layer_compile import LAYER_STEP_INPUTS, compile_layers
 from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
@@ -112,7 +113,12 @@ class PagedModel(torch.nn.Module):
     forward's matmuls of at most 8 tokens (decode steps of small batches) run graphkv's small-matmul kernel
     (:mod:`graphkv.kernels.small_matmul`), larger ones torch's (:mod:`graphkv.runtime.ops.small_linear_op`), where
     ``kernels`` resolves to Triton; with torch's kernels nothing is routed. Off by default until an H100 measures it
-    faster than cuBLAS. :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
+    faster than cuBLAS. ``trace_layers`` (with ``"piecewise"`` / ``"fused"`` only): the forward around the decoder
+    layers runs eagerly and every layer calls one compiled layer function, so Dynamo traces and Inductor compiles
+    one layer of each structure (:mod:`graphkv.hf.layer_compile`; torch before 2.12 traces every layer of a whole
+    forward), at the cost of the fusion across layer boundaries and an eager embedding and head; off by default
+    until an H100 measures its set-up and step time; :attr:`num_compiled_layers` counts the layers routed.
+    :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
     :attr:`size_guards` (compiled forwards: ``"model"``, ``"piecewise"``, ``"fused"``) is the guard filter that lets
     one trace serve every step size (:mod:`graphkv.runtime.capture.size_guards`); its ``kept`` lists the shape guards
@@ -125,7 +131,7 @@ class PagedModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, logits: str = "last",
                  compile: bool | str | None = None, kernels: str = "auto",  # noqa: A002 - the torch verb
                  decode_attention: str | None = None, merge_projections: bool = False,
-                 small_matmul: bool = False) -> None:
+                 small_matmul: bool = False, trace_layers: bool = False) -> None:
         super().__init__()
         family = family_of(model)
         if logits not in LOGITS_MODES:
@@ -146,6 +152,9 @@ class PagedModel(torch.nn.Module):
         check_split_option("small_matmul", small_matmul, compile,
                             does="True to run few-token steps' matmuls through graphkv's kernel",
                             why=" (it routes the traced forward's matmuls)")
+        check_split_option("trace_layers", trace_layers, compile,
+                           does="True to trace and compile one decoder layer of each structure for every layer",
+                           why=" (it splits each compiled layer)")
         self.kernels = resolve_kernels(kernels, pool.device)
         self.decode_attention = decode_attention_choice(decode_attention, self.kernels, pool.device)
         num_sms = (torch.cuda.get_device_properties(pool.device).multi_processor_count
@@ -233,7 +242,10 @@ class PagedModel(torch.nn.Module):
         self._model_type = family.model_type
         self._regions_callable = eager_regions_callable(pool.device.type)  # around each call of a compiled forward
         # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
-        self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") else 0
+        self.trace_layers = trace_layers  # each decoder layer through one compiled layer function (layer_compile)
+        self.num_compiled_layers = 0  # decoder layers routed through it
+        self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") and not trace_layers \
+            else 0
         if compile in ("model", "piecewise", "fused"):
             # piecewise / fused: PIECEWISE mixed graphs, the pieces between these ops are captured. forward marks
             # the step's dimensions dynamic (dynamic=True would make every size symbolic, host-side values too).
@@ -244,7 +256,8 @@ class PagedModel(torch.nn.Module):
 
     def _compiled_forward(self) -> Callable[..., Any]:
         """The view's forward compiled whole (``compile="model"``: by Inductor; else by the piecewise backend), as
-        a fresh copy of its code."""
+        a fresh copy of its code; with ``trace_layers``, the view's forward itself, its decoder layers routed through
+        one compiled layer function (:func:`~graphkv.hf.layer_compile.compile_layers`)."""
         name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
         fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
         # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
@@ -254,6 +267,13 @@ class PagedModel(torch.nn.Module):
         self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS, step_sized=STEP_SIZED_INPUTS,
                                                   max_step=max(limits.max_num_batched_tokens, limits.max_num_seqs))
         options = {"guard_filter_fn": self.size_guards}
+        if self.trace_layers:  # the forward eager, every decoder layer through one compiled function
+            self.size_guards = step_size_guard_filter(LAYER_STEP_INPUTS, step_sized=LAYER_STEP_INPUTS,
+                                                      max_step=limits.max_num_batched_tokens)
+            self.num_compiled_layers = compile_layers(
+                self.view, self.piecewise, options={"guard_filter_fn": self.size_guards},
+                name=f"graphkv_{self._model_type}_layer_{uuid.uuid4().hex[:12]}")
+            return self.view.__call__
         return (torch.compile(fresh, options=options) if self.piecewise is None
                 else torch.compile(fresh, backend=self.piecewise, options=options))
 

@@ -44,6 +44,8 @@ class ServingLoop:
     ``merge_projections`` (with ``compile="piecewise"`` / ``"fused"``): each q / k / v and gate / up group runs as
     one matmul, its weights laid out end to end in the model (:class:`~graphkv.hf.model.PagedModel`).
     ``small_matmul`` (same compile modes): steps of at most 8 tokens multiply through graphkv's small-matmul kernel.
+    ``trace_layers`` (same compile modes): trace and compile one decoder layer of each structure for every layer, the
+    forward around them eager (:mod:`graphkv.hf.layer_compile`): a shorter set-up on torch before 2.12.
     ``progress``: write the capture's progress to stderr (each key warmed up, then captured: on a GPU the first
     warm-up traces and compiles the forward, tens of seconds for a 1B model), and what it did at the end.
 
@@ -65,7 +67,8 @@ class ServingLoop:
                  device: "str | torch.device | None" = None, logits: str = "last", compile: bool | str | None = None,
                  capture_graphs: bool = True, mamba_ssm_dtype: str | None = None,
                  kernels: str = "auto", decode_attention: str | None = None,  # noqa: A002
-                 merge_projections: bool = False, small_matmul: bool = False, progress: bool = False) -> None:
+                 merge_projections: bool = False, small_matmul: bool = False, progress: bool = False,
+                 trace_layers: bool = False) -> None:
         family_of(model)  # a transformers causal LM graphkv runs, before reading its weights
         for name, flag in (("capture_graphs", capture_graphs), ("progress", progress)):
             if not isinstance(flag, bool):  # "no" is truthy: it would capture
@@ -85,7 +88,7 @@ class ServingLoop:
         self.step = Step(self.plan, self.device, kernels=self.kernels)
         self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels,
                                 decode_attention=decode_attention, merge_projections=merge_projections,
-                                small_matmul=small_matmul)
+                                small_matmul=small_matmul, trace_layers=trace_layers)
         self.forward = capture(self.plan, static_inputs={"input_ids": self.step.input_ids})(self.model.forward)
         self.capture_report: CaptureReport | None = None
         if capture_graphs:

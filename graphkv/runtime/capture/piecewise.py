@@ -40,8 +40,8 @@ from graphkv.runtime.capture.staging import StagingArena
 from graphkv.runtime.capture.weak import tree_map, weak_outputs, weak_view
 
 __all__ = ["SPLITTING_OPS", "Piece", "PiecewiseBackend", "PiecewiseCaptureScope", "PiecewiseRunner", "SplitResult",
-           "capture_graph", "on_stream", "op_name", "piecewise_backend", "piecewise_capture", "prime_blas_workspaces",
-           "release_blas_workspaces", "split_at_attention"]
+           "capture_graph", "layer_scope", "on_stream", "op_name", "piecewise_backend", "piecewise_capture",
+           "prime_blas_workspaces", "release_blas_workspaces", "split_at_attention"]
 
 @attrs.define(kw_only=True)
 class PiecewiseCaptureScope:
@@ -85,6 +85,22 @@ def piecewise_capture(pool: Any = None, *, rehearse: bool = False, stream: Any =
         yield _SCOPE.get()
     finally:
         _SCOPE.reset(token)
+
+
+_LAYER: contextvars.ContextVar[int | None] = contextvars.ContextVar("graphkv_piecewise_layer", default=None)
+
+
+@contextlib.contextmanager
+def layer_scope(index: int) -> Iterator[None]:
+    """Inside this block runners key their graphs by layer ``index`` too: one compiled layer serves every layer of
+    its structure (:mod:`graphkv.hf.layer_compile`), so the same runner runs once per layer and step, on each
+    layer's own weights; each layer gets graphs of its own (captured on its weights, its inputs' addresses), which
+    a replay for another layer would otherwise reuse. Host only (a context variable)."""
+    token = _LAYER.set(index)
+    try:
+        yield
+    finally:
+        _LAYER.reset(token)
 
 
 @contextlib.contextmanager
@@ -195,7 +211,9 @@ def _cuda_graphs_apply(t: torch.Tensor) -> bool:
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+    """A graph's key: each argument's shape, strides, dtype and device (a non-tensor by value), and the layer of an
+    open :func:`layer_scope` (``None`` outside one)."""
+    return (_LAYER.get(),) + tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 @attrs.define

@@ -14,7 +14,11 @@ option of ``torch.compile``) that drops *only* the shape guard, and only when ev
 
 - a lower bound ``2 <= size`` (or stride, or offset) of an input: what 0/1 specialisation writes, or
 - an equality between sizes / strides of the inputs the caller names as built together (a step's token ids and
-  positions, of one length and contiguous by construction).
+  positions, of one length and contiguous by construction), a stride possibly a constant times a size (the token
+  stride of a contiguous ``[1, tokens, hidden]`` input is ``hidden * tokens``).
+
+An input is named by its argument name; an element of a tuple argument (a decoder layer's ``position_embeddings``,
+``(cos, sin)``) by the tuple's name.
 
 Any other expression (a dimension that happened to equal another at trace time and was unified with it, a bound
 Dynamo derived from the model's code, ``size != 1`` from a branch) keeps the whole shape guard, and the forward
@@ -46,10 +50,10 @@ __all__ = ["StepSizeGuardFilter", "droppable_shape_guard", "step_size_guard_filt
 
 logger = logging.getLogger(__name__)
 
-_ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
+_ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\](?:\[\d+\])?\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
 _LOWER_BOUND = re.compile(rf"^2 <= {_ACCESS}$")
-_EQUALITY = re.compile(rf"^{_ACCESS} == {_ACCESS}$")
-_SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\]\.size\(\)\[(\d+)\]"
+_EQUALITY = re.compile(rf"^{_ACCESS} == (?:\d+\*)?{_ACCESS}$")  # a stride of a contiguous input: c * a size
+_SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\](?:\[\d+\])?\.size\(\)\[(\d+)\]"
 _UPPER_BOUND = re.compile(rf"^(?:(\d+)\*)?{_SIZE} <= (\d+)$")  # Inductor's 32-bit indexing proof
 _RANGE = re.compile(rf"^2 <= {_SIZE} and {_SIZE} <= (\d+)$")  # Dynamo's range of one size bounded both ways
 

@@ -39,6 +39,30 @@ def test_lower_bounds_and_equalities_of_inputs_built_together_are_droppable():
     assert not droppable_shape_guard([f"64*{IDS}.stride()[0] <= 2147483647"], (), **sized)
 
 
+HIDDEN, COS, SIN = ("L['kwargs']['hidden_states']", "L['kwargs']['position_embeddings'][0]",
+                    "L['kwargs']['position_embeddings'][1]")
+
+
+def test_a_decoder_layers_guard_names_tuple_elements_by_their_tuple_and_strides_as_multiples_of_sizes():
+    """The guard of one Qwen3 decoder layer traced at 5 tokens (trace_layers, torch 2.11, hidden 64, head 16): the
+    hidden states' token stride is 64 x tokens, the rotary tables' 16 x tokens, each table an element of the
+    ``position_embeddings`` tuple. Droppable with those inputs named; an input not named, or a constant times a
+    size on the left-hand side of an equality, keeps it."""
+    seen = [f"{HIDDEN}.stride()[0] == 64*{HIDDEN}.size()[1]", f"{COS}.size()[1] == {HIDDEN}.size()[1]",
+            f"{COS}.stride()[0] == 16*{HIDDEN}.size()[1]", f"{SIN}.size()[1] == {HIDDEN}.size()[1]",
+            f"{SIN}.stride()[0] == 16*{HIDDEN}.size()[1]", f"2 <= {HIDDEN}.size()[1]"]
+    built = ("hidden_states", "position_embeddings")
+    assert droppable_shape_guard(seen, built)
+    assert not droppable_shape_guard(seen, ("hidden_states",))
+    assert not droppable_shape_guard([f"64*{HIDDEN}.size()[1] == {HIDDEN}.stride()[0]"], built)
+    assert not droppable_shape_guard([f"{HIDDEN}.stride()[0] == 64*{HIDDEN}.size()[1] + 64"], built)
+    # the GPU's 32-bit indexing bound on a tuple element's size, at the largest step
+    sized = {"step_sized": built, "max_step": 8192}
+    assert droppable_shape_guard([f"16*{SIN}.size()[1] <= 2147483647"], (), **sized)
+    assert not droppable_shape_guard([f"16*{SIN}.size()[1] <= 2147483647"], (), step_sized=("hidden_states",),
+                                     max_step=8192)
+
+
 def _counting_backend(graphs: list[torch.fx.GraphModule]):
     def backend(gm: torch.fx.GraphModule, example_inputs):
         graphs.append(gm)

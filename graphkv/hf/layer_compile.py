@@ -1,0 +1,100 @@
+"""Decoder layers compiled one by one (``trace_layers=True``): set-up traces one layer of each structure, on any torch.
+
+Under ``compile="piecewise"`` / ``"fused"`` graphkv.hf compiles the paged view's whole forward, and Dynamo traces it
+op by op, every layer again. torch 2.12 and later stamp a traced layer out for the others
+(:mod:`graphkv.hf.layer_regions`); torch 2.11, the version the lent H100s run, traces all of them: the 0.94B
+benchmark model's set-up spent 13.4 s in Dynamo there (2026-11-27), most of issue 20's ten seconds.
+
+With ``trace_layers`` the forward around the layers runs eagerly and every decoder layer calls one compiled function
+(a fresh code object per :class:`~graphkv.hf.model.PagedModel`) with the layer as its argument. Dynamo lifts a
+module's parameters and buffers as the graph's inputs (``inline_inbuilt_nn_modules``, torch 2.5 and later), so the
+guards of a trace hold for every layer of the same structure: the first layer's trace, split and Inductor compile
+serve the others, and a model with sliding and full layers (or attention and state layers) traces one of each. The
+piecewise backend splits the layer at its attention (or state-mixer) op as it splits a whole forward; its runners
+key their graphs by layer (:func:`~graphkv.runtime.capture.piecewise.layer_scope`), since one runner now serves
+every layer. The layer's index reaches its attention op as a tensor buffer
+(:func:`~graphkv.hf.layer_ops.layer_id`), never as a Python constant, so no guard names a layer.
+
+What it costs: the embedding, the rotary tables, the final norm and the head run eagerly, op by op (inside a FULL
+CUDA graph they are captured as they run), and Inductor fuses nothing across a layer boundary (the residual add
+that ends a layer and the norm that starts the next are one kernel in a whole-forward trace, two here).
+
+Measured on a 2-core CPU (torch 2.11.0, transformers 5.17, 16-layer tiny Qwen3, ``compile="fused"``, one serving
+run): Dynamo 2.3 s against 11.3 s for the whole forward, the backend's Inductor compiles 2 against 3.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+
+from graphkv.hf.layer_ops import LAYER_BUFFER
+from graphkv.runtime.capture.piecewise import layer_scope
+from graphkv.runtime.flex.region import fresh_function
+
+__all__ = ["LAYER_STEP_INPUTS", "CompiledLayer", "compile_layers", "decoder_layers"]
+
+LAYER_STEP_INPUTS = ("hidden_states", "position_embeddings", "position_ids", "cache_position")
+"""A decoder layer's inputs sized by the step's tokens and built together for it (one length, contiguous): the
+shape guard's equalities between their sizes and strides hold by construction (``step_size_guard_filter``)."""
+
+
+def decoder_layers(view: torch.nn.Module, *, whole_lists: bool = False) -> Iterator[torch.nn.Module]:
+    """The decoder layers of ``view`` (a paged view), in order: each element of a ``ModuleList`` that holds a planned
+    layer (a module with the :data:`~graphkv.hf.layer_ops.LAYER_BUFFER` buffer); with ``whole_lists``, every element
+    of such a list (a hybrid's MLP-only layers too, e.g. Nemotron-H's). Host only."""
+    for module in view.modules():
+        if not isinstance(module, torch.nn.ModuleList):
+            continue
+        planned = [any(LAYER_BUFFER in m._buffers for m in layer.modules()) for layer in module]
+        for layer, holds in zip(module, planned):
+            if holds or (whole_lists and any(planned)):
+                yield layer
+
+
+def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+class CompiledLayer:
+    """One decoder layer's ``forward`` through the model's shared compiled layer function: its positional arguments
+    passed by name (so the guard filter names them), the step's token dimension of every ``[1, tokens, ...]`` input
+    marked dynamic (one trace for every step size), and the call made inside the layer's
+    :func:`~graphkv.runtime.capture.piecewise.layer_scope`. Host work per call: a few dict operations."""
+
+    def __init__(self, compiled: Callable[..., Any], layer: torch.nn.Module, index: int) -> None:
+        self.compiled, self.index = compiled, index
+        self.layer_type = type(layer)
+        params = list(inspect.signature(self.layer_type.forward).parameters.values())[1:]  # past ``self``
+        self.names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+    def __call__(self, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(self.names):  # more positional arguments than named parameters: passed as they are
+            with layer_scope(self.index):
+                return self.compiled(layer, *args, **kwargs)
+        kwargs.update(zip(self.names, args))
+        hidden = kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor) and hidden.dim() >= 2 and hidden.shape[0] == 1:
+            tokens = hidden.shape[1]
+            for value in kwargs.values():
+                for t in (value if isinstance(value, (tuple, list)) else (value,)):
+                    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == 1 and t.shape[1] == tokens:
+                        torch._dynamo.maybe_mark_dynamic(t, 1)
+        with layer_scope(self.index):
+            return self.compiled(layer, **kwargs)
+
+
+def compile_layers(view: torch.nn.Module, backend: Callable[..., Any], *, options: dict[str, Any],
+                   name: str) -> int:
+    """Route every decoder layer of ``view`` (:func:`decoder_layers`, whole lists) through one ``torch.compile`` of the layer's
+    forward with ``backend`` and ``options`` (a fresh code object named ``name``); returns how many layers were
+    routed. The view's own forward stays eager. Host only (at set-up)."""
+    compiled = torch.compile(fresh_function(_layer_forward, name), backend=backend, options=options)
+    count = 0
+    for index, layer in enumerate(list(decoder_layers(view, whole_lists=True))):
+        layer.forward = types.MethodType(CompiledLayer(compiled, layer, index), layer)
+        count += 1
+    return count

@@ -1,0 +1,99 @@
+"""graphkv.hf with ``trace_layers=True``: one decoder layer of each structure traced and compiled for every layer.
+
+The forward around the layers runs eagerly; every layer calls one compiled layer function, which the piecewise
+backend splits at the layer's attention or state-mixer op. Each core family's tokens equal transformers' with one
+trace per layer structure (the layers' shape guards dropped as the whole forward's are), through rehearsed capture
+(the GPU path on a CPU) and with Inductor-fused pieces; runners key their graphs by layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphkv import CudaGraphMode, Limits
+from graphkv.errors import SpecError
+from graphkv.hf import ServingLoop
+from graphkv.hf.declare import model_kv
+from graphkv.hf.generation import workload_budget
+from graphkv.hf.tiny import CORE_FAMILIES, tiny_model
+from graphkv.models.demo_engine import DemoRequest
+from graphkv.runtime.capture.piecewise import _signature, layer_scope
+
+from hf_harness import NEW_TOKENS, generate_alone, prompts, serving_loop
+
+# graph pieces of each trace, in the order the structures first run: an attention or mixer layer splits in two (before
+# and after its op), an MLP-only layer (Nemotron-H's "-") is one piece
+PIECES = {"gemma3_text": [2, 2], "gpt_oss": [2, 2], "llama": [2], "mistral": [2], "nemotron_h": [2, 2, 1],
+          "qwen3": [2], "qwen3_next": [2, 2]}
+LIMITS = Limits(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32, max_cudagraph_capture_size=32,
+                cudagraph_mode=CudaGraphMode.FULL_AND_PIECEWISE)
+
+
+def _served_tokens(loop, lengths: tuple[int, ...], seed: int) -> tuple[list, list]:
+    batch = prompts(lengths, seed=seed)
+    engine = loop.engine()
+    engine.run([DemoRequest(req_id=i, prompt=p, max_new_tokens=NEW_TOKENS) for i, p in enumerate(batch)])
+    return [engine.finished[i] for i in range(len(batch))], batch
+
+
+@pytest.mark.parametrize("family", CORE_FAMILIES)
+def test_each_layer_structure_is_traced_once_and_serving_gives_generates_tokens(family: str) -> None:
+    """Prompts of 9, 30 and 5 tokens (a 30-token prefill beside decodes, then batch-1 decode steps) under
+    'piecewise' with trace_layers: generate's tokens; every decoder layer routed through the compiled layer, one
+    trace per layer structure (PIECES), no shape guard kept (1-token steps ran the first trace)."""
+    model = tiny_model(family)
+    loop = serving_loop(model, compile="piecewise", capture_graphs=False, trace_layers=True)
+    tokens, batch = _served_tokens(loop, (9, 30, 5), seed=5)
+    assert tokens == [generate_alone(model, p) for p in batch]
+    assert loop.model.num_compiled_layers == model.config.num_hidden_layers
+    assert [len(split.graph_pieces) for split in loop.model.piecewise.splits] == PIECES[family]
+    assert loop.model.size_guards.kept == []
+
+
+@pytest.mark.slow
+def test_rehearsed_keys_and_fused_pieces_serve_generates_tokens() -> None:
+    """qwen3 (3 layers) on the GPU path on a CPU (kernels='triton': capture rehearsed), 'fused' with trace_layers:
+    the same 3 decode and 7 mixed keys as the whole forward; the layer's two pieces compiled by Inductor once each
+    (2 compiles for 3 layers, where the whole forward takes 3 for its 4 pieces) and run by 2 runners; prompts of 5,
+    40, 17 and 9 tokens served 4 at a time give generate's tokens."""
+    model = tiny_model("qwen3", num_hidden_layers=3)
+    loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="fused",
+                       kernels="triton", trace_layers=True)
+    keys = loop.capture_report.keys
+    assert loop.capture_report.rehearsed
+    assert sorted(k.num_tokens for k in keys if not k.uniform) == [1, 2, 4, 8, 16, 24, 32]
+    assert sorted(k.num_tokens for k in keys if k.uniform) == [1, 2, 4]
+    backend = loop.model.piecewise
+    assert (backend.num_fused, backend.num_compiles, len(backend.runners)) == (2, 2, 2)
+    assert loop.model.num_compiled_layers == 3
+    tokens, batch = _served_tokens(loop, (5, 40, 17, 9), seed=1)
+    assert tokens == [generate_alone(model, p) for p in batch]
+
+
+def test_a_runner_keys_its_graphs_by_the_open_layer_scope() -> None:
+    """One runner serves every layer of a structure, each layer on its own weights: inside layer_scope(i) a piece's
+    graph key (its arguments' shapes, strides, dtypes and devices) names layer i, so layers never share a graph;
+    outside any scope the key is as before, with no layer."""
+    args = (torch.zeros(1, 5, 8), 3)
+    outside = _signature(args)
+    with layer_scope(0):
+        first = _signature(args)
+        with layer_scope(1):
+            second = _signature(args)
+        assert _signature(args) == first
+    assert outside[0] is None and first[0] == 0 and second[0] == 1
+    assert outside[1:] == first[1:] == second[1:] and len({outside, first, second}) == 3
+
+
+def test_trace_layers_is_refused_outside_a_split_forward_or_when_not_a_bool() -> None:
+    """trace_layers needs the piecewise backend (compile='piecewise' / 'fused'): under compile='model' or eager it
+    is refused naming the field, the compile mode and the fix; a non-bool is refused before anything is built."""
+    model = tiny_model("qwen3")
+    with pytest.raises(SpecError) as refused:
+        serving_loop(model, compile="model", capture_graphs=False, trace_layers=True)
+    text = str(refused.value)
+    assert "trace_layers" in text and "compile='model'" in text and "compile='fused'" in text
+    with pytest.raises(SpecError) as refused:
+        serving_loop(model, compile="piecewise", capture_graphs=False, trace_layers="yes")
+    assert "trace_layers" in str(refused.value) and "must be a bool" in str(refused.value)
