@@ -175,7 +175,8 @@ class GraphkvServer:
         start = time.perf_counter()
         self.loop = serving_loop_for(model, prompts, args.new_tokens, step_tokens=args.step_tokens,
                                      compile=COMPILE_BY_NAME[args.compile],
-                                     merge_projections=args.merge_projections, small_matmul=args.small_matmul)
+                                     merge_projections=args.merge_projections, small_matmul=args.small_matmul,
+                                     trace_layers=args.trace_layers)
         self.build_seconds = time.perf_counter() - start  # plan + pool + capture
         self.prompts, self.new_tokens, self.device, self.runs = prompts, args.new_tokens, args.device, 0
 
@@ -454,6 +455,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--small-matmul", action="store_true",
                         help="graphkv: steps of at most 8 tokens multiply through graphkv's small-matmul kernel "
                              "(with --compile piecewise or fused)")
+    parser.add_argument("--trace-layers", action="store_true",
+                        help="graphkv: trace and compile one decoder layer of each structure for every layer, the "
+                             "forward around them eager (with --compile piecewise or fused)")
     parser.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -462,7 +466,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.device, args.contenders = ("cuda" if args.gpu else "cpu"), tuple(args.contenders.split(","))
     unknown = sorted(set(args.contenders) - set(CONTENDERS))
     problems = [f"--contenders names {unknown}; pick from {','.join(CONTENDERS)}"] if unknown else []
-    for flag, on in (("--merge-projections", args.merge_projections), ("--small-matmul", args.small_matmul)):
+    for flag, on in (("--merge-projections", args.merge_projections), ("--small-matmul", args.small_matmul),
+                     ("--trace-layers", args.trace_layers)):
         if on and args.compile not in ("piecewise", "fused"):
             problems.append(f"{flag} needs --compile piecewise or fused, not --compile {args.compile}; "
                             f"pass --compile fused")
@@ -498,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.new_tokens} new tokens, batches {args.batches}, step budget {args.step_tokens}; copy bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s (read + written); transformers' static compile mode "
           f"{'reduce-overhead' if args.gpu else 'default (reduce-overhead is CUDA graphs)'}", flush=True)
+    print(f"graphkv: --compile {args.compile}" + "".join(f", {flag}" for flag, on in (
+        ("--merge-projections", args.merge_projections), ("--small-matmul", args.small_matmul),
+        ("--trace-layers", args.trace_layers)) if on), flush=True)
     rows: list[dict[str, Any]] = []
     result = {"device": device, "torch": torch.__version__, "transformers": transformers.__version__,
               "threads": torch.get_num_threads(), "copy_bytes_per_s": bandwidth, "rows": rows,

@@ -98,14 +98,16 @@ def test_gpu_serving_cpu_mode_reports_every_contender_and_batch(tmp_path: Path) 
 @pytest.mark.slow
 def test_gpu_serving_runs_graphkv_fused_and_its_tokens_equal_generates(tmp_path: Path) -> None:
     """``--compile fused`` (the pieces between attention calls compiled by Inductor) with ``--merge-projections``
-    (q/k/v and gate/up as one matmul each) at batch 2 on the CPU mode: graphkv serves and its tokens equal generate's
-    for both requests."""
+    (q/k/v and gate/up as one matmul each) and ``--trace-layers`` (one decoder layer traced and compiled for all) at
+    batch 2 on the CPU mode: graphkv serves, its tokens equal generate's for both requests, and the header names
+    graphkv's options."""
     import json  # appended to this file: its header stays as it was
 
     out = tmp_path / "gpu_serving.json"
     done = subprocess.run([sys.executable, str(GPU_SERVING), "--repeats", "1", "--new-tokens", "3", "--max-prompt",
                            "12", "--batches", "2", "--contenders", "graphkv,generate", "--compile", "fused",
-                           "--merge-projections", "--out", str(out)], capture_output=True, text=True, timeout=900,
+                           "--merge-projections", "--trace-layers", "--out", str(out)], capture_output=True, text=True,
+                          timeout=900,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
@@ -116,16 +118,21 @@ def test_gpu_serving_runs_graphkv_fused_and_its_tokens_equal_generates(tmp_path:
     assert 0 < graphkv["trace_s"] and 0 < graphkv["backend_s"] and graphkv["trace_s"] + graphkv["backend_s"] < \
         graphkv["setup_s"]
     assert f"(Dynamo tracing {graphkv['trace_s']:.1f} s, compiling {graphkv['backend_s']:.1f} s)" in done.stdout
+    assert "graphkv: --compile fused, --merge-projections, --trace-layers\n" in done.stdout
 
 
 def test_gpu_serving_refuses_merged_projections_without_a_split_forward() -> None:
-    """``--merge-projections`` under ``--compile auto`` (projections run eagerly) stops at once with exit code 2,
-    naming both flags and the fix."""
+    """``--merge-projections`` under ``--compile auto`` (projections run eagerly), and ``--trace-layers`` under
+    ``--compile model`` (no split), stop at once with exit code 2, naming both flags and the fix."""
     done = subprocess.run([sys.executable, str(GPU_SERVING), "--merge-projections"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
     assert "--merge-projections needs --compile piecewise or fused, not --compile auto; pass --compile fused" \
         in done.stderr
+    done = subprocess.run([sys.executable, str(GPU_SERVING), "--trace-layers", "--compile", "model"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--trace-layers needs --compile piecewise or fused, not --compile model; pass --compile fused" in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --gpu would run the full workload")
@@ -279,7 +286,7 @@ def _stand_in_steps(steps: str) -> dict[str, str]:
 
 
 def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
-    """--list prints the fourteen steps in order with their limits; a bad budget or an unknown flag is one line on
+    """--list prints the fifteen steps in order with their limits; a bad budget or an unknown flag is one line on
     stderr and exit code 2."""
     subprocess.run(["bash", "-n", str(GPU_PRIORITY)], check=True)
     listed = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60)
@@ -287,7 +294,7 @@ def test_gpu_priority_lists_its_steps_and_refuses_bad_flags() -> None:
     assert [line.split()[1] for line in listed.stdout.splitlines()] == [
         "capture-cuda", "decode-kernel-cuda", "serving-fused", "small-matmul", "profile-b1", "kernel-sweep",
         "demo-hf-fused", "profile-b32", "hf-tests-fused", "memory-full-depth", "bisect-fused", "float32-tokens",
-        "serving-merged", "vs-static-b32"]
+        "serving-merged", "vs-static-b32", "serving-layers"]
     old_format = subprocess.run(["bash", str(GPU_PRIORITY), "--list"], capture_output=True, text=True, timeout=60,
                                 env=dict(os.environ, GPU_PRIORITY_STEPS="a|10|true"))  # the former 3 fields
     assert old_format.returncode == 2 and "step 'a' is not 'name|limit seconds|minimum seconds|command'" in \

@@ -52,16 +52,20 @@ def test_each_layer_structure_is_traced_once_and_serving_gives_generates_tokens(
 
 
 @pytest.mark.slow
-def test_rehearsed_keys_and_fused_pieces_serve_generates_tokens() -> None:
-    """qwen3 (3 layers) on the GPU path on a CPU (kernels='triton': capture rehearsed), 'fused' with trace_layers:
+def test_captured_keys_and_fused_pieces_serve_generates_tokens(device: str) -> None:
+    """qwen3 (3 layers), 'fused' with trace_layers, on the GPU path (a CPU rehearses capture with kernels='triton'):
     the same 3 decode and 7 mixed keys as the whole forward; the layer's two pieces compiled by Inductor once each
-    (2 compiles for 3 layers, where the whole forward takes 3 for its 4 pieces) and run by 2 runners; prompts of 5,
-    40, 17 and 9 tokens served 4 at a time give generate's tokens."""
-    model = tiny_model("qwen3", num_hidden_layers=3)
+    (2 compiles for 3 layers, where the whole forward takes 3 for its 4 pieces) and run by 2 runners, which on a GPU
+    capture a graph per layer and mixed key (21 each, 42 in all); prompts of 5, 40, 17 and 9 tokens served 4 at a
+    time give generate's tokens."""
+    model = tiny_model("qwen3", num_hidden_layers=3).to(device)
     loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="fused",
-                       kernels="triton", trace_layers=True)
+                       kernels="triton" if device == "cpu" else "auto", trace_layers=True)
     keys = loop.capture_report.keys
-    assert loop.capture_report.rehearsed
+    assert loop.capture_report.rehearsed == (device == "cpu")
+    if device == "cuda":
+        assert loop.capture_report.num_piece_graphs == 42
+        assert [runner.num_graphs for runner in loop.model.piecewise.runners] == [21, 21]
     assert sorted(k.num_tokens for k in keys if not k.uniform) == [1, 2, 4, 8, 16, 24, 32]
     assert sorted(k.num_tokens for k in keys if k.uniform) == [1, 2, 4]
     backend = loop.model.piecewise
