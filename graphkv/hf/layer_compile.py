@@ -26,6 +26,7 @@ run): Dynamo 2.3 s against 11.3 s for the whole forward, the backend's Inductor 
 from __future__ import annotations
 
 import inspect
+import logging
 import types
 from typing import Any, Callable, Iterator
 
@@ -35,7 +36,9 @@ from graphkv.hf.layer_ops import LAYER_BUFFER
 from graphkv.runtime.capture.piecewise import layer_scope
 from graphkv.runtime.flex.region import fresh_function
 
-__all__ = ["LAYER_STEP_INPUTS", "CompiledLayer", "compile_layers", "decoder_layers"]
+__all__ = ["LAYER_STEP_INPUTS", "CompiledLayer", "compile_layers", "decoder_layers", "layer_step_inputs"]
+
+logger = logging.getLogger(__name__)
 
 LAYER_STEP_INPUTS = ("hidden_states", "position_embeddings", "position_ids", "cache_position")
 """A decoder layer's inputs sized by the step's tokens and built together for it (one length, contiguous): the
@@ -55,6 +58,22 @@ def decoder_layers(view: torch.nn.Module, *, whole_lists: bool = False) -> Itera
                 yield layer
 
 
+def _positional_names(layer: torch.nn.Module) -> tuple[str, ...]:
+    """The names of ``layer``'s forward's positional parameters, past ``self``."""
+    params = list(inspect.signature(type(layer).forward).parameters.values())[1:]
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def layer_step_inputs(view: torch.nn.Module) -> tuple[str, ...]:
+    """:data:`LAYER_STEP_INPUTS` and the first parameter of every decoder layer's forward in ``view`` (its hidden
+    states, by the name its family gives them: ``x`` in CTRL's layers), the names the guard filter treats as built
+    together for the step. Host only."""
+    names = dict.fromkeys(LAYER_STEP_INPUTS)
+    for layer in decoder_layers(view, whole_lists=True):
+        names.update(dict.fromkeys(_positional_names(layer)[:1]))
+    return tuple(names)
+
+
 def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return type(layer).forward(layer, *args, **kwargs)
 
@@ -67,16 +86,14 @@ class CompiledLayer:
 
     def __init__(self, compiled: Callable[..., Any], layer: torch.nn.Module, index: int) -> None:
         self.compiled, self.index = compiled, index
-        self.layer_type = type(layer)
-        params = list(inspect.signature(self.layer_type.forward).parameters.values())[1:]  # past ``self``
-        self.names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        self.names = _positional_names(layer)
 
     def __call__(self, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self.names):  # more positional arguments than named parameters: passed as they are
             with layer_scope(self.index):
                 return self.compiled(layer, *args, **kwargs)
         kwargs.update(zip(self.names, args))
-        hidden = kwargs.get("hidden_states")
+        hidden = kwargs.get(self.names[0]) if self.names else None
         if isinstance(hidden, torch.Tensor) and hidden.dim() >= 2 and hidden.shape[0] == 1:
             tokens = hidden.shape[1]
             for value in kwargs.values():
@@ -87,12 +104,34 @@ class CompiledLayer:
             return self.compiled(layer, **kwargs)
 
 
+class _CountingBackend:
+    """``backend`` for the compiled layer function, counting its traces: at torch's recompile limit (a code
+    object's entries, 8 by default) Dynamo runs every later layer structure eagerly, and a warning says so once."""
+
+    def __init__(self, backend: Callable[..., Any], name: str) -> None:
+        self.backend, self.name, self.traces = backend, name, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.traces += 1
+        limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
+        if self.traces == limit:
+            logger.warning("graphkv.hf: trace_layers traced the decoder layer %d times (%s), torch's recompile limit: "
+                           "its layers differ by Python constants or by state passed between layers, so a layer "
+                           "structure not traced yet runs eagerly (set TORCH_LOGS=recompiles to see what differs); "
+                           "pass trace_layers=False to trace the whole forward", self.traces, self.name)
+        return self.backend(gm, example_inputs)
+
+
 def compile_layers(view: torch.nn.Module, backend: Callable[..., Any], *, options: dict[str, Any],
                    name: str) -> int:
-    """Route every decoder layer of ``view`` (:func:`decoder_layers`, whole lists) through one ``torch.compile`` of the layer's
-    forward with ``backend`` and ``options`` (a fresh code object named ``name``); returns how many layers were
-    routed. The view's own forward stays eager. Host only (at set-up)."""
-    compiled = torch.compile(fresh_function(_layer_forward, name), backend=backend, options=options)
+    """Route every decoder layer of ``view`` (:func:`decoder_layers`, whole lists) through one ``torch.compile`` of
+    the layer's forward with ``backend`` and ``options`` (a fresh code object named ``name``); returns how many layers
+    were routed. The view's own forward stays eager. Each layer structure is one compiled entry of that code object,
+    so torch's recompile limit (8) bounds the structures a model may have: later ones run eagerly, and a warning
+    says so when the limit is reached (layers that differ by an integer attribute, such as Beam's residual index, or
+    by state one layer hands the next, such as Gemma-4's shared K/V, each trace anew). Host only (at set-up)."""
+    compiled = torch.compile(fresh_function(_layer_forward, name), backend=_CountingBackend(backend, name),
+                             options=options)
     count = 0
     for index, layer in enumerate(list(decoder_layers(view, whole_lists=True))):
         layer.forward = types.MethodType(CompiledLayer(compiled, layer, index), layer)

@@ -23,7 +23,7 @@ from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
-from graphkv.hf.layer_compile import LAYER_STEP_INPUTS, compile_layers
+from graphkv.hf.layer_compile import compile_layers, layer_step_inputs
 from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
@@ -268,8 +268,8 @@ class PagedModel(torch.nn.Module):
                                                   max_step=max(limits.max_num_batched_tokens, limits.max_num_seqs))
         options = {"guard_filter_fn": self.size_guards}
         if self.trace_layers:  # the forward eager, every decoder layer through one compiled function
-            self.size_guards = step_size_guard_filter(LAYER_STEP_INPUTS, step_sized=LAYER_STEP_INPUTS,
-                                                      max_step=limits.max_num_batched_tokens)
+            inputs = layer_step_inputs(self.view)
+            self.size_guards = step_size_guard_filter(inputs, step_sized=inputs, max_step=limits.max_num_batched_tokens)
             self.num_compiled_layers = compile_layers(
                 self.view, self.piecewise, options={"guard_filter_fn": self.size_guards},
                 name=f"graphkv_{self._model_type}_layer_{uuid.uuid4().hex[:12]}")

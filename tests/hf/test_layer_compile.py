@@ -8,6 +8,8 @@ trace per layer structure (the layers' shape guards dropped as the whole forward
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -16,6 +18,8 @@ from graphkv.errors import SpecError
 from graphkv.hf import ServingLoop
 from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import workload_budget
+from graphkv.hf.layer_compile import compile_layers, layer_step_inputs
+from graphkv.hf.layer_ops import LAYER_BUFFER
 from graphkv.hf.tiny import CORE_FAMILIES, tiny_model
 from graphkv.models.demo_engine import DemoRequest
 from graphkv.runtime.capture.piecewise import _signature, layer_scope
@@ -101,3 +105,57 @@ def test_trace_layers_is_refused_outside_a_split_forward_or_when_not_a_bool() ->
     with pytest.raises(SpecError) as refused:
         serving_loop(model, compile="piecewise", capture_graphs=False, trace_layers="yes")
     assert "trace_layers" in str(refused.value) and "must be a bool" in str(refused.value)
+
+
+class _ScaledLayer(torch.nn.Module):
+    """A toy decoder layer whose forward reads a Python int of its own (as Beam's residual index): every layer is a
+    structure of its own to Dynamo."""
+
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.register_buffer(LAYER_BUFFER, torch.tensor([scale]), persistent=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states * self.scale + 1
+
+
+def test_layers_that_differ_by_a_constant_run_past_the_recompile_limit_eagerly_with_a_warning(caplog) -> None:
+    """Ten toy layers, each reading its own int: compile_layers routes all ten, the compiled function traces one per
+    layer up to torch's recompile limit (8) and warns once at it, naming trace_layers=False; the layers past it run
+    eagerly, and the forward's values equal the layers' own."""
+    layers = torch.nn.ModuleList(_ScaledLayer(k) for k in range(1, 11))
+    view = torch.nn.Module()
+    view.layers = layers
+    traces: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs) -> object:
+        traces.append(gm)
+        return gm.forward
+
+    assert compile_layers(view, backend, options={}, name="graphkv_toy_layer") == 10
+    x = torch.arange(6.0).reshape(1, 3, 2)
+    want = x.clone()
+    for k in range(1, 11):
+        want = want * k + 1
+    with caplog.at_level(logging.WARNING, logger="graphkv.hf.layer_compile"):
+        out = x
+        for layer in layers:
+            out = layer(out)
+    assert torch.equal(out, want)
+    assert len(traces) == 8
+    warned = [r.getMessage() for r in caplog.records if "trace_layers" in r.getMessage()]
+    assert len(warned) == 1 and "8 times" in warned[0] and "trace_layers=False" in warned[0]
+
+
+class _XLayer(_ScaledLayer):
+    def forward(self, x: torch.Tensor, layer_past: object = None) -> torch.Tensor:  # CTRL names its hidden states x
+        return x * self.scale
+
+
+def test_the_guard_filter_names_each_layer_classs_hidden_states_argument() -> None:
+    """The step-sized inputs the guard filter drops shape guards of: the usual names, and the first parameter of every
+    layer class (CTRL's ``x``), once each, in order."""
+    view = torch.nn.Module()
+    view.layers = torch.nn.ModuleList([_ScaledLayer(1), _XLayer(2), _XLayer(3)])
+    assert layer_step_inputs(view) == ("hidden_states", "position_embeddings", "position_ids", "cache_position", "x")

@@ -213,7 +213,8 @@ def _cuda_graphs_apply(t: torch.Tensor) -> bool:
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     """A graph's key: each argument's shape, strides, dtype and device (a non-tensor by value), and the layer of an
     open :func:`layer_scope` (``None`` outside one)."""
-    return (_LAYER.get(),) + tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+    return (_LAYER.get(),) + tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor)
+                                   else a for a in args)
 
 
 @attrs.define
