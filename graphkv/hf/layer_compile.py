@@ -36,7 +36,8 @@ from graphkv.hf.layer_ops import LAYER_BUFFER
 from graphkv.runtime.capture.piecewise import layer_scope
 from graphkv.runtime.flex.region import fresh_function
 
-__all__ = ["LAYER_STEP_INPUTS", "CompiledLayer", "compile_layers", "decoder_layers", "layer_step_inputs"]
+__all__ = ["LAYER_STEP_INPUTS", "CompiledLayer", "around_layers", "compile_around_layers", "compile_layers",
+           "decoder_layers", "layer_step_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +53,30 @@ def decoder_layers(view: torch.nn.Module, *, whole_lists: bool = False) -> Itera
     for module in view.modules():
         if not isinstance(module, torch.nn.ModuleList):
             continue
-        planned = [any(LAYER_BUFFER in m._buffers for m in layer.modules()) for layer in module]
+        planned = [_holds_planned(layer) for layer in module]
         for layer, holds in zip(module, planned):
             if holds or (whole_lists and any(planned)):
                 yield layer
+
+
+def around_layers(view: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules the forward runs around its decoder layers: every other direct child of a module that holds a list
+    of them (:func:`decoder_layers`), but embeddings and module containers (a Llama-like model's rotary tables and
+    final norm). Host only."""
+    holders = {id(m) for m in view.modules()
+               if isinstance(m, torch.nn.ModuleList) and any(_holds_planned(layer) for layer in m)}
+    around = []
+    for owner in view.modules():
+        children = list(owner.children())
+        if not any(id(c) in holders for c in children):
+            continue
+        around += [c for c in children if not isinstance(c, (torch.nn.ModuleList, torch.nn.ModuleDict,
+                                                             torch.nn.Embedding, torch.nn.Sequential))]
+    return around
+
+
+def _holds_planned(layer: torch.nn.Module) -> bool:
+    return any(LAYER_BUFFER in m._buffers for m in layer.modules())
 
 
 def _positional_names(layer: torch.nn.Module) -> tuple[str, ...]:
@@ -66,10 +87,10 @@ def _positional_names(layer: torch.nn.Module) -> tuple[str, ...]:
 
 def layer_step_inputs(view: torch.nn.Module) -> tuple[str, ...]:
     """:data:`LAYER_STEP_INPUTS` and the first parameter of every decoder layer's forward in ``view`` (its hidden
-    states, by the name its family gives them: ``x`` in CTRL's layers), the names the guard filter treats as built
-    together for the step. Host only."""
+    states, by the name its family gives them: ``x`` in CTRL's layers) and of every module :func:`around_layers`
+    (a rotary embedding's ``x``), the names the guard filter treats as built together for the step. Host only."""
     names = dict.fromkeys(LAYER_STEP_INPUTS)
-    for layer in decoder_layers(view, whole_lists=True):
+    for layer in [*decoder_layers(view, whole_lists=True), *around_layers(view)]:
         names.update(dict.fromkeys(_positional_names(layer)[:1]))
     return tuple(names)
 
@@ -108,17 +129,17 @@ class _CountingBackend:
     """``backend`` for the compiled layer function, counting its traces: at torch's recompile limit (a code
     object's entries, 8 by default) Dynamo runs every later layer structure eagerly, and a warning says so once."""
 
-    def __init__(self, backend: Callable[..., Any], name: str) -> None:
-        self.backend, self.name, self.traces = backend, name, 0
+    def __init__(self, backend: Callable[..., Any], name: str, what: str = "the decoder layer") -> None:
+        self.backend, self.name, self.what, self.traces = backend, name, what, 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         self.traces += 1
         limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
         if self.traces == limit:
-            logger.warning("graphkv.hf: trace_layers traced the decoder layer %d times (%s), torch's recompile limit: "
-                           "its layers differ by Python constants or by state passed between layers, so a layer "
-                           "structure not traced yet runs eagerly (set TORCH_LOGS=recompiles to see what differs); "
-                           "pass trace_layers=False to trace the whole forward", self.traces, self.name)
+            logger.warning("graphkv.hf: trace_layers traced %s %d times (%s), torch's recompile limit: its calls "
+                           "differ by Python constants or by state passed between layers, so a structure not traced "
+                           "yet runs eagerly (set TORCH_LOGS=recompiles to see what differs); pass trace_layers=False "
+                           "to trace the whole forward", self.what, self.traces, self.name)
         return self.backend(gm, example_inputs)
 
 
@@ -131,9 +152,25 @@ def compile_layers(view: torch.nn.Module, backend: Callable[..., Any], *, option
     says so when the limit is reached (layers that differ by an integer attribute, such as Beam's residual index, or
     by state one layer hands the next, such as Gemma-4's shared K/V, each trace anew). Host only (at set-up)."""
     compiled = torch.compile(fresh_function(_layer_forward, name), backend=_CountingBackend(backend, name),
-                             options=options)
+                             options=dict(options))  # torch.compile pops guard_filter_fn from the dict it is given
     count = 0
     for index, layer in enumerate(list(decoder_layers(view, whole_lists=True))):
         layer.forward = types.MethodType(CompiledLayer(compiled, layer, index), layer)
         count += 1
     return count
+
+
+def compile_around_layers(view: torch.nn.Module, backend: Callable[..., Any], *, options: dict[str, Any],
+                          name: str) -> int:
+    """Route every module :func:`around_layers` of ``view`` through a ``torch.compile`` of its own forward with
+    ``backend`` and ``options`` (fresh code objects named ``name`` and the module's place), so the rotary tables and
+    the final norm are fused and captured as the layers' pieces are, not run op by op; returns how many were routed.
+    The embedding and the head stay eager (a gather and one matmul). Host only (at set-up)."""
+    around = around_layers(view)
+    for k, module in enumerate(around):
+        label = f"{name}_{k}_{type(module).__name__}"
+        compiled = torch.compile(fresh_function(_layer_forward, label),
+                                 backend=_CountingBackend(backend, label, what=type(module).__name__),
+                                 options=dict(options))  # torch.compile pops guard_filter_fn from the dict it is given
+        module.forward = types.MethodType(CompiledLayer(compiled, module, -1 - k), module)
+    return len(around)

@@ -23,7 +23,7 @@ from graphkv.kernels.decode_splits import DEFAULT_NUM_SMS, decode_workspace
 from graphkv.hf.attention import ATTN_IMPLEMENTATION, AttentionBinding, PagedStep, register
 from graphkv.hf.declare import model_dtype
 from graphkv.hf.layer_ops import LAYER_BUFFER, layer_id, paged_step_context
-from graphkv.hf.layer_compile import compile_layers, layer_step_inputs
+from graphkv.hf.layer_compile import compile_around_layers, compile_layers, layer_step_inputs
 from graphkv.hf.layer_regions import region_layers, unmark_layers
 from graphkv.hf.mixers import MIXERS
 from graphkv.hf.mixers.base import PagedMixer
@@ -117,7 +117,8 @@ class PagedModel(torch.nn.Module):
     layers runs eagerly and every layer calls one compiled layer function, so Dynamo traces and Inductor compiles
     one layer of each structure (:mod:`graphkv.hf.layer_compile`; torch before 2.12 traces every layer of a whole
     forward), at the cost of the fusion across layer boundaries and an eager embedding and head; off by default
-    until an H100 measures its set-up and step time; :attr:`num_compiled_layers` counts the layers routed.
+    until an H100 measures its set-up and step time; :attr:`num_compiled_layers` counts the layers routed, and
+    :attr:`num_compiled_around` the modules around them compiled each on its own (rotary tables, final norm).
     :attr:`piecewise` is the splitting backend under ``"piecewise"`` /
     ``"fused"`` (its splits, runners, ``num_fused``, ``num_compiles`` and ``num_deduped``), else ``None``.
     :attr:`size_guards` (compiled forwards: ``"model"``, ``"piecewise"``, ``"fused"``) is the guard filter that lets
@@ -244,6 +245,7 @@ class PagedModel(torch.nn.Module):
         # piecewise / fused: each decoder layer a nested compile region, traced once per structure (torch >= 2.12)
         self.trace_layers = trace_layers  # each decoder layer through one compiled layer function (layer_compile)
         self.num_compiled_layers = 0  # decoder layers routed through it
+        self.num_compiled_around = 0  # modules around them compiled on their own (rotary tables, final norm)
         self.num_layer_regions = region_layers(self.view) if compile in ("piecewise", "fused") and not trace_layers \
             else 0
         if compile in ("model", "piecewise", "fused"):
@@ -270,9 +272,11 @@ class PagedModel(torch.nn.Module):
         if self.trace_layers:  # the forward eager, every decoder layer through one compiled function
             inputs = layer_step_inputs(self.view)
             self.size_guards = step_size_guard_filter(inputs, step_sized=inputs, max_step=limits.max_num_batched_tokens)
-            self.num_compiled_layers = compile_layers(
-                self.view, self.piecewise, options={"guard_filter_fn": self.size_guards},
-                name=f"graphkv_{self._model_type}_layer_{uuid.uuid4().hex[:12]}")
+            name = f"graphkv_{self._model_type}_{uuid.uuid4().hex[:12]}"
+            self.num_compiled_layers = compile_layers(self.view, self.piecewise, options={
+                "guard_filter_fn": self.size_guards}, name=f"{name}_layer")
+            self.num_compiled_around = compile_around_layers(self.view, self.piecewise, options={
+                "guard_filter_fn": self.size_guards}, name=f"{name}_around")
             return self.view.__call__
         return (torch.compile(fresh, options=options) if self.piecewise is None
                 else torch.compile(fresh, backend=self.piecewise, options=options))
