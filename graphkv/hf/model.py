@@ -260,15 +260,7 @@ class PagedModel(torch.nn.Module):
         """The view's forward compiled whole (``compile="model"``: by Inductor; else by the piecewise backend), as
         a fresh copy of its code; with ``trace_layers``, the view's forward itself, its decoder layers routed through
         one compiled layer function (:func:`~graphkv.hf.layer_compile.compile_layers`)."""
-        name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
-        fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
-        # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
-        # (a GPU's Triton kernels add 32-bit indexing bounds on the step's sizes: dropped where the largest step the
-        # plan admits holds them; .kept: the shape guards kept, each a retrace)
         limits = self.plan.limits
-        self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS, step_sized=STEP_SIZED_INPUTS,
-                                                  max_step=max(limits.max_num_batched_tokens, limits.max_num_seqs))
-        options = {"guard_filter_fn": self.size_guards}
         if self.trace_layers:  # the forward eager, every decoder layer through one compiled function
             inputs = layer_step_inputs(self.view)
             self.size_guards = step_size_guard_filter(inputs, step_sized=inputs, max_step=limits.max_num_batched_tokens)
@@ -278,6 +270,14 @@ class PagedModel(torch.nn.Module):
             self.num_compiled_around = compile_around_layers(self.view, self.piecewise, options={
                 "guard_filter_fn": self.size_guards}, name=f"{name}_around")
             return self.view.__call__
+        name = f"graphkv_{self._model_type}_forward_{uuid.uuid4().hex[:12]}"
+        fresh = types.MethodType(fresh_function(type(self.view).forward, name), self.view)
+        # one trace for every step size: the shape guard 0/1 specialisation alone wrote is dropped (size_guards)
+        # (a GPU's Triton kernels add 32-bit indexing bounds on the step's sizes: dropped where the largest step the
+        # plan admits holds them; .kept: the shape guards kept, each a retrace)
+        self.size_guards = step_size_guard_filter(STEP_SIZE_INPUTS, step_sized=STEP_SIZED_INPUTS,
+                                                  max_step=max(limits.max_num_batched_tokens, limits.max_num_seqs))
+        options = {"guard_filter_fn": self.size_guards}
         return (torch.compile(fresh, options=options) if self.piecewise is None
                 else torch.compile(fresh, backend=self.piecewise, options=options))
 
