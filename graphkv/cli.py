@@ -29,8 +29,8 @@ from graphkv.command.gpu_flags import gpu_override, gpu_problems_as_typed
 from graphkv.command.model_source import ModelSource, load_model_source, tp_sizes_that_split
 from graphkv.command.ranks import RankedPlans, check_pipeline_flags, plan_ranks
 from graphkv.emit.vllm import VllmTarget, vllm_serve_command
-from graphkv.errors import GraphkvError, Problem, SpecError
-from graphkv.command.compile_flag import COMPILE_BY_NAME
+from graphkv.errors import GraphkvError
+from graphkv.command.compile_flag import COMPILE_BY_NAME, check_hf_only_flags
 from graphkv.memory.command import add_bench_parser
 from graphkv.models.demo import MAX_SEED, DemoOptions
 from graphkv.plan import Plan
@@ -202,6 +202,8 @@ def _add_demo(sub: Any) -> None:
                       help="with --hf: what graphkv.hf compiles (default: %(default)s: each attention call on a GPU, "
                            "nothing on a CPU; fused: the pieces between attention calls by Inductor, mixed steps "
                            "captured too)")
+    demo.add_argument("--trace-layers", action="store_true", help="with --hf and --compile fused or piecewise: trace "
+                      "and compile one decoder layer for all (graphkv.hf.layer_compile: a shorter set-up)")
     demo.add_argument("--hf", metavar="MODEL_TYPE", default=None,
                       help="serve a tiny random-weight transformers model of this family instead (llama, qwen3, "
                            "mistral, gemma3_text, gpt_oss, qwen3_next, nemotron_h, or an attention-only family such "
@@ -386,11 +388,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     options = DemoOptions(requests=args.requests, new_tokens=args.new_tokens, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_memory=args.kv_memory,
                           device=args.device, capture=not args.no_capture, seed=args.seed, threads=args.threads,
-                          kernels=args.kernels, compile=args.compile)
-    if args.hf is None and args.compile != "auto":
-        raise SpecError(Problem(field="--compile", value=args.compile, limit="applies to graphkv.hf models (--hf) only",
-                                fix="add --hf MODEL_TYPE, or drop --compile (the tiny hybrid demo compiles its own "
-                                    "attention)"))
+                          kernels=args.kernels, compile=args.compile, trace_layers=args.trace_layers)
+    check_hf_only_flags(hf=args.hf, compile_name=args.compile, trace_layers=args.trace_layers)
     if args.hf is not None:
         require("hf", "transformers", needed_by="graphkv demo --hf")
         from graphkv.hf.demo import run_hf_demo

@@ -18,7 +18,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.spec.limits import CudaGraphMode
 
 __all__ = ["COMPILE_BY_NAME", "COMPILE_MODES", "GPU_COMPILE_ENV", "GPU_DEFAULT_COMPILE", "PIECEWISE_MODES",
-           "check_compile", "default_compile", "gpu_default_compile", "graph_mode_for"]
+           "check_compile", "check_hf_only_flags", "default_compile", "gpu_default_compile", "graph_mode_for"]
 
 COMPILE_BY_NAME: Mapping[str, bool | str | None] = MappingProxyType(
     {"auto": None, "attention": True, "model": "model", "piecewise": "piecewise", "fused": "fused", "none": False})
@@ -90,3 +90,16 @@ def graph_mode_for(compile: bool | str | None, device_type: str | None = None) -
     if check_compile(compile) is None:
         compile = gpu_default_compile() if device_type is None else default_compile(device_type)
     return CudaGraphMode.FULL_AND_PIECEWISE if compile in PIECEWISE_MODES else CudaGraphMode.FULL_DECODE_ONLY
+
+
+def check_hf_only_flags(*, hf: str | None, compile_name: str, trace_layers: bool) -> None:  # noqa: A002
+    """``graphkv demo``'s flags that apply to graphkv.hf models only (``--compile``, ``--trace-layers``): refused
+    without ``--hf``, naming the flag and the fix. Host only (argument checks)."""
+    if hf is not None:
+        return
+    for flag, value in (("--compile", compile_name if compile_name != "auto" else None),
+                        ("--trace-layers", True if trace_layers else None)):
+        if value is not None:
+            raise SpecError(Problem(field=flag, value=value, limit="applies to graphkv.hf models (--hf) only",
+                                    fix=f"add --hf MODEL_TYPE, or drop {flag} (the tiny hybrid demo compiles its own "
+                                        "attention)"))

@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from graphkv.errors import Problem, SpecError
-from graphkv.command.compile_flag import COMPILE_BY_NAME, graph_mode_for
+from graphkv.command.compile_flag import COMPILE_BY_NAME, PIECEWISE_MODES, default_compile, graph_mode_for
 from graphkv.hf.declare import flex_q_tile_for, model_kv
 from graphkv.runtime.ops.choice import resolve_kernels
 from graphkv.hf.generation import sliding_tables_for
@@ -62,6 +62,12 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
                                 limit=f"must be one of {', '.join(COMPILE_BY_NAME)}",
                                 fix="auto (attention regions compiled on a GPU), fused (pieces compiled by Inductor, "
                                     "mixed steps captured too), model, piecewise or none"))
+    chosen = COMPILE_BY_NAME[options.compile]
+    chosen = default_compile(torch.device(device).type) if chosen is None else chosen
+    if options.trace_layers and chosen not in PIECEWISE_MODES:
+        raise SpecError(Problem(field="--trace-layers", value=True,
+                                limit=f"needs --compile piecewise or fused, not --compile {options.compile}",
+                                fix="add --compile fused (or drop --trace-layers)"))
     # piecewise / fused capture mixed steps too; auto: the device's default mode, as the model will pick it
     mode = graph_mode_for(COMPILE_BY_NAME[options.compile], torch.device(device).type)
     limits = sliding_tables_for(Limits(max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
@@ -71,7 +77,8 @@ def run_hf_demo(model_type: str, options: DemoOptions, *, out: TextIO | None = N
     check_memory(compile_plan(declared, limits, budget), device, options.kv_memory)
     torch.set_num_threads(options.threads)
     loop = ServingLoop(model, limits=limits, budget=budget, device=device, capture_graphs=options.capture,
-                       kernels=options.kernels, compile=COMPILE_BY_NAME[options.compile])
+                       kernels=options.kernels, compile=COMPILE_BY_NAME[options.compile],
+                       trace_layers=options.trace_layers)
     print(format_plan(loop.plan, budget_text=f"{options.kv_memory} (--kv-memory)"), file=out)
     graphs = loop.graphs if options.capture else "capture disabled (--no-capture); every step runs eagerly"
     engine = loop.engine()

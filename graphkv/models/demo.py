@@ -47,6 +47,7 @@ class DemoOptions:
     threads: int = 1  # torch CPU threads: 1 gives timings that do not depend on how busy the machine is
     kernels: str = "auto"  # "triton" on a CPU: the GPU path (interpreted kernels, staged tables, rehearsed capture)
     compile: str = "auto"  # --hf only: graphkv.hf's compile mode (DEMO_COMPILE); "auto" is PagedModel's default
+    trace_layers: bool = False  # --hf only, with compile "piecewise" / "fused": one decoder layer traced for all
 
 
 @attrs.frozen(kw_only=True)

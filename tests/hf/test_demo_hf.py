@@ -44,3 +44,24 @@ def test_demo_compile_needs_hf(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as refused:
         main(["demo", "--hf", "qwen3", "--compile", "inductor"])
     assert refused.value.code == 2 and "--compile" in capsys.readouterr().err
+
+
+def test_demo_trace_layers_needs_hf_and_a_split_forward(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--trace-layers` without `--hf`, or under `--compile auto` on a CPU (nothing split), is one line naming the
+    flag, what it needs and the fix (exit 2)."""
+    assert main(["demo", "--trace-layers"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "graphkv: error: --trace-layers=True: applies to graphkv.hf models (--hf) only; add --hf MODEL_TYPE, or drop "
+        "--trace-layers (the tiny hybrid demo compiles its own attention)")
+    assert main(["demo", "--hf", "qwen3", "--trace-layers", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "graphkv: error: --trace-layers=True: needs --compile piecewise or fused, not --compile auto; add --compile "
+        "fused (or drop --trace-layers)")
+
+
+def test_demo_serves_with_one_traced_layer(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compile piecewise --trace-layers`: the decoder layer traced once for all, every request equal to generate."""
+    assert main(["demo", "--hf", "qwen3", "--compile", "piecewise", "--trace-layers", "--requests", "3",
+                 "--new-tokens", "3", "--max-num-seqs", "2", "--max-num-batched-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("greedy tokens equal model.generate(do_sample=False) for 3/3 requests")
