@@ -46,7 +46,8 @@
 #                     issue 20's "3x its tokens/s", never measured (its compile takes minutes)
 #  15 serving-layers  trace_layers on CUDA: its capture test (a graph per layer and key), then step 3 with each
 #                     decoder layer traced and compiled once for all (torch 2.11 traces every layer of a whole
-#                     forward): set-up seconds against step 3's, and what the lost cross-layer fusion costs per step
+#                     forward): set-up seconds against step 3's, and what the lost cross-layer fusion costs per step;
+#                     then qwen3_next's demo under it (tokens equal model.generate)
 # A lent machine's 15 minutes held one run of --only 2,1,3,6,7,12,4,5 on 2026-11-27 (with its start, about 560 s);
 # at most 8 files come back from it, so read summary.md from the run's output (cat it last).
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
@@ -106,7 +107,7 @@ STEPS=(
   "float32-tokens|200|120|python benchmarks/gpu_serving.py --gpu --dtype float32 --batches 1,8 --new-tokens 32 --repeats 1 --contenders graphkv,generate --compile fused --out $Q_OUT/gpu_serving_float32.json"
   "serving-merged|170|120|python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --merge-projections --out $Q_OUT/gpu_serving_merged.json"
   "vs-static-b32|300|200|python benchmarks/gpu_serving.py --gpu --batches 32 --new-tokens 64 --repeats 1 --contenders graphkv,generate_static_compiled --compile fused --out $Q_OUT/gpu_serving_static.json"
-  "serving-layers|200|120|$ALL; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_layer_compile.py -k cuda; run python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --trace-layers --out $Q_OUT/gpu_serving_layers.json; exit \$r"
+  "serving-layers|240|120|$ALL; run python -m pytest -q -p no:cacheprovider -rf --tb=short tests/hf/test_layer_compile.py -k cuda; run python benchmarks/gpu_serving.py --gpu --batches 1,32 --repeats 1 --contenders graphkv --compile fused --trace-layers --out $Q_OUT/gpu_serving_layers.json; run python -m graphkv.cli demo --hf qwen3_next --compile fused --trace-layers; grep -qE 'for ([0-9]+)/\\1 requests' \"\$LOG\" || { echo 'gpu_priority.sh: tokens differ from model.generate' >&2; r=1; }; exit \$r"
 )
 if [ -n "${GPU_PRIORITY_STEPS:-}" ]; then
   mapfile -t STEPS <<<"$GPU_PRIORITY_STEPS"
