@@ -15,11 +15,15 @@ key their graphs by layer (:func:`~graphkv.runtime.capture.piecewise.layer_scope
 every layer. The layer's index reaches its attention op as a tensor buffer
 (:func:`~graphkv.hf.layer_ops.layer_id`), never as a Python constant, so no guard names a layer.
 
-The modules the forward runs around the layers (the rotary tables, the final norm: :func:`around_layers`) are
-compiled each on its own the same way (:func:`compile_around_layers`), so they are fused and, in mixed steps,
-captured. What it costs: the embedding, the head and the gather of the logits rows run eagerly (three ops; inside a
-FULL CUDA graph they are captured as they run), and Inductor fuses nothing across a layer boundary (the residual add
-that ends a layer and the norm that starts the next are one kernel in a whole-forward trace, two here).
+The modules the forward runs around the layers (the embedding, the rotary tables, the final norm:
+:func:`around_layers`) are compiled each on its own the same way (:func:`compile_around_layers`), so they are fused
+and, in mixed steps, captured, and the first layer reads the embedding's output in the graph pool. What it costs:
+Inductor fuses nothing across a layer boundary (the residual add that ends a layer and the norm that starts the
+next are one kernel in a whole-forward trace, two here); a PIECEWISE mixed key holds about twice the piece graphs
+(two per layer, one per module around them, where a whole forward has one per layer and one more) and replays them
+one by one; each layer call of an uncaptured step passes Dynamo's guards; and what the forward computes outside
+these modules runs eagerly (the head's matmul and the gather of the logits rows; a family's own extra steps). On a
+CPU every piece runs eagerly, so the graph keys, replays and weak views of this path ran only in a rehearsal.
 
 Measured on a 2-core CPU (torch 2.11.0, transformers 5.17, 16-layer tiny Qwen3, ``compile="fused"``, a short
 serving run, cold Inductor cache): Dynamo 3.0 s against 10.8-11.3 s for the whole forward, set-up and run 29-30 s
@@ -35,7 +39,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from graphkv.hf.layer_ops import LAYER_BUFFER
+from graphkv.hf.layer_ops import LAYER_BUFFER, active_paged_step
 from graphkv.runtime.capture.piecewise import layer_scope
 from graphkv.runtime.flex.region import fresh_function
 
@@ -64,8 +68,9 @@ def decoder_layers(view: torch.nn.Module, *, whole_lists: bool = False) -> Itera
 
 def around_layers(view: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules the forward runs around its decoder layers: every other direct child of a module that holds a list
-    of them (:func:`decoder_layers`), but embeddings and module containers (a Llama-like model's rotary tables and
-    final norm). Host only."""
+    of them (:func:`decoder_layers`), but module containers (a Llama-like model's embedding, rotary tables and final
+    norm). Compiled, the embedding's output is graph-pool memory in a PIECEWISE key, which the first layer's pieces
+    read in place; run eagerly it was a tensor each mixed key kept a copy of outside the pool. Host only."""
     holders = {id(m) for m in view.modules()
                if isinstance(m, torch.nn.ModuleList) and any(_holds_planned(layer) for layer in m)}
     around = []
@@ -74,7 +79,7 @@ def around_layers(view: torch.nn.Module) -> list[torch.nn.Module]:
         if not any(id(c) in holders for c in children):
             continue
         around += [c for c in children if not isinstance(c, (torch.nn.ModuleList, torch.nn.ModuleDict,
-                                                             torch.nn.Embedding, torch.nn.Sequential))]
+                                                             torch.nn.Sequential))]
     return around
 
 
@@ -106,29 +111,54 @@ class CompiledLayer:
     """One decoder layer's ``forward`` through the model's shared compiled layer function: its positional arguments
     passed by name (so the guard filter names them), the step's token dimension of every ``[1, tokens, ...]`` input
     marked dynamic (one trace for every step size), and the call made inside the layer's
-    :func:`~graphkv.runtime.capture.piecewise.layer_scope`. Host work per call: a few dict operations, and the mark
-    of each such tensor no earlier layer of the step marked (the rotary tables and positions are marked once a step,
-    the hidden states once a layer); FULL CUDA graphs replay without any of it."""
+    :func:`~graphkv.runtime.capture.piecewise.layer_scope` (the layer's index and which call of it in the forward).
+    Host work per call: a few dict operations, the mark of each such tensor no earlier call of the step marked (the
+    rotary tables and positions once a step, the hidden states once a layer) and Dynamo's guards; FULL CUDA graphs
+    replay without any of it."""
 
     def __init__(self, compiled: Callable[..., Any], layer: torch.nn.Module, index: int) -> None:
         self.compiled, self.index = compiled, index
         self.names = _positional_names(layer)
+        self._step: Any = None  # the forward's PagedStep (held, so a later one cannot take its id) and the calls
+        self._calls = 0  # made in it so far: a module called twice in one forward gets graphs for each call
+
+    def _key(self) -> tuple[int, int]:
+        step = active_paged_step()
+        if step is self._step:
+            self._calls += 1
+        else:
+            self._step, self._calls = step, 0
+        return self.index, self._calls
 
     def __call__(self, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self.names):  # more positional arguments than named parameters: passed as they are
-            with layer_scope(self.index):
+            with layer_scope(self._key()):
                 return self.compiled(layer, *args, **kwargs)
         kwargs.update(zip(self.names, args))
         hidden = kwargs.get(self.names[0]) if self.names else None
-        if isinstance(hidden, torch.Tensor) and hidden.dim() >= 2 and hidden.shape[0] == 1:
-            tokens = hidden.shape[1]
+        if isinstance(hidden, torch.Tensor) and hidden.dim() >= 2:
+            tokens = hidden.shape[1] if hidden.shape[0] == 1 else hidden.shape[0]
             for value in kwargs.values():
                 for t in (value if isinstance(value, (tuple, list)) else (value,)):
-                    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == 1 and t.shape[1] == tokens \
-                            and 1 not in getattr(t, "_dynamo_weak_dynamic_indices", ()):  # marked by an earlier layer
-                        torch._dynamo.maybe_mark_dynamic(t, 1)  # (about 20 us a tensor on a 2-core CPU)
-        with layer_scope(self.index):
+                    _mark_tokens(t, tokens)
+        with layer_scope(self._key()):
             return self.compiled(layer, **kwargs)
+
+
+def _mark_tokens(t: Any, tokens: int) -> None:
+    """Mark the step's token dimension of ``t`` dynamic: dimension 1 of a ``[1, tokens, ...]`` tensor, dimension 0 of
+    a ``[tokens]`` one (``cache_position``); a tensor an earlier call of the step marked is skipped
+    (``maybe_mark_dynamic`` takes about 20 us a tensor on a 2-core CPU)."""
+    if not isinstance(t, torch.Tensor):
+        return
+    if t.dim() >= 2 and t.shape[0] == 1 and t.shape[1] == tokens:
+        dim = 1
+    elif t.dim() == 1 and t.shape[0] == tokens:
+        dim = 0
+    else:
+        return
+    if dim not in getattr(t, "_dynamo_weak_dynamic_indices", ()):
+        torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 class _CountingBackend:
@@ -171,7 +201,7 @@ def compile_around_layers(view: torch.nn.Module, backend: Callable[..., Any], *,
     """Route every module :func:`around_layers` of ``view`` through a ``torch.compile`` of its own forward with
     ``backend`` and ``options`` (fresh code objects named ``name`` and the module's place), so the rotary tables and
     the final norm are fused and captured as the layers' pieces are, not run op by op; returns how many were routed.
-    The embedding and the head stay eager (a gather and one matmul). Host only (at set-up)."""
+    The head stays eager (one matmul, outside the model the layers belong to). Host only (at set-up)."""
     around = around_layers(view)
     for k, module in enumerate(around):
         label = f"{name}_{k}_{type(module).__name__}"

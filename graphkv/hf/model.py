@@ -366,7 +366,7 @@ class PagedModel(torch.nn.Module):
                                else min(num_tokens, self.plan.limits.max_num_seqs))
             keep = (ctx.query_start_loc[1:num_reqs_padded + 1].long() - 1).clamp(min=0)
         ids, positions = input_ids[None], ctx.positions[:num_tokens][None]
-        if self._whole:  # one trace for every step size (see _mark_step_dynamic)
+        if self._whole and not self.trace_layers:  # one trace for every step size (see _mark_step_dynamic)
             for t, dim in ((ids, 1), (positions, 1), (keep, 0)):
                 if isinstance(t, torch.Tensor):
                     _mark_step_dynamic(t, dim)

@@ -18,20 +18,21 @@ from graphkv.errors import SpecError
 from graphkv.hf import ServingLoop
 from graphkv.hf.declare import model_kv
 from graphkv.hf.generation import workload_budget
-from graphkv.hf.layer_compile import around_layers, compile_layers, layer_step_inputs
-from graphkv.hf.layer_ops import LAYER_BUFFER
+from graphkv.hf.layer_compile import CompiledLayer, around_layers, compile_layers, layer_step_inputs
+from graphkv.hf.layer_ops import LAYER_BUFFER, paged_step_context
 from graphkv.hf.tiny import CORE_FAMILIES, tiny_model
 from graphkv.models.demo_engine import DemoRequest
 from graphkv.runtime.capture.piecewise import _signature, layer_scope
 
 from hf_harness import NEW_TOKENS, generate_alone, prompts, serving_loop
 
-# graph pieces of each trace, in the order the traces first run: the rotary tables one piece (Gemma-3 two, local and
-# global), an attention or mixer layer two (before and after its op), an MLP-only layer (Nemotron-H's "-") one, the
-# final norm one
-PIECES = {"gemma3_text": [1, 1, 2, 2, 1], "gpt_oss": [1, 2, 2, 1], "llama": [1, 2, 1], "mistral": [1, 2, 1],
-          "nemotron_h": [2, 2, 1, 1], "qwen3": [1, 2, 1], "qwen3_next": [1, 2, 2, 1]}
-AROUND = {"nemotron_h": 1}  # modules around the layers compiled on their own: the final norm, the rotary tables (2)
+# graph pieces of each trace, in the order the traces first run: the embedding one piece, the rotary tables one
+# (Gemma-3 two, local and global), an attention or mixer layer two (before and after its op), an MLP-only layer
+# (Nemotron-H's "-") one, the final norm one
+PIECES = {"gemma3_text": [1, 1, 1, 2, 2, 1], "gpt_oss": [1, 1, 2, 2, 1], "llama": [1, 1, 2, 1],
+          "mistral": [1, 1, 2, 1], "nemotron_h": [1, 2, 2, 1, 1], "qwen3": [1, 1, 2, 1], "qwen3_next": [1, 1, 2, 2, 1]}
+AROUND = {"nemotron_h": 2}  # modules around the layers compiled on their own: the embedding, the rotary tables, the
+# final norm (3; Nemotron-H has no rotary tables)
 LIMITS = Limits(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=32, max_cudagraph_capture_size=32,
                 cudagraph_mode=CudaGraphMode.FULL_AND_PIECEWISE)
 
@@ -47,14 +48,14 @@ def _served_tokens(loop, lengths: tuple[int, ...], seed: int) -> tuple[list, lis
 def test_each_layer_structure_is_traced_once_and_serving_gives_generates_tokens(family: str) -> None:
     """Prompts of 9, 30 and 5 tokens (a 30-token prefill beside decodes, then batch-1 decode steps) under
     'piecewise' with trace_layers: generate's tokens; every decoder layer routed through the compiled layer, the
-    rotary tables and final norm through their own, one trace per structure (PIECES), no shape guard kept (1-token
-    steps ran the first trace)."""
+    embedding, rotary tables and final norm through their own, one trace per structure (PIECES), no shape guard kept
+    (1-token steps ran the first trace)."""
     model = tiny_model(family)
     loop = serving_loop(model, compile="piecewise", capture_graphs=False, trace_layers=True)
     tokens, batch = _served_tokens(loop, (9, 30, 5), seed=5)
     assert tokens == [generate_alone(model, p) for p in batch]
     assert loop.model.num_compiled_layers == model.config.num_hidden_layers
-    assert loop.model.num_compiled_around == AROUND.get(family, 2)
+    assert loop.model.num_compiled_around == AROUND.get(family, 3)
     assert [len(split.graph_pieces) for split in loop.model.piecewise.splits] == PIECES[family]
     assert loop.model.size_guards.kept == []
 
@@ -62,23 +63,24 @@ def test_each_layer_structure_is_traced_once_and_serving_gives_generates_tokens(
 @pytest.mark.slow
 def test_captured_keys_and_fused_pieces_serve_generates_tokens(device: str) -> None:
     """qwen3 (3 layers), 'fused' with trace_layers, on the GPU path (a CPU rehearses capture with kernels='triton'):
-    the same 3 decode and 7 mixed keys as the whole forward; the rotary tables, the layer's two pieces and the final
-    norm compiled by Inductor once each (4 compiles for 3 layers) and run by 4 runners, which on a GPU capture a graph
-    per mixed key (7 each for the rotary tables and the norm) and, for the layer's pieces, per layer too (21 each:
-    56 in all); prompts of 5, 40, 17 and 9 tokens served 4 at a time give generate's tokens."""
+    the same 3 decode and 7 mixed keys as the whole forward; the embedding, the rotary tables, the layer's two pieces
+    and the final norm compiled by Inductor once each (5 compiles for 3 layers) and run by 5 runners, which on a GPU
+    capture a graph per mixed key (7 each for the embedding, the rotary tables and the norm) and, for the layer's
+    pieces, per layer too (21 each: 63 in all); prompts of 5, 40, 17 and 9 tokens served 4 at a time give
+    generate's tokens."""
     model = tiny_model("qwen3", num_hidden_layers=3).to(device)
     loop = ServingLoop(model, limits=LIMITS, budget=workload_budget(model_kv(model), LIMITS), compile="fused",
                        kernels="triton" if device == "cpu" else "auto", trace_layers=True)
     keys = loop.capture_report.keys
     assert loop.capture_report.rehearsed == (device == "cpu")
     if device == "cuda":
-        assert loop.capture_report.num_piece_graphs == 56
-        assert [runner.num_graphs for runner in loop.model.piecewise.runners] == [7, 21, 21, 7]
+        assert loop.capture_report.num_piece_graphs == 63
+        assert [runner.num_graphs for runner in loop.model.piecewise.runners] == [7, 7, 21, 21, 7]
     assert sorted(k.num_tokens for k in keys if not k.uniform) == [1, 2, 4, 8, 16, 24, 32]
     assert sorted(k.num_tokens for k in keys if k.uniform) == [1, 2, 4]
     backend = loop.model.piecewise
-    assert (backend.num_fused, backend.num_compiles, len(backend.runners)) == (4, 4, 4)
-    assert (loop.model.num_compiled_layers, loop.model.num_compiled_around) == (3, 2)
+    assert (backend.num_fused, backend.num_compiles, len(backend.runners)) == (5, 5, 5)
+    assert (loop.model.num_compiled_layers, loop.model.num_compiled_around) == (3, 3)
     tokens, batch = _served_tokens(loop, (5, 40, 17, 9), seed=1)
     assert tokens == [generate_alone(model, p) for p in batch]
 
@@ -173,6 +175,22 @@ def test_the_modules_around_the_layers_and_the_names_the_guard_filter_reads() ->
     view.norm = _Norm()
     view.heads = torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # no planned layer
     view.heads[0].extra = torch.nn.Linear(2, 2)
-    assert around_layers(view) == [view.norm]
+    assert around_layers(view) == [view.embed, view.norm]
     assert layer_step_inputs(view) == ("hidden_states", "position_embeddings", "position_ids", "cache_position", "x",
-                                       "states")
+                                       "input", "states")
+
+
+def test_each_call_of_a_module_in_a_forward_has_a_graph_key_of_its_own() -> None:
+    """A module the forward calls twice (nanochat's norm, before and after the layers) keys its graphs by the call:
+    (index, 0) then (index, 1) in every forward, counted afresh when the next forward's step begins; the step's token
+    dimension of its input is marked dynamic (dimension 1 of [1, tokens, ...], dimension 0 of a [tokens] tensor)."""
+    keys = []
+    call = CompiledLayer(lambda module, **kwargs: keys.append(_signature(())[0]), _Norm(), 5)
+    norm = _Norm()
+    for step in (object(), object()):
+        with paged_step_context(step):
+            for _ in range(2):
+                states, positions = torch.ones(1, 3, 2), torch.arange(3)
+                call(norm, states, cache_position=positions)
+    assert keys == [(5, 0), (5, 1), (5, 0), (5, 1)]
+    assert states._dynamo_weak_dynamic_indices == {1} and positions._dynamo_weak_dynamic_indices == {0}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 import attrs
 import torch
@@ -87,16 +87,17 @@ def piecewise_capture(pool: Any = None, *, rehearse: bool = False, stream: Any =
         _SCOPE.reset(token)
 
 
-_LAYER: contextvars.ContextVar[int | None] = contextvars.ContextVar("graphkv_piecewise_layer", default=None)
+_LAYER: contextvars.ContextVar[Hashable] = contextvars.ContextVar("graphkv_piecewise_layer", default=None)
 
 
 @contextlib.contextmanager
-def layer_scope(index: int) -> Iterator[None]:
-    """Inside this block runners key their graphs by layer ``index`` too: one compiled layer serves every layer of
-    its structure (:mod:`graphkv.hf.layer_compile`), so the same runner runs once per layer and step, on each
-    layer's own weights; each layer gets graphs of its own (captured on its weights, its inputs' addresses), which
-    a replay for another layer would otherwise reuse. Host only (a context variable)."""
-    token = _LAYER.set(index)
+def layer_scope(key: Hashable) -> Iterator[None]:
+    """Inside this block runners key their graphs by ``key`` too (a layer's index, and which call of it in the
+    forward): one compiled layer serves every layer of its structure (:mod:`graphkv.hf.layer_compile`), so the same
+    runner runs once per layer and step, on each layer's own weights; each call gets graphs of its own (captured on
+    its weights, its inputs' addresses), which a replay for another layer, or for a module's second call in the
+    same forward, would otherwise reuse. Host only (a context variable)."""
+    token = _LAYER.set(key)
     try:
         yield
     finally:

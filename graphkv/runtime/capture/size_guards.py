@@ -14,8 +14,9 @@ option of ``torch.compile``) that drops *only* the shape guard, and only when ev
 
 - a lower bound ``2 <= size`` (or stride, or offset) of an input: what 0/1 specialisation writes, or
 - an equality between sizes / strides of the inputs the caller names as built together (a step's token ids and
-  positions, of one length and contiguous by construction), a stride possibly a constant times a size (the token
-  stride of a contiguous ``[1, tokens, hidden]`` input is ``hidden * tokens``).
+  positions, of one length and contiguous by construction), or between a stride and a constant times a size (the
+  token stride of a contiguous ``[1, tokens, hidden]`` input is ``hidden * tokens``); never a size and a constant
+  times a size.
 
 An input is named by its argument name; an element of a tuple argument (a decoder layer's ``position_embeddings``,
 ``(cos, sin)``) by the tuple's name.
@@ -52,8 +53,10 @@ logger = logging.getLogger(__name__)
 
 _ACCESS = r"L(?:\[[^\]]+\])*?\['(\w+)'\](?:\[\d+\])?\.(?:size\(\)\[\d+\]|stride\(\)\[\d+\]|storage_offset\(\))"
 _LOWER_BOUND = re.compile(rf"^2 <= {_ACCESS}$")
-_EQUALITY = re.compile(rf"^{_ACCESS} == (?:\d+\*)?{_ACCESS}$")  # a stride of a contiguous input: c * a size
+_EQUALITY = re.compile(rf"^{_ACCESS} == {_ACCESS}$")
 _SIZE = r"L(?:\[[^\]]+\])*?\['(\w+)'\](?:\[\d+\])?\.size\(\)\[(\d+)\]"
+_STRIDE = r"L(?:\[[^\]]+\])*?\['(\w+)'\](?:\[\d+\])?\.stride\(\)\[\d+\]"
+_STRIDE_OF_SIZE = re.compile(rf"^{_STRIDE} == \d+\*{_SIZE}$")  # a contiguous input's stride: c times a size
 _UPPER_BOUND = re.compile(rf"^(?:(\d+)\*)?{_SIZE} <= (\d+)$")  # Inductor's 32-bit indexing proof
 _RANGE = re.compile(rf"^2 <= {_SIZE} and {_SIZE} <= (\d+)$")  # Dynamo's range of one size bounded both ways
 
@@ -63,9 +66,9 @@ def _droppable(expression: str, built_together: Collection[str], step_sized: Col
     """Whether one expression of a shape guard is droppable (see :func:`droppable_shape_guard`)."""
     if _LOWER_BOUND.match(expression):
         return True
-    equality = _EQUALITY.match(expression)
+    equality = _EQUALITY.match(expression) or _STRIDE_OF_SIZE.match(expression)
     if equality is not None:
-        return set(equality.groups()) <= set(built_together)
+        return {equality.group(1), equality.group(2)} <= set(built_together)
     if max_step is None:
         return False
     bound = _UPPER_BOUND.match(expression)

@@ -46,8 +46,8 @@ HIDDEN, COS, SIN = ("L['kwargs']['hidden_states']", "L['kwargs']['position_embed
 def test_a_decoder_layers_guard_names_tuple_elements_by_their_tuple_and_strides_as_multiples_of_sizes():
     """The guard of one Qwen3 decoder layer traced at 5 tokens (trace_layers, torch 2.11, hidden 64, head 16): the
     hidden states' token stride is 64 x tokens, the rotary tables' 16 x tokens, each table an element of the
-    ``position_embeddings`` tuple. Droppable with those inputs named; an input not named, or a constant times a
-    size on the left-hand side of an equality, keeps it."""
+    ``position_embeddings`` tuple. Droppable with those inputs named; an input not named, a constant times a size on
+    the left-hand side of an equality, or a size (not a stride) equal to a constant times a size keeps it."""
     seen = [f"{HIDDEN}.stride()[0] == 64*{HIDDEN}.size()[1]", f"{COS}.size()[1] == {HIDDEN}.size()[1]",
             f"{COS}.stride()[0] == 16*{HIDDEN}.size()[1]", f"{SIN}.size()[1] == {HIDDEN}.size()[1]",
             f"{SIN}.stride()[0] == 16*{HIDDEN}.size()[1]", f"2 <= {HIDDEN}.size()[1]"]
@@ -55,6 +55,8 @@ def test_a_decoder_layers_guard_names_tuple_elements_by_their_tuple_and_strides_
     assert droppable_shape_guard(seen, built)
     assert not droppable_shape_guard(seen, ("hidden_states",))
     assert not droppable_shape_guard([f"64*{HIDDEN}.size()[1] == {HIDDEN}.stride()[0]"], built)
+    # a size equal to a constant times a size holds by no construction
+    assert not droppable_shape_guard([f"{HIDDEN}.size()[1] == 2*{COS}.size()[1]"], built)
     assert not droppable_shape_guard([f"{HIDDEN}.stride()[0] == 64*{HIDDEN}.size()[1] + 64"], built)
     # the GPU's 32-bit indexing bound on a tuple element's size, at the largest step
     sized = {"step_sized": built, "max_step": 8192}
