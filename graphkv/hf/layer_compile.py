@@ -26,8 +26,8 @@ these modules runs eagerly (the head's matmul and the gather of the logits rows;
 CPU every piece runs eagerly, so the graph keys, replays and weak views of this path ran only in a rehearsal.
 
 Measured on a 2-core CPU (torch 2.11.0, transformers 5.17, 16-layer tiny Qwen3, ``compile="fused"``, a short
-serving run, cold Inductor cache): Dynamo 3.0 s against 10.8-11.3 s for the whole forward, set-up and run 29-30 s
-against 41-42 s (4 small Inductor compiles against 3 larger ones).
+serving run, cold Inductor cache): Dynamo 2.6 s against 10.8-11.3 s for the whole forward, set-up and run 29-30 s
+against 41-42 s (5 small Inductor compiles against 3 larger ones).
 """
 
 from __future__ import annotations
