@@ -124,6 +124,8 @@ class CompiledLayer:
 
     def _key(self) -> tuple[int, int]:
         step = active_paged_step()
+        if step is None:  # outside a PagedModel's forward: no step to count calls in
+            return self.index, 0
         if step is self._step:
             self._calls += 1
         else:

@@ -182,8 +182,9 @@ def test_the_modules_around_the_layers_and_the_names_the_guard_filter_reads() ->
 
 def test_each_call_of_a_module_in_a_forward_has_a_graph_key_of_its_own() -> None:
     """A module the forward calls twice (nanochat's norm, before and after the layers) keys its graphs by the call:
-    (index, 0) then (index, 1) in every forward, counted afresh when the next forward's step begins; the step's token
-    dimension of its input is marked dynamic (dimension 1 of [1, tokens, ...], dimension 0 of a [tokens] tensor)."""
+    (index, 0) then (index, 1) in every forward, counted afresh when the next forward's step begins (outside a step,
+    (index, 0)); the step's token dimension of its inputs is marked dynamic (dimension 1 of [1, tokens, ...],
+    dimension 0 of a [tokens] tensor)."""
     keys = []
     call = CompiledLayer(lambda module, **kwargs: keys.append(_signature(())[0]), _Norm(), 5)
     norm = _Norm()
@@ -192,5 +193,6 @@ def test_each_call_of_a_module_in_a_forward_has_a_graph_key_of_its_own() -> None
             for _ in range(2):
                 states, positions = torch.ones(1, 3, 2), torch.arange(3)
                 call(norm, states, cache_position=positions)
-    assert keys == [(5, 0), (5, 1), (5, 0), (5, 1)]
+    call(norm, states)  # outside a forward's step: the first call's key
+    assert keys == [(5, 0), (5, 1), (5, 0), (5, 1), (5, 0)]
     assert states._dynamo_weak_dynamic_indices == {1} and positions._dynamo_weak_dynamic_indices == {0}
