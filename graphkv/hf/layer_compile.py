@@ -53,17 +53,19 @@ LAYER_STEP_INPUTS = ("hidden_states", "position_embeddings", "position_ids", "ca
 shape guard's equalities between their sizes and strides hold by construction (``step_size_guard_filter``)."""
 
 
+def _layer_lists(view: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The ``ModuleList`` s of ``view`` that hold a planned layer (a module with the
+    :data:`~graphkv.hf.layer_ops.LAYER_BUFFER` buffer)."""
+    return [m for m in view.modules()
+            if isinstance(m, torch.nn.ModuleList) and any(_holds_planned(layer) for layer in m)]
+
+
 def decoder_layers(view: torch.nn.Module, *, whole_lists: bool = False) -> Iterator[torch.nn.Module]:
     """The decoder layers of ``view`` (a paged view), in order: each element of a ``ModuleList`` that holds a planned
     layer (a module with the :data:`~graphkv.hf.layer_ops.LAYER_BUFFER` buffer); with ``whole_lists``, every element
     of such a list (a hybrid's MLP-only layers too, e.g. Nemotron-H's). Host only."""
-    for module in view.modules():
-        if not isinstance(module, torch.nn.ModuleList):
-            continue
-        planned = [_holds_planned(layer) for layer in module]
-        for layer, holds in zip(module, planned):
-            if holds or (whole_lists and any(planned)):
-                yield layer
+    for module in _layer_lists(view):
+        yield from (layer for layer in module if whole_lists or _holds_planned(layer))
 
 
 def around_layers(view: torch.nn.Module) -> list[torch.nn.Module]:
@@ -71,8 +73,7 @@ def around_layers(view: torch.nn.Module) -> list[torch.nn.Module]:
     of them (:func:`decoder_layers`), but module containers (a Llama-like model's embedding, rotary tables and final
     norm). Compiled, the embedding's output is graph-pool memory in a PIECEWISE key, which the first layer's pieces
     read in place; run eagerly it was a tensor each mixed key kept a copy of outside the pool. Host only."""
-    holders = {id(m) for m in view.modules()
-               if isinstance(m, torch.nn.ModuleList) and any(_holds_planned(layer) for layer in m)}
+    holders = {id(m) for m in _layer_lists(view)}
     around = []
     for owner in view.modules():
         children = list(owner.children())
@@ -167,7 +168,7 @@ class _CountingBackend:
     """``backend`` for the compiled layer function, counting its traces: at torch's recompile limit (a code
     object's entries, 8 by default) Dynamo runs every later layer structure eagerly, and a warning says so once."""
 
-    def __init__(self, backend: Callable[..., Any], name: str, what: str = "the decoder layer") -> None:
+    def __init__(self, backend: Callable[..., Any], name: str, what: str) -> None:
         self.backend, self.name, self.what, self.traces = backend, name, what, 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
@@ -181,6 +182,14 @@ class _CountingBackend:
         return self.backend(gm, example_inputs)
 
 
+def _compiled_forward(name: str, backend: Callable[..., Any], options: dict[str, Any], what: str) -> Any:
+    """``torch.compile`` of a fresh copy of :func:`_layer_forward` named ``name``, its traces counted for the
+    recompile-limit warning; each compile gets its own copy of ``options`` (torch.compile pops ``guard_filter_fn``
+    from the dict it is given)."""
+    return torch.compile(fresh_function(_layer_forward, name), backend=_CountingBackend(backend, name, what),
+                         options=dict(options))
+
+
 def compile_layers(view: torch.nn.Module, backend: Callable[..., Any], *, options: dict[str, Any],
                    name: str) -> int:
     """Route every decoder layer of ``view`` (:func:`decoder_layers`, whole lists) through one ``torch.compile`` of
@@ -189,8 +198,7 @@ def compile_layers(view: torch.nn.Module, backend: Callable[..., Any], *, option
     so torch's recompile limit (8) bounds the structures a model may have: later ones run eagerly, and a warning
     says so when the limit is reached (layers that differ by an integer attribute, such as Beam's residual index, or
     by state one layer hands the next, such as Gemma-4's shared K/V, each trace anew). Host only (at set-up)."""
-    compiled = torch.compile(fresh_function(_layer_forward, name), backend=_CountingBackend(backend, name),
-                             options=dict(options))  # torch.compile pops guard_filter_fn from the dict it is given
+    compiled = _compiled_forward(name, backend, options, "the decoder layer")
     count = 0
     for index, layer in enumerate(list(decoder_layers(view, whole_lists=True))):
         layer.forward = types.MethodType(CompiledLayer(compiled, layer, index), layer)
@@ -207,8 +215,6 @@ def compile_around_layers(view: torch.nn.Module, backend: Callable[..., Any], *,
     around = around_layers(view)
     for k, module in enumerate(around):
         label = f"{name}_{k}_{type(module).__name__}"
-        compiled = torch.compile(fresh_function(_layer_forward, label),
-                                 backend=_CountingBackend(backend, label, what=type(module).__name__),
-                                 options=dict(options))  # torch.compile pops guard_filter_fn from the dict it is given
+        compiled = _compiled_forward(label, backend, options, type(module).__name__)
         module.forward = types.MethodType(CompiledLayer(compiled, module, -1 - k), module)
     return len(around)
