@@ -169,7 +169,8 @@ def test_plan_speed_block_runs_and_matches_its_table(tmp_path: Path) -> None:
     shown = next(text for lang, text in blocks() if lang == "text" and text.startswith("graphkv.compile"))
     proc = run_block([sys.executable, "benchmarks/plan_speed.py", "--out", str(tmp_path / "out.json")],
                      what="`python benchmarks/plan_speed.py`", cpu_machine=False)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a plan above the 5 ms target, a timing this test leaves out
+    assert "not planned" not in proc.stderr, proc.stderr
 
     def rows(text: str) -> list[list[str]]:
         """preset, variant, groups, num_blocks, max_model_len of each table row (timings dropped)."""

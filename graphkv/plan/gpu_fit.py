@@ -76,6 +76,51 @@ def _fits(plan: Plan, budget: Budget) -> bool:
     return plan.num_blocks * plan.pool_bytes_per_block + beside_pool_bytes(plan) <= _room(budget)
 
 
+def _at(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphPoolModel | None, reserve: int) -> Plan | None:
+    """The plan with ``reserve`` bytes of graph reserve; ``None`` when that leaves no pool the limits accept."""
+    sized = _with_reserve(budget, reserve)
+    if sized is None:
+        return None
+    try:
+        return compile_plan(model, limits, sized, graph_pool=graph_pool)
+    except CapacityError:
+        if reserve == 0:
+            raise  # the pool is too small even with nothing beside it: not the buffers' fault
+        return None
+
+
+def _with_pages(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphPoolModel | None, pages: int,
+                pool_bytes_per_block: int) -> Plan | None:
+    """The plan with a pool of ``pages`` pages: its budget 1 B short of one page more."""
+    if pages < 1:
+        return None
+    return _at(model, limits, budget, graph_pool, _room(budget) - (pages + 1) * pool_bytes_per_block + 1)
+
+
+def _first_fit(model: ModelKV, limits: Limits, budget: Budget,
+               graph_pool: GraphPoolModel | None) -> tuple[Plan, Plan | None] | None:
+    """A plan that fits beside what it allocates, and the smallest plan above it found not to (``None`` when the
+    plan with no reserve fits as it is): from the pool the no-reserve plan's beside bytes leave, gallop down.
+    ``None`` when no pool the limits accept fits."""
+    first = _at(model, limits, budget, graph_pool, 0)
+    if first is None:
+        return None
+    if _fits(first, budget):
+        return first, None
+    ppb, room = first.pool_bytes_per_block, _room(budget)
+    failing, step = first, 0
+    pages = (room - beside_pool_bytes(first)) // ppb
+    while True:
+        plan = _with_pages(model, limits, budget, graph_pool, pages, ppb)
+        if plan is None:
+            return None  # the pool the limits need and what sits beside it do not fit together
+        if _fits(plan, budget):
+            return plan, failing
+        over = plan.num_blocks * ppb + beside_pool_bytes(plan) - room
+        failing, step = plan, max(-(-over // ppb), 2 * step)  # at least the pages it is over by
+        pages = plan.num_blocks - step
+
+
 def _fit_auto(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphPoolModel | None) -> GpuPlan | None:
     """The plan with the largest pool that fits beside what it allocates, its reserve sized from it.
 
@@ -84,51 +129,23 @@ def _fit_auto(model: ModelKV, limits: Limits, budget: Budget, graph_pool: GraphP
     everything beside it together (nearly always) only grow with the pool, so the largest fitting pool
     is found by bisection on its pages (see the module docstring for the exception, where the result
     fits but may be a few MiB short of the largest). ``None`` when no pool the limits accept fits."""
-    room = _room(budget)
-
-    def at(reserve: int) -> Plan | None:
-        sized = _with_reserve(budget, reserve)
-        if sized is None:
-            return None
-        try:
-            return compile_plan(model, limits, sized, graph_pool=graph_pool)
-        except CapacityError:
-            if reserve == 0:
-                raise  # the pool is too small even with nothing beside it: not the buffers' fault
-            return None
-
-    first = at(0)
-    if first is None:
+    found = _first_fit(model, limits, budget, graph_pool)
+    if found is None:
         return None
-    ppb = first.pool_bytes_per_block
-
-    def with_pages(pages: int) -> Plan | None:  # a pool of ``pages`` pages, its budget 1 B short of one more
-        return at(room - (pages + 1) * ppb + 1) if pages >= 1 else None
-
-    best = first
-    if not _fits(first, budget):  # from the pool the first plan's beside bytes leave, gallop down, then bisect
-        failing, step = first, 0
-        pages = (room - beside_pool_bytes(first)) // ppb
-        while True:
-            plan = with_pages(pages)
-            if plan is None:
-                return None  # the pool the limits need and what sits beside it do not fit together
-            if _fits(plan, budget):
-                break
-            over = plan.num_blocks * ppb + beside_pool_bytes(plan) - room
-            failing, step = plan, max(-(-over // ppb), 2 * step)  # at least the pages it is over by
-            pages = plan.num_blocks - step
-        best, fails = plan, failing.num_blocks
+    best, failing = found
+    ppb, room = best.pool_bytes_per_block, _room(budget)
+    if failing is not None:  # bisect between the fitting pool and the failing one above it
+        fails = failing.num_blocks
         while fails - best.num_blocks > 1:
             mid = (best.num_blocks + fails) // 2
-            plan = with_pages(mid)
+            plan = _with_pages(model, limits, budget, graph_pool, mid, ppb)
             if plan is not None and _fits(plan, budget):
                 best = plan
             else:
                 fails = mid
     # the smallest reserve that holds what sits beside the pool and still leaves it best's pages
     reserve = max(beside_pool_bytes(best), room - (best.num_blocks + 1) * ppb + 1)
-    plan = best if best.ledger.budget_bytes == room - reserve else at(reserve)
+    plan = best if best.ledger.budget_bytes == room - reserve else _at(model, limits, budget, graph_pool, reserve)
     assert plan is not None and plan.num_blocks == best.num_blocks and _fits(plan, budget), (reserve, best.num_blocks)
     sized = _with_reserve(budget, reserve)
     assert sized is not None
@@ -150,9 +167,12 @@ def _largest_step_tokens(model: ModelKV, limits: Limits, budget: Budget, auto: b
                          graph_pool: GraphPoolModel | None) -> int | None:
     """The largest ``max_num_batched_tokens`` below the given one whose plan fits (bisection; both the
     static buffers and the graph pool grow with it)."""
-    def fits(tokens: int) -> bool:
+    def fits(tokens: int) -> bool:  # whether _try finds a plan, without searching for the largest pool
+        at_tokens = attrs.evolve(limits, max_num_batched_tokens=tokens)
         try:
-            return _try(model, attrs.evolve(limits, max_num_batched_tokens=tokens), budget, auto, graph_pool) is not None
+            if auto:
+                return _first_fit(model, at_tokens, budget, graph_pool) is not None
+            return _try(model, at_tokens, budget, auto, graph_pool) is not None
         except GraphkvError:
             return False
 
