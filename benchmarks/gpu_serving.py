@@ -17,7 +17,8 @@ warm-up serve: tokens/s to the last token; ms per decode step = (last token - th
 request has its first) / (new tokens - 1); mean time to first token; set-up seconds (build and
 warm-up: graphkv's plan, pool, capture; transformers' compile; of it, Dynamo's tracing and the compile
 backend's time, ``trace_s`` / ``backend_s`` in the JSON, Triton's run-time tuning and the graph captures in
-neither); requests whose tokens equal
+neither; and how many Inductor compiles hit its on-disk cache, which the processes after the first share, so later
+batch sizes set up warm); requests whose tokens equal
 ``generate``'s. A decode step's bandwidth limit = (weight bytes it reads + KV bytes of its context) /
 the copy bandwidth (a large ``Tensor.copy_`` on the device at start, bytes read plus written per
 second), at every request's mean decode context; graphkv's own step timings also give its
@@ -165,6 +166,15 @@ def compile_seconds() -> tuple[float, float]:
     metrics = torch._dynamo.utils.compilation_time_metrics
     backends = sum(metrics.get("OutputGraph.call_user_compiler", ()))
     return sum(metrics.get("_compile.compile_inner", ())) - backends, backends
+
+
+def inductor_cache_counts() -> tuple[int, int]:
+    """How many compiles this process has so far found in Inductor's FX graph cache (hits) and compiled afresh
+    (misses and bypasses); a difference of two readings says whether a set-up ran on a warm cache."""
+    import torch._dynamo.utils
+
+    counts = torch._dynamo.utils.counters["inductor"]
+    return counts["fxgraph_cache_hit"], counts["fxgraph_cache_miss"] + counts["fxgraph_cache_bypass"]
 
 
 class GraphkvServer:
@@ -320,7 +330,7 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
     servers, runs = {}, {}
     attention = model.config._attn_implementation
     for name in args.contenders:
-        start, compiled = time.perf_counter(), compile_seconds()
+        start, compiled, cached = time.perf_counter(), compile_seconds(), inductor_cache_counts()
         try:
             server = SERVERS[name](model, prompts, args)
             first = server.serve()
@@ -336,6 +346,8 @@ def measure_batch(args: argparse.Namespace, batch: int, bandwidth: float) -> dic
         row[name] = {"setup_s": time.perf_counter() - start}
         # of the set-up: Dynamo tracing, and the compile backend (graphkv's split, Inductor) compiling what it traced
         row[name]["trace_s"], row[name]["backend_s"] = (now - then for now, then in zip(compile_seconds(), compiled))
+        row[name]["inductor_cache_hits"], row[name]["inductor_cache_misses"] = (
+            now - then for now, then in zip(inductor_cache_counts(), cached))
         if name == "graphkv":
             row[name].update(build_s=server.build_seconds, graphs=server.loop.graphs,
                              kv_tokens=server.loop.plan.num_blocks * server.loop.plan.block_size)
@@ -434,7 +446,8 @@ def print_table(rows: list[dict[str, Any]], contenders: tuple[str, ...]) -> None
             print(f"{'':>5}  graphkv's {g['decode_steps']} full-batch decode steps: {g['step_ms']:.3f} ms each, limit "
                   f"{g['step_limit_ms']:.3f} ms -> {g['step_x_limit']:.2f}x the limit; plan+pool+capture "
                   f"{g['build_s']:.1f} s, set-up {g['setup_s']:.1f} s (Dynamo tracing {g['trace_s']:.1f} s, "
-                  f"compiling {g['backend_s']:.1f} s); {g['graphs']}")
+                  f"compiling {g['backend_s']:.1f} s; Inductor cache {g['inductor_cache_hits']} hits, "
+                  f"{g['inductor_cache_misses']} compiled afresh); {g['graphs']}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -46,8 +46,9 @@
 #                     issue 20's "3x its tokens/s", never measured (its compile takes minutes)
 #  15 serving-layers  trace_layers on CUDA: its capture test (a graph per layer and key), then step 3 with each
 #                     decoder layer traced and compiled once for all (torch 2.11 traces every layer of a whole
-#                     forward): set-up seconds against step 3's, and what the lost cross-layer fusion costs per step;
-#                     then qwen3_next's demo under it (tokens equal model.generate)
+#                     forward): set-up seconds against step 3's, and what the lost cross-layer fusion costs per step
+#                     (batch 32's process finds batch 1's compiles in Inductor's cache: the warm set-up, its hits
+#                     printed); then qwen3_next's demo under it (tokens equal model.generate)
 # A lent machine's 15 minutes held one run of --only 2,1,3,6,7,12,4,5 on 2026-11-27 (with its start, about 560 s);
 # at most 8 files come back from it, so read summary.md from the run's output (cat it last).
 # Exit status 1 when a step failed or timed out, 2 for a bad flag or no GPU.
