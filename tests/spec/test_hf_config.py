@@ -78,6 +78,29 @@ def test_qwen2_sliding_window_needs_use_sliding_window():
     assert _kinds(model_from_hf_config(config)) == "F" * 32
 
 
+@pytest.mark.parametrize(("model_type", "fields"), [
+    ("qwen2", {"max_window_layers": 28}),  # a Qwen2 config.json without the switch
+    ("qwen3", {}),  # neither the switch nor max_window_layers: the family's config has the switch, off
+    ("smollm3", {}),
+    ("custom", {"max_window_layers": 28}),  # an unknown type: only Qwen-style configs write max_window_layers
+])
+def test_sliding_window_without_use_sliding_window_is_off_where_transformers_reads_it_off(model_type, fields):
+    """transformers' Qwen2 / Qwen3 / SmolLM3 configs default use_sliding_window to false and drop sliding_window
+    then (vLLM reads the config through them): a config.json that leaves the switch out plans every layer full.
+    Planned with 7 of 28 layers sliding before, 1,281 pages per request for them instead of 2,048."""
+    config = _cfg("llama-3.1-8b", architectures=["Qwen2ForCausalLM"], model_type=model_type, sliding_window=4096,
+                  **fields)
+    assert _kinds(model_from_hf_config(config)) == "F" * 32
+    config["use_sliding_window"] = True
+    assert _kinds(model_from_hf_config(config)) == ("F" * 28 + "S" * 4 if fields else "S" * 32)
+
+
+def test_sliding_window_alone_slides_every_layer_in_families_without_the_switch():
+    """Mistral's configs write sliding_window alone (no switch in its transformers config): every layer slides."""
+    config = _cfg("llama-3.1-8b", architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4096)
+    assert _kinds(model_from_hf_config(config)) == "S" * 32
+
+
 def test_qwen2_layers_from_max_window_layers_slide():
     """With use_sliding_window, layers i >= max_window_layers slide (the transformers Qwen2 rule)."""
     config = _cfg("llama-3.1-8b", architectures=["Qwen2ForCausalLM"], model_type="qwen2",

@@ -50,6 +50,9 @@ class Family:
     # vLLM 0.33 serves it with Triton below Hopper: "always" (MiMo-V2, its own backend choice), "mixed_heads" (Gemma-4
     # when its layers' head sizes differ: Gemma4Config, FlashAttention 4 being Hopper's); "": vLLM's usual choice
     triton_below_hopper: str = ""
+    # its transformers config gates ``sliding_window`` behind ``use_sliding_window``, false when not written (Qwen2 /
+    # Qwen3 and their MoE, SmolLM3, IQuest-Coder): a config without the flag has every layer full attention
+    sliding_window_flag: bool = False
 
 
 def _f(model_type: str, checkpoint: str, kinds: str, **quirks: object) -> Family:
@@ -66,10 +69,10 @@ FAMILIES: tuple[Family, ...] = (
     _f("mixtral", "mistralai/Mixtral-8x7B-v0.1", _FULL),
     _f("ministral", "mistralai/Ministral-8B-Instruct-2410", _SLIDE),
     _f("ministral3", "mistralai/Ministral-3-8B-Base-2512", _FULL),
-    _f("qwen2", "Qwen/Qwen2-7B", _FULL),
-    _f("qwen2_moe", "Qwen/Qwen1.5-MoE-A2.7B", _FULL),
-    _f("qwen3", "Qwen/Qwen3-8B", _FULL),
-    _f("qwen3_moe", "Qwen/Qwen3-30B-A3B-Base", _FULL),
+    _f("qwen2", "Qwen/Qwen2-7B", _FULL, sliding_window_flag=True),
+    _f("qwen2_moe", "Qwen/Qwen1.5-MoE-A2.7B", _FULL, sliding_window_flag=True),
+    _f("qwen3", "Qwen/Qwen3-8B", _FULL, sliding_window_flag=True),
+    _f("qwen3_moe", "Qwen/Qwen3-30B-A3B-Base", _FULL, sliding_window_flag=True),
     _f("gemma", "google/gemma-7b", _FULL),
     _f("phi", "microsoft/phi-1", _FULL),
     _f("phi3", "microsoft/Phi-3-mini-4k-instruct", _FULL),
@@ -107,7 +110,7 @@ FAMILIES: tuple[Family, ...] = (
     _f("ernie4_5", "baidu/ERNIE-4.5-0.3B-PT", _FULL),
     _f("ernie4_5_moe", "baidu/ERNIE-4.5-21B-A3B-PT", _FULL),
     _f("seed_oss", "ByteDance-Seed/Seed-OSS-36B-Instruct", _FULL),
-    _f("smollm3", "HuggingFaceTB/SmolLM3-3B", _FULL),
+    _f("smollm3", "HuggingFaceTB/SmolLM3-3B", _FULL, sliding_window_flag=True),
     _f("hunyuan_v1_dense", "tencent/Hunyuan-7B-Instruct", _FULL),
     _f("hunyuan_v1_moe", "tencent/Hunyuan-A13B-Instruct", _FULL),
     _f("minimax_m2", "MiniMaxAI/MiniMax-M2", _FULL),
@@ -121,7 +124,7 @@ FAMILIES: tuple[Family, ...] = (
     _f("solar_open", "upstage/Solar-Open-100B", _FULL),
     _f("dots1", "rednote-hilab/dots.llm1.base", _FULL),
     _f("hy_v3", "tencent/Hy3-preview", _FULL),
-    _f("iquestcoder", "IQuestLab/IQuest-Coder-V1-40B-Instruct", _FULL),
+    _f("iquestcoder", "IQuestLab/IQuest-Coder-V1-40B-Instruct", _FULL, sliding_window_flag=True),
     _f("jais2", "inceptionai/Jais-2-8B-Chat", _FULL),
     _f("laguna", "poolside/laguna-XS.2", _FULL),
     _f("mellum", "JetBrains/Mellum2-12B-A2.5B-Base", _FULL),

@@ -18,8 +18,9 @@ In order of precedence (the first field the config writes decides):
    field are refused (nothing says which layer is which);
 4. sliding windows: ``sliding_window_pattern`` (an int N: every N-th layer is full; or a
    string such as ``"LLLG"``), ``global_attn_every_n_layers``, the family's default pattern,
-   ``use_sliding_window`` with ``max_window_layers`` (Qwen2: layers from that index slide), or a
-   ``sliding_window`` that applies to every layer (Mistral);
+   ``use_sliding_window`` with ``max_window_layers`` (Qwen2: layers from that index slide; the
+   switch not written is off, as transformers reads it, in the families whose config has it and
+   beside ``max_window_layers``), or a ``sliding_window`` that applies to every layer (Mistral);
 5. otherwise every layer is full attention.
 """
 
@@ -222,8 +223,12 @@ def _sliding_pattern(cfg: ConfigReader, count: int, family: Family | None) -> La
     return None
 
 
-def _qwen_style(cfg: ConfigReader, count: int) -> Layout | None:
-    if not cfg.has("sliding_window") or not cfg.flag("use_sliding_window", True):
+def _qwen_style(cfg: ConfigReader, count: int, family: Family | None) -> Layout | None:
+    """``sliding_window`` with Qwen2's switch: ``use_sliding_window`` (false when not written in a family whose
+    config has it, or beside ``max_window_layers``, which only such configs write; true elsewhere: Mistral's
+    configs write ``sliding_window`` alone) and ``max_window_layers`` (layers from it slide)."""
+    flagged = cfg.has("max_window_layers") or (family is not None and family.sliding_window_flag)
+    if not cfg.has("sliding_window") or not cfg.flag("use_sliding_window", not flagged):
         return None
     if not cfg.has("max_window_layers"):
         return Layout(roles=(Role.SLIDING,) * count, source="sliding_window (every layer)")
@@ -301,7 +306,7 @@ def _interleaved(cfg: ConfigReader, count: int, family: Family | None) -> Layout
         cfg.fail("layer_types", MISSING, "is needed: the config has short-convolution fields (conv_L_cache) but no "
                  "field says which layers are convolutions", "add layer_types (full_attention / conv per layer) or "
                  "full_attn_idxs from the model's config.json")
-    return (_sliding_pattern(cfg, count, family) or _qwen_style(cfg, count)
+    return (_sliding_pattern(cfg, count, family) or _qwen_style(cfg, count, family)
             or Layout(roles=(Role.FULL,) * count, source="no layout field: every layer full attention"))
 
 
