@@ -38,7 +38,6 @@ from graphkv.spec._checks import whole_int
 __all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest: graphkv.models.demo_request
 
 
-
 @attrs.define
 class _Running:
     request: DemoRequest
@@ -114,8 +113,9 @@ class DemoEngine:
     A step whose forward (or the sampling of its logits) raises — out of memory, an interrupt — is undone:
     its pages back on the free list as they were, its newly admitted requests queued again, so :meth:`run` can
     be called again to go on. A state (Mamba) layer that updated a request's state in place before the error
-    has advanced it (see :meth:`~graphkv.runtime.step.Step.run`): on a hybrid model, finish such requests
-    rather than go on."""
+    may have advanced it (see :meth:`~graphkv.runtime.step.Step.run`): the step's running requests on a plan with
+    state layers are queued again at the head, to prefill their tokens so far (prompt and generated) from the first,
+    so the tokens are those of a run that never failed."""
 
     def __init__(self, plan: Plan, step: Step, forward: Callable[..., Any], *, record: bool = False,
                  logits_per_request: bool = False, vocab_size: int | None = None, overlap: bool = True) -> None:
@@ -140,6 +140,7 @@ class DemoEngine:
         self._running: dict[Hashable, _Running] = {}
         self._free = list(range(plan.num_blocks - 1, 0, -1))  # pop() hands out page 1 first
         self._released: set[int] = set()
+        self._resume: dict[Hashable, list[int]] = {}  # a request queued again -> its tokens so far, to prefill
         self.overlap = bool(overlap)
         self._sampled: SampledTokens | None = None  # the last step's tokens, not read on the host yet
         self._sampler = GreedySampler(plan.limits.max_num_seqs)
@@ -257,13 +258,16 @@ class DemoEngine:
         Otherwise the last step's tokens are read first and the step is scheduled from the host."""
         start = time.perf_counter()
         sampled, self._sampled = self._sampled, None
-        if sampled is not None and self._can_overlap(sampled):
+        unsure = bool(getattr(self.step_api, "unsure_requests", ()))  # only after a failed step on state layers
+        if sampled is not None and not unsure and self._can_overlap(sampled):
             self._sampled = self._launch_decode(sampled)
             self.stats.overlapped += 1
             self._read(sampled)
         else:
             if sampled is not None:
                 self._read(sampled)
+            if unsure:
+                self._recompute_unsure()
             batch, chunks, grown, num_admitted = self._schedule()
             if not chunks:
                 if sampled is None:
@@ -387,8 +391,8 @@ class DemoEngine:
             lifetime = self._lifetime_pages(request)
             if lifetime > len(self._free) - self._promised:
                 break  # FIFO: the head of the queue waits for pages (the rest is promised to running ones)
-            run = _Running(request=request, tokens=list(request.prompt), pages=[[] for _ in self.plan.groups],
-                           lifetime=lifetime)
+            run = _Running(request=request, tokens=self._resume.pop(request.req_id, None) or list(request.prompt),
+                           pages=[[] for _ in self.plan.groups], lifetime=lifetime)
             self._promised += lifetime  # _grow takes back what it hands out
             n = min(len(run.tokens), budget)
             pages = self._grow(run, n)
@@ -417,6 +421,22 @@ class DemoEngine:
             self._promised -= run.lifetime
             self._waiting.appendleft(request)
             self._waiting_ids.add(request.req_id)
+            if len(run.tokens) > len(request.prompt):  # one queued again after a failed step: still to resume
+                self._resume[request.req_id] = run.tokens
+
+    def _recompute_unsure(self) -> None:
+        """Queue again, at the head, the running requests whose state a failed step may have advanced (the Step's
+        ``unsure_requests``): finished in the Step, their pages back on the free list, to prefill their tokens so
+        far (vLLM's preemption by recompute)."""
+        for req_id in reversed([r for r in self.step_api.unsure_requests if r in self._running]):
+            run = self._running.pop(req_id)
+            self.step_api.finish(req_id)
+            self._promised -= run.lifetime - sum(map(len, run.pages))
+            for pages in run.pages:
+                self._free.extend(pages)
+            self._resume[req_id] = run.tokens
+            self._waiting.appendleft(run.request)
+            self._waiting_ids.add(req_id)
 
     def _lifetime_pages(self, request: DemoRequest) -> int:
         """Pages ``request`` holds at its end, all groups: its last computed token is at

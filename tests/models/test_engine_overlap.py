@@ -174,6 +174,35 @@ def test_a_forward_that_raises_in_a_scheduled_step_loses_no_page_and_no_request(
     _go_on(engine, sync_engine, requests)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("failing_call", [3, 8])
+def test_a_forward_that_raises_after_its_state_layers_ran_is_recomputed(failing_call: int, overlap: bool) -> None:
+    """The forward runs every layer (a state layer advances its requests' states in place), then raises, as an
+    out-of-memory in the head would: run() again gave other tokens (the step's token applied to the state twice).
+    The Step marks the step's running requests unsure and the engine queues them again to prefill their tokens so
+    far: the tokens equal the uninterrupted loop's, and every page is free at the end."""
+    sync_engine, _ = _engine("MAMA", overlap=False)
+    _serve(sync_engine, _requests())
+    engine, _ = _engine("MAMA", overlap=overlap)
+    forward, calls, unsure = engine.forward, [0], []
+
+    def late_failure(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == failing_call:
+            raise RuntimeError("out of memory")
+        return out
+
+    engine.forward = late_failure
+    requests = _requests()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _serve(engine, requests)
+    unsure.extend(engine.step_api.unsure_requests)
+    assert unsure and set(unsure) <= set(engine._running)  # running requests of the failed step
+    _go_on(engine, sync_engine, requests)
+    assert engine.step_api.unsure_requests == ()
+
+
 def _fail(engine, state, snapshot) -> list[DemoRequest]:
     """Serve until the planted error; the engine is as it was before the failing step (``snapshot``)."""
     requests = _requests()

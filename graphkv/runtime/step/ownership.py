@@ -356,6 +356,17 @@ class PageOwnership:
             filled[page], filled_at[page] = 0, -1
         self._unsure_rows.update(rows)
 
+    @property
+    def unsure_rows(self) -> frozenset[int]:
+        """Live rows whose state a taken-back forward may have advanced (:meth:`forget_states`), until they leave
+        (empty, and :attr:`has_unsure` false, but after such a forward)."""
+        return frozenset(self._unsure_rows)
+
+    @property
+    def has_unsure(self) -> bool:
+        """Whether any row is in :attr:`unsure_rows` (no copy: checked every step)."""
+        return bool(self._unsure_rows)
+
     def undo_hold(self, undo: HoldUndo) -> None:
         """Take back one :meth:`hold`."""
         np.add.at(self.holders, undo.ids, -1)

@@ -56,7 +56,7 @@ from graphkv.runtime.step.repeat import Parts, RepeatStep
 from graphkv.runtime.step.rows import LastStep, RequestRows
 from graphkv.runtime.step.staging import StepStaging
 from graphkv.runtime.step.truncate import truncate_request
-from graphkv.runtime.step.undo import StepUndo, take_back
+from graphkv.runtime.step.undo import StepUndo, refuse_unsure, take_back
 from graphkv.runtime.tables.block_tables import BlockTables
 from graphkv.spec._checks import count_arg
 
@@ -201,6 +201,17 @@ class Step:
         """Request ids holding a table row (joined and not finished)."""
         return tuple(self._requests.rows)
 
+    @property
+    def unsure_requests(self) -> tuple[Hashable, ...]:
+        """Live requests whose state (Mamba / gated-delta) pages a forward that was then taken back (:meth:`undo`)
+        may have advanced in place: a next step of theirs would apply its tokens to that state twice, so it is
+        refused. Finish each (:meth:`finish`) and prefill it again from its first token. Empty without state
+        layers, and after every clean step."""
+        if not self.ownership.has_unsure:
+            return ()
+        unsure = self.ownership.unsure_rows
+        return tuple(req_id for req_id, row in self._requests.rows.items() if row in unsure)
+
     def row_of(self, req_id: Hashable) -> int:
         """The persistent table row of ``req_id``."""
         return self._requests.row_of(req_id)
@@ -259,7 +270,8 @@ class Step:
         of tokens). When ``forward`` raises, the step is undone (:meth:`undo`) and the exception
         propagates: K/V the forward wrote lie past every request's written tokens and are
         overwritten by the retry, but a state (Mamba) layer that updated a request's state in place
-        before the error has advanced it — finish such requests or prefill them again.
+        before the error has advanced it, so the step's running requests on a plan with state layers are
+        :attr:`unsure_requests` then and their next step is refused: finish them and prefill them again.
         """
         captured = _is_captured(forward)
         if not captured and not callable(forward):  # before anything changes (a call would fail after the prepare)
@@ -270,6 +282,7 @@ class Step:
         shape, ids = self._prepare(batch, self._shape_of(forward if captured else None),
                                    lambda num_tokens: check_input_ids(input_ids, num_tokens, self.device,
                                                                       vocab_size=vocab, batch=batch))
+        called = False
         try:
             n = shape.num_tokens
             dst = self.input_ids[:n]
@@ -288,26 +301,29 @@ class Step:
             else:
                 dst.copy_(ids)
             with forward_context(self.context, shape):
+                called = True
                 if captured:
                     return forward.run(shape, inputs={"input_ids": dst})
                 return forward(input_ids=dst)
         except BaseException:
-            self.undo()
+            self.undo(forward_ran=called)
             raise
 
-    def undo(self) -> None:
+    def undo(self, *, forward_ran: bool = True) -> None:
         """Take back the last prepared step: joining requests leave (their rows are free again),
         appended pages are dropped from the tables (host and device) and from the holder counts,
-        written tokens return to what they were; the step's state pages vouch for no cached state any more (the
-        forward may have advanced them: :mod:`~graphkv.runtime.step.undo`). Call it when a forward you ran after
-        :meth:`prepare` raised (:meth:`run` does). Raises :class:`SpecError` when there is nothing
-        to undo (no step prepared, or a request finished since)."""
+        written tokens return to what they were. Call it when a forward you ran after :meth:`prepare` raised
+        (:meth:`run` does). With ``forward_ran`` (the default) the forward may have advanced the step's state
+        pages in place (:mod:`~graphkv.runtime.step.undo`): they vouch for no cached state any more, and the
+        step's running requests are :attr:`unsure_requests`, their next step refused; ``forward_ran=False``
+        (nothing ran on the step: a prepare you take back) leaves states as they were. Raises
+        :class:`SpecError` when there is nothing to undo (no step prepared, or a request finished since)."""
         undo, self._undo = self._undo, None
         if undo is None:
             raise SpecError(Problem(field="undo", value=None, limit="no prepared step to take back (none was "
                                     "prepared, it was undone already, or a request finished since)",
                                     fix="call undo() right after the prepare() whose forward failed"))
-        take_back(undo, self.tables, self.ownership, self._requests)
+        take_back(undo, self.tables, self.ownership, self._requests, forward_ran=bool(forward_ran))
         self._forget_last()
 
     @contextlib.contextmanager
@@ -396,6 +412,8 @@ class Step:
             if repeat.prepare(batch, shape):
                 return shape, checked_input
         c = self._checker.check(batch)
+        if self.ownership.has_unsure:  # only after a forward was taken back on a plan with state layers
+            refuse_unsure(c.req_ids, c.rows, c.new, self.ownership.unsure_rows)
         if check is not None and repeat is None:  # a repeat checked it already (same query lengths)
             checked_input = check(c.num_tokens)
         shape = shape_of(c.dispatch, c.num_tokens, c.num_reqs, c.uniform)
@@ -431,7 +449,7 @@ class Step:
             self.tables.sync(rows, shape.num_reqs_padded, same_rows=same_rows, rows_checked=True)
             self._staging.copy_to_device()
         except BaseException:
-            self.undo()
+            self.undo(forward_ran=False)  # nothing ran on it
             raise
         requests = self._requests
         requests.last = LastStep(req_ids=c.req_ids, query_lens=c.query_lens, rows=rows, shape=shape,

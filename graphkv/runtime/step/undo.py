@@ -4,20 +4,22 @@ A step is taken back when the forward run after it raised. Its joining requests 
 dropped from the tables and the holder counts, and written tokens return to what they were. What cannot be taken
 back is a state (Mamba / gated-delta) layer's in-place update: the forward may have advanced the state pages of
 the step's requests. So a joining request's state page no longer vouches for the state a finished request left in
-it (a later claim of it is refused), and a running request's state page vouches for nothing when it finishes.
+it (a later claim of it is refused), a running request's state page vouches for nothing when it finishes, and the
+running request's own next step is refused (:func:`refuse_unsure`): it would apply its tokens to that state twice.
 """
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Hashable, Sequence
 
 import numpy as np
 
+from graphkv.errors import Problem, SpecError
 from graphkv.runtime.step.ownership import HoldUndo, PageOwnership
 from graphkv.runtime.step.rows import RequestRows
 from graphkv.runtime.tables.block_tables import BlockTables
 
-__all__ = ["StepUndo", "take_back"]
+__all__ = ["StepUndo", "refuse_unsure", "take_back"]
 
 
 class StepUndo:
@@ -35,10 +37,12 @@ class StepUndo:
         self.appended = appended
 
 
-def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, requests: RequestRows) -> None:
-    """Take back what ``undo`` records (see the module docstring); the device tables as they were before."""
+def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, requests: RequestRows, *,
+              forward_ran: bool = True) -> None:
+    """Take back what ``undo`` records (see the module docstring; ``forward_ran=False``: no forward ran on the
+    step, so its states are as they were); the device tables as they were before."""
     own = ownership
-    if own.has_state:  # before the joining rows leave the tables: their state pages
+    if own.has_state and forward_ran:  # before the joining rows leave the tables: their state pages
         joined = {row for _, row in undo.new}
         running = [row for row in undo.rows.tolist() if row not in joined]
         state_pages = [int(p) for g, is_state in enumerate(own.state_list) if is_state
@@ -60,3 +64,17 @@ def take_back(undo: StepUndo, tables: BlockTables, ownership: PageOwnership, req
         requests.release(req_id)
     tables.commit()  # the device tables as they were
     tables.forget_shown_rows()
+
+
+def refuse_unsure(req_ids: Sequence[Hashable], rows: np.ndarray, new: np.ndarray, unsure: frozenset[int]) -> None:
+    """:class:`SpecError` for the first request of a step (``req_ids``, their table ``rows``, ``new``: joining) that
+    goes on from a row in ``unsure``: a state a taken-back forward may have advanced."""
+    for i, (row, joins) in enumerate(zip(rows.tolist(), new.tolist())):
+        if not joins and row in unsure:
+            raise SpecError(Problem(
+                field=f"batch.req_ids[{i}]", value=req_ids[i],
+                limit="a forward that ran on its state (Mamba / gated-delta) pages raised and was taken back "
+                      "(Step.undo), and may have advanced that state in place: going on would apply tokens to it "
+                      "twice",
+                fix="finish it (Step.finish) and prefill it again from its first token, prompt and generated tokens "
+                    "together (DemoEngine does this itself)"))

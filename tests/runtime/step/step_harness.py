@@ -16,6 +16,7 @@ import torch
 import graphkv
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
+from graphkv.errors import SpecError
 from graphkv.runtime import Batch, Step, allocate
 
 TOLERANCE = 2e-4  # paged vs dense logits (float32); normal agreement is ~1e-6
@@ -116,11 +117,15 @@ class Harness:
             out[g] = tuple(state)
         return tuple(out)
 
-    def run_failing(self, batch: Batch, input_ids: list[int], message: str = "the forward failed") -> None:
+    def run_failing(self, batch: Batch, input_ids: list[int], message: str = "the forward failed", *,
+                    recover: bool = True) -> None:
         """``batch`` with a forward that raises ``RuntimeError(message)``: the error reaches the caller and
         the step state (the per-step rows aside) is exactly as before, but for the batch's state pages, which
         vouch for no finished request's state any more (``filled`` 0, ``filled_at`` -1: the forward may have
-        advanced them in place)."""
+        advanced them in place), and for its running requests on a plan with state layers, which are the
+        Step's ``unsure_requests``: their next step is refused, so each is finished and prefilled again from its
+        first token (:meth:`prefill_again`, unless ``recover`` is false), as an engine does."""
+        running = [r for r in batch.req_ids if r in self.step.active_requests]
         before = self.snapshot(inputs=False)
 
         def failing(input_ids):
@@ -139,6 +144,25 @@ class Harness:
             assert set(changed.tolist()) <= state_pages and (getattr(own, name)[changed] == now).all(), name
             before[name] = getattr(own, name).copy()
         self.assert_unchanged(before)
+        unsure = running if self.state else []
+        assert list(self.step.unsure_requests) == unsure, (self.step.unsure_requests, unsure)
+        for req in unsure if recover else ():
+            self.prefill_again(req)
+
+    def prefill_again(self, req: Hashable) -> None:
+        """A request whose state a failed forward may have advanced: its next step is refused (naming it); it is
+        finished and prefilled again from its first token (prompt and generated tokens), the logits checked."""
+        batch, ids, _ = self.batch({req: 1})
+        with pytest.raises(SpecError, match=r"raised and was taken back \(Step.undo\), and may have advanced"):
+            self.step.prepare(batch)
+        tokens = self.tokens[req][:self.computed[req]]  # those in the pool; the last sampled one is fed next
+        rest = self.tokens[req][self.computed[req]:]
+        self.finish(req)
+        self.add(req, 0, prompt=tokens + rest)
+        budget = self.plan.limits.max_num_batched_tokens
+        for start in range(0, len(tokens), budget):  # the prefilled tokens again, in chunks the step allows
+            self.run({req: min(budget, len(tokens) - start)})
+        assert req not in self.step.unsure_requests
 
     def decode_all(self) -> torch.Tensor:
         """One decode step of every live request (checked against the dense reference)."""
