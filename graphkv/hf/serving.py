@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -86,6 +87,7 @@ class ServingLoop:
                         fix=" (or pass limits.num_blocks_override)")  # before anything is allocated
         self.pool = allocate(self.plan, self.device)
         self.step = Step(self.plan, self.device, kernels=self.kernels)
+        self._engines: weakref.WeakSet[DemoEngine] = weakref.WeakSet()  # engine() made them: finish() asks them
         self.model = PagedModel(model, self.pool, logits=logits, compile=compile, kernels=self.kernels,
                                 decode_attention=decode_attention, merge_projections=merge_projections,
                                 small_matmul=small_matmul, trace_layers=trace_layers)
@@ -115,7 +117,15 @@ class ServingLoop:
                              vocab_size=None if on_device else self.vocab_size)
 
     def finish(self, req_id: Any) -> None:
-        """The request left: its Step row is free and its pages are the caller's again."""
+        """The request left: its Step row is free and its pages are the caller's again. :class:`SpecError` for a
+        request an engine of this loop (:meth:`engine`) runs or queues: the engine would keep its pages and
+        refuse every later step; stop it with ``engine.abort(req_id)``."""
+        for engine in list(self._engines):
+            if engine.holds(req_id):
+                raise SpecError(Problem(field="req_id", value=req_id,
+                                        limit="is a request of this loop's engine (ServingLoop.engine()), which "
+                                              "hands out its pages and would go on holding them",
+                                        fix=f"stop it with engine.abort({req_id!r}) (it returns its tokens so far)"))
         self.step.finish(req_id)
 
     def engine(self, *, record: bool = False, overlap: bool = True) -> DemoEngine:
@@ -123,5 +133,7 @@ class ServingLoop:
         allows, greedy) over this loop's step and forward. ``overlap``: launch each decode step
         from the last step's tokens on the device before the host reads them (see
         :meth:`DemoEngine.step`); ``False`` reads every step's tokens before the next is scheduled."""
-        return DemoEngine(self.plan, self.step, self.forward, record=record, overlap=overlap,
-                          logits_per_request=self.model.logits == "last", vocab_size=self.vocab_size)
+        engine = DemoEngine(self.plan, self.step, self.forward, record=record, overlap=overlap,
+                            logits_per_request=self.model.logits == "last", vocab_size=self.vocab_size)
+        self._engines.add(engine)
+        return engine

@@ -25,6 +25,9 @@ __all__ = ["INDEX_NAME", "CheckpointWeights", "checkpoint_weights", "safetensors
 INDEX_NAME = "model.safetensors.index.json"
 _HEADER_LEN = struct.Struct("<Q")
 _MAX_FILES = 4096  # shards of the largest public checkpoints number in the hundreds
+# bytes per element of the safetensors dtypes of whole bytes (sub-byte ones, F4 / F6_*, are not checked)
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 
 @attrs.frozen(kw_only=True)
@@ -77,10 +80,30 @@ def safetensors_data_bytes(path: str, *, field: str) -> int:
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
             raise _bad(field, path, f"tensor {name[:60]!r} has no valid data_offsets")
+        _check_extent(entry, name, offsets, path, field)
         end = max(end, offsets[1])
     if end > size - _HEADER_LEN.size - n:
         raise _bad(field, path, f"declares {end} bytes of tensors but holds {size - _HEADER_LEN.size - n}")
     return end
+
+
+def _check_extent(entry: dict[str, Any], name: str, offsets: list[int], path: str, field: str) -> None:
+    """A tensor's ``data_offsets`` span its shape times its dtype's size (as safetensors itself checks on load):
+    a header that says otherwise would make the weights look as small as its offsets (2 B for a 10^24-element
+    tensor), and the pool take the whole GPU."""
+    shape, itemsize = entry.get("shape"), _DTYPE_BYTES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise _bad(field, path, f"tensor {name[:60]!r} has no valid shape (a list of sizes)")
+    if itemsize is None:
+        return  # a sub-byte or newer dtype: its packing is the library's to check
+    numel = 1
+    for d in shape:
+        numel *= d
+    if offsets[1] - offsets[0] != numel * itemsize:
+        raise _bad(field, path, f"tensor {name[:60]!r} is {entry['dtype']} of shape {shape[:8]} "
+                                f"({numel * itemsize} bytes) but its data_offsets {offsets} span "
+                                f"{offsets[1] - offsets[0]}")
 
 
 def _index_total(index: Any, path: str, field: str) -> int | None:

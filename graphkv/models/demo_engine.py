@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import attrs
 import numpy as np
 import torch
 
 from graphkv.errors import CapacityError, Problem, SpecError
-from graphkv.models.demo_request import DemoRequest
+from graphkv.models.demo_request import DemoRequest, request_list
+from graphkv.models.engine_stats import EngineStats
 from graphkv.models.greedy_sampler import GreedySampler, SampledTokens
 from graphkv.models.prompts import check_vocab
 from graphkv.plan.plan import Plan
@@ -35,7 +36,7 @@ from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
 from graphkv.spec._checks import whole_int
 
-__all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest: graphkv.models.demo_request
+__all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest, EngineStats: their modules
 
 
 @attrs.define
@@ -52,41 +53,12 @@ class _Running:
         self.end = len(self.request.prompt) + self.request.max_new_tokens
 
 
-@attrs.define
-class EngineStats:
-    """Counters of a run: steps, tokens processed / generated, pages handed out, pages that were
-    handed out again after a finished request released them, seconds in :meth:`DemoEngine.step`, and
-    decode steps launched before the host read the previous step's tokens (``overlapped``). With the
-    overlap, a request that stops at a stop token has computed one token more (``tokens``), which may
-    have taken a page more (``pages_allocated``), and a request waiting for its pages is admitted a
-    step later; the generated tokens are the same."""
-
-    steps: int = 0
-    tokens: int = 0
-    generated: int = 0
-    pages_allocated: int = 0
-    pages_reused: int = 0
-    finished: int = 0
-    seconds: float = 0.0
-    overlapped: int = 0
-
-
-def _requests(field: str, value: Any) -> tuple[DemoRequest, ...]:
-    """``value`` (a list or tuple of :class:`DemoRequest`, or ``None`` for none) as a tuple; :class:`SpecError`
-    naming ``field`` otherwise (a lone request included: it is not a list of them)."""
-    if value is None:
-        return ()
-    if isinstance(value, DemoRequest) or isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        example = "request" if isinstance(value, DemoRequest) else "DemoRequest(...)"
-        raise SpecError(Problem(field=field, value=type(value).__name__, limit="must be a list of DemoRequest",
-                                fix=f"pass a list, e.g. [{example}]"))
-    out = tuple(value)
-    wrong = [i for i, r in enumerate(out) if not isinstance(r, DemoRequest)]
-    if wrong:
-        raise SpecError(Problem(field=f"{field}[{wrong[0]}]", value=type(out[wrong[0]]).__name__,
-                                limit="must be a DemoRequest",
-                                fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
-    return out
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def engine_pages(groups: Sequence[Any], seq_len: int) -> list[int]:
@@ -153,6 +125,34 @@ class DemoEngine:
         queued then."""
         self._check(request, ())
         self._enqueue(request)
+
+    def holds(self, req_id: Hashable) -> bool:
+        """Whether ``req_id`` is waiting or running in this engine."""
+        return _hashable(req_id) and (req_id in self._running or req_id in self._waiting_ids)
+
+    def abort(self, req_id: Hashable) -> list[int]:
+        """Stop ``req_id``, waiting or running, and return its tokens so far (prompt and generated): it leaves the
+        queue or its Step row, its pages go back on the free list, and it is not in :attr:`finished`. (A token
+        of an overlapped step still in flight for it is dropped.) :class:`SpecError` for an id that is neither
+        waiting nor running here. Use it, not ``Step.finish`` / ``ServingLoop.finish``, for an engine's requests:
+        those leave the engine holding the request's pages."""
+        run = self._running.pop(req_id, None) if _hashable(req_id) else None
+        if run is not None:
+            self.step_api.finish(req_id)
+            self._promised -= run.lifetime - sum(map(len, run.pages))
+            for pages in run.pages:
+                self._free.extend(pages)
+            self._resume.pop(req_id, None)
+            return run.tokens
+        if not _hashable(req_id) or req_id not in self._waiting_ids:
+            raise SpecError(Problem(field="req_id", value=req_id, limit="is neither waiting nor running in this engine"
+                                    + (" (it finished: engine.finished holds its tokens)" if _hashable(req_id)
+                                       and req_id in self.finished else ""),
+                                    fix="pass the id of a request added to this engine that has not finished"))
+        request = next(r for r in self._waiting if r.req_id == req_id)
+        self._waiting.remove(request)
+        self._waiting_ids.discard(req_id)
+        return self._resume.pop(req_id, None) or list(request.prompt)
 
     def _enqueue(self, request: DemoRequest) -> None:
         self._waiting.append(request)
@@ -223,8 +223,8 @@ class DemoEngine:
                                           f"max_steps={steps})",
                                     fix="key each list of requests by the step before which it arrives, counting "
                                         "from engine.stats.steps (or raise max_steps)"))
-        requests = _requests("requests", requests)
-        arrivals = {whole_int(k): _requests(f"arrivals[{k!r}]", v) for k, v in arrivals.items()}
+        requests = request_list("requests", requests)
+        arrivals = {whole_int(k): request_list(f"arrivals[{k!r}]", v) for k, v in arrivals.items()}
         taken: set[Hashable] = set()
         for r in (*requests, *(r for later in arrivals.values() for r in later)):  # all checked before any is added
             self._check(r, taken)

@@ -3,7 +3,7 @@ its prompt, how many tokens to generate and the tokens that end it early, checke
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable, Mapping
 
 import attrs
 
@@ -11,7 +11,7 @@ from graphkv.errors import Problem, SpecError
 from graphkv.models.prompts import prompt_ids, stop_token_ids
 from graphkv.spec._checks import count_arg
 
-__all__ = ["DemoRequest"]
+__all__ = ["DemoRequest", "request_list"]
 
 
 def _prompt(value: Any) -> tuple[int, ...]:
@@ -46,3 +46,21 @@ class DemoRequest:
         except TypeError:
             raise SpecError(Problem(field="DemoRequest.req_id", value=self.req_id, limit="must be hashable (it keys "
                                     "the request's batch row)", fix="use a str or int request id")) from None
+
+
+def request_list(field: str, value: Any) -> tuple[DemoRequest, ...]:
+    """``value`` (a list or tuple of :class:`DemoRequest`, or ``None`` for none) as a tuple; :class:`SpecError`
+    naming ``field`` otherwise (a lone request included: it is not a list of them)."""
+    if value is None:
+        return ()
+    if isinstance(value, DemoRequest) or isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        example = "request" if isinstance(value, DemoRequest) else "DemoRequest(...)"
+        raise SpecError(Problem(field=field, value=type(value).__name__, limit="must be a list of DemoRequest",
+                                fix=f"pass a list, e.g. [{example}]"))
+    out = tuple(value)
+    wrong = [i for i, r in enumerate(out) if not isinstance(r, DemoRequest)]
+    if wrong:
+        raise SpecError(Problem(field=f"{field}[{wrong[0]}]", value=type(out[wrong[0]]).__name__,
+                                limit="must be a DemoRequest",
+                                fix="wrap it: DemoRequest(req_id=..., prompt=[...], max_new_tokens=...)"))
+    return out

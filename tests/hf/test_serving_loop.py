@@ -177,3 +177,24 @@ def test_speculative_decode_keys_share_one_trace_down_to_one_request() -> None:
     logits = loop.run(Batch(req_ids=("a",), query_lens=(1,), seq_lens=(14,)), input_ids=[7])
     assert logits.shape == (1, model.config.vocab_size)
     assert len(loop.model.piecewise.splits) == 1
+
+
+def test_finishing_an_engines_request_behind_it_is_refused_and_abort_stops_it() -> None:
+    """loop.finish(id) of a request the loop's engine runs left the engine holding its pages and every later step
+    failed ("0 page(s) held"); it is refused naming engine.abort, which stops it while the other request goes on."""
+    from graphkv.models.demo_engine import DemoRequest
+
+    model = tiny_model("qwen3")
+    loop = loop_for("qwen3", model)
+    a, b = prompts((6, 11))
+    engine = loop.engine()
+    engine.add(DemoRequest(req_id="a", prompt=a, max_new_tokens=6))
+    engine.add(DemoRequest(req_id="b", prompt=b, max_new_tokens=6))
+    engine.step()
+    engine.step()
+    with pytest.raises(SpecError, match=r"req_id='a': is a request of this loop's engine .*engine.abort\('a'\)"):
+        loop.finish("a")
+    assert engine.abort("a")[:6] == a
+    engine.run()
+    want = model.generate(torch.tensor([b]), max_new_tokens=6, do_sample=False)[0].tolist()
+    assert engine.finished == {"b": want} and loop.step.active_requests == ()

@@ -94,6 +94,27 @@ def test_malformed_safetensors_headers_are_refused(tmp_path: Path, header_len: i
     assert info.value.field == "--hf-config"
 
 
+@pytest.mark.parametrize("entry, why", [
+    ({"dtype": "BF16", "shape": [10**12, 10**12], "data_offsets": [0, 2]},
+     r"tensor 'w' is BF16 of shape \[1000000000000, 1000000000000\] \(2000000000000000000000000 bytes\) but its "
+     r"data_offsets \[0, 2\] span 2"),
+    ({"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}, r"is F32 of shape \[3\] \(12 bytes\) .* span 8"),
+    ({"dtype": "F32", "shape": "3", "data_offsets": [0, 12]}, "tensor 'w' has no valid shape"),
+    ({"dtype": "F32", "shape": [-3], "data_offsets": [0, 12]}, "tensor 'w' has no valid shape"),
+])
+def test_a_tensor_whose_offsets_do_not_span_its_shape_is_refused(tmp_path: Path, entry: dict, why: str) -> None:
+    """safetensors checks on load that a tensor's data_offsets span its shape times its dtype's size; a header that
+    did not was read as its offsets alone (weights of 2 B, the whole GPU left to the pool)."""
+    raw = json.dumps({"w": entry}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
+    with pytest.raises(SpecError, match=why):
+        checkpoint_weights(str(tmp_path), field="--hf-config")
+    entry.update(dtype="F4", shape=[3], data_offsets=[0, 2])  # sub-byte dtypes: their packing is not checked here
+    raw = json.dumps({"w": entry}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
+    assert checkpoint_weights(str(tmp_path), field="--hf-config").total_bytes == 2
+
+
 def test_bad_total_size_is_refused(tmp_path: Path) -> None:
     """A total_size that is not a positive integer is refused rather than planned as 0 bytes."""
     (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": "16GB"}}))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import graphkv
+from graphkv.errors import SpecError
 from graphkv.models.demo_engine import DemoEngine, DemoRequest
 from graphkv.models.paged_tiny_hybrid import PagedTinyHybrid
 from graphkv.models.tiny_hybrid import TinyHybridConfig, dense_forward, init_weights, model_kv
@@ -247,3 +248,31 @@ def test_a_sampling_that_raises_undoes_the_step_and_its_schedule() -> None:
 
     engine._schedule, engine._sampler.sample = scheduling, failing_sample
     _go_on(engine, sync_engine, _fail(engine, state, snapshot))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_abort_stops_a_running_and_a_waiting_request_and_the_others_go_on(overlap: bool) -> None:
+    """engine.abort(id) mid-run: a running request (r1, after 2 steps) leaves with the tokens it had, a prefix of its
+    uninterrupted ones, and a waiting one (r5) returns its prompt; the others' tokens equal the uninterrupted loop's
+    and every page is free at the end. A finished or unknown id is refused naming it (finish() behind the engine's
+    back left it holding the pages: every later step failed)."""
+    sync_engine, _ = _engine("MAMA", overlap=False)
+    _serve(sync_engine, _requests())
+    engine, _ = _engine("MAMA", overlap=overlap)
+    requests = _requests()
+    for r in requests:
+        engine.add(r)
+    engine.step()
+    engine.step()  # r1 (3 new tokens) has 1 or 2 of them
+    assert engine.holds("r1") and engine.holds("r5") and not engine.holds("r9") and not engine.holds(["x"])
+    tokens = engine.abort("r1")
+    assert len(tokens) > len(requests[1].prompt) and sync_engine.finished["r1"][:len(tokens)] == tokens
+    assert engine.abort("r5") == list(requests[5].prompt) and not engine.holds("r5")
+    for bad, message in (("r9", "'r9': is neither waiting nor running"), (["x"], "neither waiting nor running")):
+        with pytest.raises(SpecError, match=message):
+            engine.abort(bad)
+    engine.run()
+    assert engine.finished == {k: v for k, v in sync_engine.finished.items() if k not in ("r1", "r5")}
+    with pytest.raises(SpecError, match=r"'r0': is neither waiting nor running in this engine \(it finished"):
+        engine.abort("r0")
+    assert sorted(engine._free) == list(range(1, engine.plan.num_blocks)) and engine._promised == 0

@@ -496,3 +496,17 @@ def test_junk_in_any_field_gives_a_model_or_a_spec_error(preset):
                 continue
             assert isinstance(model, ModelKV) and all(math.prod(s) > 0 for layer in model.layers
                                                       if layer.spec.is_ssm for s in layer.spec.shapes)
+
+
+@pytest.mark.parametrize("text_config", [True, False])
+def test_cross_attention_layers_are_refused_naming_the_field(text_config):
+    """Mllama's decoder has cross-attention layers that cache the vision encoder's output; its config says
+    is_encoder_decoder false, so it was planned with every layer a decoder KV layer (40 full_attention)."""
+    decoder = _cfg("llama-3.1-8b", cross_attention_layers=[3, 8, 13])
+    config = ({"architectures": ["MllamaForConditionalGeneration"], "model_type": "mllama",
+               "text_config": {**decoder, "model_type": "mllama_text_model"}} if text_config else decoder)
+    field = "config.text_config.cross_attention_layers" if text_config else "config.cross_attention_layers"
+    with pytest.raises(SpecError, match=rf"{field}=\[3, 8, 13\]: .* has cross-attention layers"):
+        model_from_hf_config(config)
+    decoder["cross_attention_layers"] = []  # none: a decoder-only model
+    assert model_from_hf_config(decoder).layers

@@ -110,6 +110,16 @@ def resolve_source(config: Any) -> ConfigSource:
                                       "not plan (it plans decoder-only models' KV caches)",
                                 fix="plan a decoder-only model, or declare the decoder's self-attention layers with "
                                     "ModelKV.from_specs"))
+    cross = fields.get("cross_attention_layers")
+    if cross is not None and cross != []:  # Mllama: decoder layers that attend to the image encoder's output
+        where = f"config.{nested_key}." if nested_key is not None else "config."
+        shown = cross if len(repr(cross)) <= 80 else type(cross).__name__
+        problems.append(Problem(field=f"{where}cross_attention_layers", value=shown,
+                                limit=f"{architecture or model_type or 'this model'} has cross-attention layers, which "
+                                      "cache the vision encoder's output, not the decoder's tokens, and graphkv does "
+                                      "not plan them",
+                                fix="plan a decoder-only model, or declare the self-attention layers with "
+                                    "ModelKV.from_specs"))
     if problems:
         raise SpecError(*problems)
     if architecture is None and model_type is None and inner_type is None:
