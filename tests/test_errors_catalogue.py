@@ -1066,6 +1066,11 @@ CLI_CASES = [
             # 393647 while mixed steps were captured up to --max-num-batched-tokens (154 KB of graph pool per token);
             # captured up to vLLM's 512 tokens, only the step buffers grow with it
             fixed=("plan", "--preset", "llama-3.1-8b", "--gpu", "H100", "--max-num-batched-tokens", "1411710848")),
+    CliCase("block-size-int32-max", ("plan", "--preset", "llama-3.1-8b", "--block-size", "2147483647"),
+            ("--block-size=2147483647", "choose a --block-size that is a multiple of a size every backend supports "
+             "(e.g. 16)"),
+            # suggested --block-size=34359738352 (16 x the value), which the flag refuses (above 2**31 - 1)
+            absent=("34359738352",), fixed=("plan", "--preset", "llama-3.1-8b", "--block-size", "16")),
     CliCase("count-not-a-number", ("plan", "--max-num-seqs", "many"),
             ("--max-num-seqs: 'many' is not a whole number", "e.g. --max-num-seqs 256 (the default)"),
             fixed=("plan", "--max-num-seqs", "256")),
