@@ -1071,6 +1071,10 @@ CLI_CASES = [
              "(e.g. 16)"),
             # suggested --block-size=34359738352 (16 x the value), which the flag refuses (above 2**31 - 1)
             absent=("34359738352",), fixed=("plan", "--preset", "llama-3.1-8b", "--block-size", "16")),
+    CliCase("negative-size-with-unit", ("plan", "--preset", "llama-3.1-8b", "--kv-memory", "-1GiB"),
+            # argparse took "-1GiB" for a flag: "--kv-memory: expected one argument", naming neither value nor limit
+            ("--kv-memory='-1GiB': must be a size like 40GiB",), absent=("expected one argument",),
+            fixed=("plan", "--preset", "llama-3.1-8b", "--kv-memory", "16GiB")),
     CliCase("count-not-a-number", ("plan", "--max-num-seqs", "many"),
             ("--max-num-seqs: 'many' is not a whole number", "e.g. --max-num-seqs 256 (the default)"),
             fixed=("plan", "--max-num-seqs", "256")),

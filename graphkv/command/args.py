@@ -8,17 +8,37 @@ parse time, so nothing falls back silently to a default.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 __all__ = ["MAX_COUNT", "OneLineParser", "count", "nonempty", "real_fraction"]
 
 MAX_COUNT = (1 << 31) - 1  # page ids, positions and lengths live in int32 buffers
+_NEGATIVE = re.compile(r"-[0-9.]")  # a value such as -1GiB or -.5, which argparse would take for a flag
 
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr with exit status 2."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        """As argparse, but a flag's value that starts like a negative number with a unit (``--kv-memory -1GiB``,
+        which argparse takes for a flag and refuses as "expected one argument") is given to the flag, so the
+        flag's own check names the value, its limit and the fix."""
+        if args is None:
+            args = sys.argv[1:]
+        args, out, i = list(args), [], 0
+        while i < len(args):
+            action = self._option_string_actions.get(args[i])
+            if (action is not None and action.nargs is None and i + 1 < len(args) and _NEGATIVE.match(args[i + 1])
+                    and args[i + 1] not in self._option_string_actions):
+                out.append(f"{args[i]}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(args[i])
+            i += 1
+        return super().parse_known_args(out, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Print ``graphkv: error: <message>; e.g. --flag VALUE`` (no usage block) and exit 2."""
