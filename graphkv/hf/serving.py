@@ -82,6 +82,9 @@ class ServingLoop:
         self.kernels = resolve_kernels(kernels, self.device)
         self.model_kv = model_kv(model, mamba_ssm_dtype=mamba_ssm_dtype,
                                  flex_q_tile_tokens=flex_q_tile_for(self.device, self.kernels))
+        if not isinstance(limits, Limits):  # compile_plan takes None for Limits(): here the limits are the user's
+            raise SpecError(Problem(field="limits", value=type(limits).__name__, limit="must be a graphkv.Limits",
+                                    fix="pass e.g. limits=graphkv.Limits(max_model_len=4096, max_num_seqs=8)"))
         self.plan = compile_plan(self.model_kv, limits, budget)
         check_pool_fits(self.plan, self.device, field="budget", value=format_bytes(self.plan.pool_bytes),
                         fix=" (or pass limits.num_blocks_override)")  # before anything is allocated

@@ -26,7 +26,7 @@ __all__ = ["check_vocab", "prompt_ids", "stop_token_ids"]
 def prompt_ids(value: Any, field: str) -> np.ndarray:
     """``value`` (one prompt) as a 1-D int64 array of its token ids; :class:`SpecError` naming
     ``field`` for anything else (see the module docstring)."""
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, (str, bytes, bytearray)):
         raise SpecError(Problem(field=field, value=value[:40], limit="is text, not token ids",
                                 fix="tokenize first, e.g. tokenizer(text).input_ids"))
     if type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "numpy"):

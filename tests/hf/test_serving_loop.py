@@ -179,6 +179,12 @@ def test_speculative_decode_keys_share_one_trace_down_to_one_request() -> None:
     assert len(loop.model.piecewise.splits) == 1
 
 
+def test_limits_that_are_not_limits_are_refused() -> None:
+    """limits=None was planned with the default Limits() (256 sequences) without a word: refused naming limits."""
+    with pytest.raises(SpecError, match=r"^limits='NoneType': must be a graphkv.Limits; pass e.g."):
+        ServingLoop(tiny_model("qwen3"), limits=None, budget=Budget.kv_bytes(64 * 3 * 8192))
+
+
 def test_finishing_an_engines_request_behind_it_is_refused_and_abort_stops_it() -> None:
     """loop.finish(id) of a request the loop's engine runs left the engine holding its pages and every later step
     failed ("0 page(s) held"); it is refused naming engine.abort, which stops it while the other request goes on."""

@@ -40,6 +40,7 @@ def test_max_new_tokens_must_be_a_whole_count(count, text):
 @pytest.mark.parametrize("prompt, text", [
     ([], r"DemoRequest.prompt=\[\]: is empty; a prompt needs at least one token id"),
     ("hello", r"DemoRequest.prompt='hello': is text, not token ids; tokenize first"),
+    (bytearray(b"ab"), r"DemoRequest.prompt=bytearray\(b'ab'\): is text, not token ids"),  # was served as ids 97, 98
     ([1.0, 2.5], r"DemoRequest.prompt=1.0: token ids must be integers \(not bool, float, str or None\)"),
     ([True, 5], r"DemoRequest.prompt=True: token ids must be integers"),
     (np.array([1.0, 2.0]), r"DemoRequest.prompt='array of dtype float64, shape \(2,\)': token ids must be a 1-D "

@@ -67,7 +67,8 @@ def _sizes_problem(batch: Batch, n: int, max_num_seqs: int) -> list[Problem]:
     problems = []
     if not 1 <= n <= max_num_seqs:
         problems.append(Problem(field="batch.req_ids", value=n, limit=f"1..max_num_seqs={max_num_seqs} requests per "
-                                "step", fix="schedule fewer requests in this step"))
+                                "step", fix="schedule fewer requests in this step" if n else
+                                "schedule at least one request (a step with nothing to run is no step)"))
     if len(batch.query_lens) != n or len(batch.seq_lens) != n or (batch.new_pages and len(batch.new_pages) != n):
         problems.append(Problem(field="batch", value=(n, len(batch.query_lens), len(batch.seq_lens),
                                                       len(batch.new_pages)),

@@ -372,3 +372,13 @@ def test_request_ids_that_compare_unlike_numbers_join_and_finish():
     for r in ids:
         h.step.finish(r)
     assert h.step.active_requests == ()
+
+
+def test_an_empty_batch_is_refused_asking_for_a_request():
+    """A batch of no request is refused naming batch.req_ids; the fix asks for at least one (it said "fewer")."""
+    h = _live()
+    before = h.snapshot(inputs=False)
+    with pytest.raises(SpecError, match=r"batch.req_ids=0: 1..max_num_seqs=4 requests per step; schedule at least "
+                                        r"one request"):
+        h.step.prepare(Batch(req_ids=(), query_lens=(), seq_lens=()))
+    h.assert_unchanged(before)
