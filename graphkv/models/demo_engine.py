@@ -34,7 +34,7 @@ from graphkv.models.prompts import check_vocab
 from graphkv.plan.plan import Plan
 from graphkv.runtime.step.batch import Batch
 from graphkv.runtime.step.step import Step
-from graphkv.spec._checks import whole_int
+from graphkv.spec._checks import is_hashable, whole_int
 
 __all__ = ["DemoEngine", "DemoRequest", "EngineStats", "engine_pages"]  # DemoRequest, EngineStats: their modules
 
@@ -51,14 +51,6 @@ class _Running:
 
     def __attrs_post_init__(self) -> None:
         self.end = len(self.request.prompt) + self.request.max_new_tokens
-
-
-def _hashable(value: object) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def engine_pages(groups: Sequence[Any], seq_len: int) -> list[int]:
@@ -128,7 +120,7 @@ class DemoEngine:
 
     def holds(self, req_id: Hashable) -> bool:
         """Whether ``req_id`` is waiting or running in this engine."""
-        return _hashable(req_id) and (req_id in self._running or req_id in self._waiting_ids)
+        return is_hashable(req_id) and (req_id in self._running or req_id in self._waiting_ids)
 
     def abort(self, req_id: Hashable) -> list[int]:
         """Stop ``req_id``, waiting or running, and return its tokens so far (prompt and generated): it leaves the
@@ -136,17 +128,14 @@ class DemoEngine:
         of an overlapped step still in flight for it is dropped.) :class:`SpecError` for an id that is neither
         waiting nor running here. Use it, not ``Step.finish`` / ``ServingLoop.finish``, for an engine's requests:
         those leave the engine holding the request's pages."""
-        run = self._running.pop(req_id, None) if _hashable(req_id) else None
+        run = self._running.get(req_id) if is_hashable(req_id) else None
         if run is not None:
-            self.step_api.finish(req_id)
-            self._promised -= run.lifetime - sum(map(len, run.pages))
-            for pages in run.pages:
-                self._free.extend(pages)
+            self._release(run)
             self._resume.pop(req_id, None)
             return run.tokens
-        if not _hashable(req_id) or req_id not in self._waiting_ids:
+        if not self.holds(req_id):
             raise SpecError(Problem(field="req_id", value=req_id, limit="is neither waiting nor running in this engine"
-                                    + (" (it finished: engine.finished holds its tokens)" if _hashable(req_id)
+                                    + (" (it finished: engine.finished holds its tokens)" if is_hashable(req_id)
                                        and req_id in self.finished else ""),
                                     fix="pass the id of a request added to this engine that has not finished"))
         request = next(r for r in self._waiting if r.req_id == req_id)
@@ -429,11 +418,8 @@ class DemoEngine:
         ``unsure_requests``): finished in the Step, their pages back on the free list, to prefill their tokens so
         far (vLLM's preemption by recompute)."""
         for req_id in reversed([r for r in self.step_api.unsure_requests if r in self._running]):
-            run = self._running.pop(req_id)
-            self.step_api.finish(req_id)
-            self._promised -= run.lifetime - sum(map(len, run.pages))
-            for pages in run.pages:
-                self._free.extend(pages)
+            run = self._running[req_id]
+            self._release(run)
             self._resume[req_id] = run.tokens
             self._waiting.appendleft(run.request)
             self._waiting_ids.add(req_id)
@@ -488,13 +474,17 @@ class DemoEngine:
                 self.stats.pages_reused -= sum(1 for p in ids if p in self._released)
         self._cover(run)
 
-    def _finish(self, run: _Running) -> None:
-        req_id = run.request.req_id
-        del self._running[req_id]
-        self.step_api.finish(req_id)
+    def _release(self, run: _Running) -> None:
+        """``run`` leaves (finished, aborted or queued again): its Step row, what it was promised, its pages."""
+        del self._running[run.request.req_id]
+        self.step_api.finish(run.request.req_id)
         self._promised -= run.lifetime - sum(map(len, run.pages))  # what it would still have taken
         for pages in run.pages:
             self._free.extend(pages)
+
+    def _finish(self, run: _Running) -> None:
+        self._release(run)
+        for pages in run.pages:
             self._released.update(pages)
-        self.finished[req_id] = run.tokens
+        self.finished[run.request.req_id] = run.tokens
         self.stats.finished += 1

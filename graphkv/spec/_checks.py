@@ -27,6 +27,15 @@ def is_bool(value: Any) -> bool:
     return kind == "b" if kind is not None else str(dtype) == "torch.bool"
 
 
+def is_hashable(value: object) -> bool:
+    """Whether ``value`` can key a dict (a request id must: it keys the request's row)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def whole_int(value: Any) -> int | None:
     """``value`` as a Python int when it is an integer of any kind but a bool (see the module
     docstring), else ``None``."""

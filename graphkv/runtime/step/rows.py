@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from graphkv.errors import Problem, SpecError
+from graphkv.spec._checks import is_hashable
 
 __all__ = ["LastStep", "RequestRows"]
 
@@ -63,7 +64,7 @@ class RequestRows:
         try:
             found = list(map(self.rows.get, req_ids))
         except TypeError:
-            i = next(i for i, r in enumerate(req_ids) if _unhashable(r))
+            i = next(i for i, r in enumerate(req_ids) if not is_hashable(r))
             raise SpecError(Problem(field=f"batch.req_ids[{i}]", value=req_ids[i], limit="request ids must be hashable",
                                     fix="use str or int request ids")) from None
         if len(set(req_ids)) != n:
@@ -102,11 +103,3 @@ class RequestRows:
         row = self.rows.pop(req_id)
         self.free.append(row)
         return row
-
-
-def _unhashable(value: object) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return True
-    return False
